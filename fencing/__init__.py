@@ -1,0 +1,46 @@
+"""fencing: leases with fencing tokens, so a late worker can never overwrite a newer result.
+
+Every write checks, in the ``WHERE`` clause of the statement that stores it, that the writer
+is the current owner with the current fence and that its lease is still live.
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ConfigurationError,
+    DatabaseBusy,
+    DatabaseError,
+    DatabaseMissing,
+    FencingError,
+    InvalidArgument,
+    InvalidArgumentType,
+    SchemaMismatch,
+    TableMissing,
+)
+from .schema import jobs, jobs_table, metadata
+from .sqlite import configure as configure_sqlite
+from .sqlite import create_engine as create_sqlite_engine
+from .store import JobStore
+from .values import JobState, Lease
+
+__all__ = [
+    "ConfigurationError",
+    "DatabaseBusy",
+    "DatabaseError",
+    "DatabaseMissing",
+    "FencingError",
+    "InvalidArgument",
+    "InvalidArgumentType",
+    "JobState",
+    "JobStore",
+    "Lease",
+    "SchemaMismatch",
+    "TableMissing",
+    "configure_sqlite",
+    "create_sqlite_engine",
+    "jobs",
+    "jobs_table",
+    "metadata",
+]
+
+__version__ = "0.1.0"

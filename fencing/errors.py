@@ -1,0 +1,57 @@
+"""One exception family for everything the library raises on purpose.
+
+Argument errors also subclass the builtin the contract names (``ValueError`` /
+``TypeError``) so ``except ValueError`` keeps working for callers of ``service.py``.
+Database errors are wrapped where they cross into the library, with the original
+SQLAlchemy / driver error kept as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "DatabaseBusy",
+    "DatabaseError",
+    "DatabaseMissing",
+    "FencingError",
+    "InvalidArgument",
+    "InvalidArgumentType",
+    "SchemaMismatch",
+    "TableMissing",
+]
+
+
+class FencingError(Exception):
+    """Base class of every error the library raises on purpose."""
+
+
+class InvalidArgument(FencingError, ValueError):
+    """An argument has the right type but a value the operation cannot accept."""
+
+
+class InvalidArgumentType(FencingError, TypeError):
+    """An argument has the wrong type."""
+
+
+class ConfigurationError(FencingError):
+    """An engine or store is set up in a way that would break a guarantee."""
+
+
+class SchemaMismatch(FencingError):
+    """An existing table does not have the columns the library needs; it was left alone."""
+
+
+class TableMissing(FencingError):
+    """The jobs table does not exist yet (create it first, e.g. ``service.init_db``)."""
+
+
+class DatabaseMissing(FencingError):
+    """A SQLite database file that should exist does not; nothing was created."""
+
+
+class DatabaseError(FencingError):
+    """The database refused an operation; the driver's error is the ``__cause__``."""
+
+
+class DatabaseBusy(DatabaseError):
+    """The database stayed locked by other writers past the retry budget; nothing changed."""

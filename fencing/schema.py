@@ -1,0 +1,117 @@
+"""The ``jobs`` table, built for a caller's ``MetaData``, and its safe creation.
+
+On SQLite the declared types are exactly the contract's (``PRAGMA table_info`` shows
+TEXT, TEXT, REAL, INTEGER, TEXT, INTEGER). Elsewhere the variants keep the meaning:
+``until`` is double precision (PostgreSQL's REAL is single precision), ``fence`` is
+64-bit, and the primary key is a bounded VARCHAR where the database cannot index TEXT.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Double,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    inspect,
+    text,
+    types,
+)
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.schema import CreateTable
+
+from .errors import SchemaMismatch
+
+__all__ = ["ID_MAX_LENGTH", "ensure_jobs_table", "jobs", "jobs_table", "metadata"]
+
+# MySQL/MariaDB cannot put an unbounded TEXT in a primary key; 255 chars fit utf8mb4 keys
+ID_MAX_LENGTH = 255
+
+_ID = Text().with_variant(String(ID_MAX_LENGTH), "mysql", "mariadb")
+_UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
+_FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
+
+
+def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = None) -> Table:
+    """The jobs table in ``metadata`` (under another ``name`` or ``schema`` if you must)."""
+    return Table(
+        name,
+        metadata,
+        # nullable at the DDL level keeps SQLite's declaration to the contract's letter;
+        # the library never writes a NULL id, and other databases make a PK NOT NULL anyway
+        Column("id", _ID, primary_key=True, nullable=True),
+        Column("owner", Text, nullable=True),
+        Column("until", _UNTIL, nullable=False, server_default=text("0")),
+        Column("fence", _FENCE, nullable=False, server_default=text("0")),
+        Column("result", Text, nullable=True),
+        Column("done", Integer, nullable=False, server_default=text("0")),
+        schema=schema,
+    )
+
+
+metadata = MetaData()
+jobs = jobs_table(metadata)
+
+
+@dataclass(frozen=True)
+class _Expected:
+    name: str
+    sqlite_type: str
+    generic: tuple[type[types.TypeEngine[Any]], ...]
+    notnull: bool
+
+
+_EXPECTED = (
+    _Expected("id", "TEXT", (types.String,), False),
+    _Expected("owner", "TEXT", (types.String,), False),
+    _Expected("until", "REAL", (types.Float,), True),
+    _Expected("fence", "INTEGER", (types.Integer,), True),
+    _Expected("result", "TEXT", (types.String,), False),
+    _Expected("done", "INTEGER", (types.Integer,), True),
+)
+
+
+def ensure_jobs_table(conn: Connection, table: Table = jobs) -> None:
+    """Create ``table`` if it is missing, then check that what exists matches.
+
+    Never drops, alters or empties anything: an existing table with other columns
+    raises :class:`SchemaMismatch` naming every difference and is left as it was.
+    """
+    conn.execute(CreateTable(table, if_not_exists=True))
+    problems = _differences(conn, table)
+    if problems:
+        where = f"{table.schema}.{table.name}" if table.schema else table.name
+        raise SchemaMismatch(
+            f"existing table {where!r} does not match the jobs schema (left unchanged): "
+            + "; ".join(problems)
+        )
+
+
+def _differences(conn: Connection, table: Table) -> list[str]:
+    found = {c["name"]: c for c in inspect(conn).get_columns(table.name, schema=table.schema)}
+    on_sqlite = conn.dialect.name == "sqlite"
+    problems = []
+    for want in _EXPECTED:
+        col = found.pop(want.name, None)
+        if col is None:
+            problems.append(f"column {want.name!r} is missing")
+            continue
+        got = col["type"]
+        if on_sqlite:
+            declared = str(got.compile(dialect=conn.dialect)).upper()
+            if declared != want.sqlite_type:
+                problems.append(f"column {want.name!r} is {declared}, expected {want.sqlite_type}")
+        elif not isinstance(got, want.generic):
+            problems.append(f"column {want.name!r} has type {got!r}, expected {want.generic[0].__name__}")
+        if want.notnull and col["nullable"]:
+            problems.append(f"column {want.name!r} allows NULL, expected NOT NULL")
+    problems.extend(f"unexpected column {name!r}" for name in found)
+    return problems

@@ -1,0 +1,51 @@
+"""The plain, immutable values the store hands back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["JobState", "Lease"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The token a worker carries: every later write must present it.
+
+    ``until`` is when the lease expired as of the claim or the last renewal made through
+    this value, or ``None`` when it is not known (a token rebuilt from its parts).
+    Only ``job_id``, ``owner`` and ``fence`` take part in the database's guard.
+    """
+
+    job_id: str
+    owner: str
+    fence: int
+    until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """One stored row of the jobs table, read from the database."""
+
+    job_id: str
+    owner: str | None
+    until: float
+    fence: int
+    result: str | None
+    done: bool
+
+    @classmethod
+    def from_row(cls, row: Any) -> JobState:
+        job_id, owner, until, fence, result, done = row
+        return cls(job_id, owner, float(until), int(fence), result, bool(done))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row in the contract's shape: keys ``id, owner, until, fence, result, done``."""
+        return {
+            "id": self.job_id,
+            "owner": self.owner,
+            "until": self.until,
+            "fence": self.fence,
+            "result": self.result,
+            "done": int(self.done),
+        }
