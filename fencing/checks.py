@@ -33,6 +33,10 @@ def _show(value: object) -> str:
 
 
 def _number(name: str, value: object) -> float:
+    if type(value) is float:  # the hot path: skip the ABC check
+        if value - value == 0.0:  # false for nan and +-inf
+            return value
+        raise InvalidArgument(f"{name} must be a finite number, got {_show(value)}")
     # bool is an int subclass, but True as a clock or duration is always a bug
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise InvalidArgumentType(
@@ -69,6 +73,8 @@ def check_text(name: str, value: object) -> str:
     """Job ids and owners: any ``str`` that can be stored as UTF-8 (NUL, quotes, emoji are data)."""
     if not isinstance(value, str):
         raise InvalidArgumentType(f"{name} must be a str, got {type(value).__name__} {_show(value)}")
+    if value.isascii():
+        return value
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:

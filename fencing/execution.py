@@ -98,19 +98,19 @@ class _Compiled:
 
 
 class _DriverExecutor:
-    __slots__ = ("cursor", "path")
+    __slots__ = ("compiled", "cursor")
 
-    def __init__(self, cursor: Any, path: SQLiteDriverPath) -> None:
+    def __init__(self, cursor: Any, compiled: Callable[[Executable], _Compiled]) -> None:
         self.cursor = cursor
-        self.path = path
+        self.compiled = compiled
 
     def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
-        c = self.path.compiled(stmt)
+        c = self.compiled(stmt)
         self.cursor.execute(c.sql, c.args(params))
         return self.cursor.fetchall()  # type: ignore[no-any-return]
 
     def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
-        c = self.path.compiled(stmt)
+        c = self.compiled(stmt)
         self.cursor.execute(c.sql, c.args(params))
         return self.cursor.rowcount  # type: ignore[no-any-return]
 
@@ -132,11 +132,13 @@ class SQLiteDriverPath:
         self._closed = False
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
 
-    def compiled(self, stmt: Executable) -> _Compiled:
-        entry = self._compiled.get(id(stmt))
-        if entry is None:
-            entry = self._compiled[id(stmt)] = (stmt, self._compile(stmt))
-        return entry[1]
+    def _compiled_for(self, stmt: Executable) -> _Compiled:
+        try:
+            return self._compiled[id(stmt)][1]
+        except KeyError:
+            # keep the statement referenced so its id() is never reused by another
+            self._compiled[id(stmt)] = (stmt, self._compile(stmt))
+            return self._compiled[id(stmt)][1]
 
     def _compile(self, stmt: Executable) -> _Compiled:
         dialect = self.engine.dialect
@@ -164,7 +166,7 @@ class SQLiteDriverPath:
                 cursor = conn.cursor()
                 try:
                     cursor.execute(self.begin_sql)
-                    result = unit(_DriverExecutor(cursor, self))
+                    result = unit(_DriverExecutor(cursor, self._compiled_for))
                     cursor.execute("COMMIT")
                 finally:
                     if conn.in_transaction:

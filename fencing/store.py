@@ -26,13 +26,19 @@ from .checks import (
     check_until,
     fence_can_match,
 )
-from .errors import ConfigurationError, DatabaseError, InvalidArgumentType, TableMissing
+from .errors import (
+    ConfigurationError,
+    DatabaseError,
+    FencingError,
+    InvalidArgumentType,
+    TableMissing,
+)
 from .execution import CoreExecutor, Executor, SQLiteDriverPath
 from .schema import ensure_jobs_table, jobs
 from .statements import Statements
 from .values import JobState, Lease
 
-__all__ = ["JobStore", "database_errors"]
+__all__ = ["JobStore", "database_errors", "wrap_database_error"]
 
 T = TypeVar("T")
 
@@ -77,17 +83,19 @@ class JobStore:
     # -- running units of work -------------------------------------------------------------
 
     def _run(self, unit: Callable[[Executor], T], conn: Connection | None) -> T:
-        with database_errors(self.table):
-            if conn is not None:
-                if not isinstance(conn, Connection):
-                    raise InvalidArgumentType(
-                        f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}"
-                    )
-                return unit(CoreExecutor(conn))
-            if self._driver is not None:
-                return self._driver.run(unit)
-            with self.engine.begin() as own:
-                return unit(CoreExecutor(own))
+        try:
+            if conn is None:
+                if self._driver is not None:
+                    return self._driver.run(unit)
+                with self.engine.begin() as own:
+                    return unit(CoreExecutor(own))
+            if not isinstance(conn, Connection):
+                raise InvalidArgumentType(
+                    f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}"
+                )
+            return unit(CoreExecutor(conn))
+        except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
+            raise wrap_database_error(exc, self.table) from exc
 
     def dispose(self) -> None:
         """Close the connections the store holds (the engine's pool is the caller's)."""
@@ -252,19 +260,22 @@ def _token(lease: object) -> tuple[str, str, int]:
     )
 
 
+def wrap_database_error(exc: BaseException, table: Table = jobs) -> FencingError:
+    """The library's error for a driver or SQLAlchemy error (which stays the ``__cause__``)."""
+    orig: Any = getattr(exc, "orig", None) or exc
+    message = str(orig)
+    if "no such table" in message or ("does not exist" in message and table.name in message):
+        return TableMissing(
+            f"table {table.name!r} does not exist; create it first "
+            "(JobStore.create_table() or service.init_db())"
+        )
+    return DatabaseError(f"{type(orig).__name__}: {message}")
+
+
 @contextmanager
 def database_errors(table: Table = jobs) -> Iterator[None]:
-    """Driver and SQLAlchemy errors cross into the library as :class:`DatabaseError`."""
+    """Driver and SQLAlchemy errors cross into the library as :class:`FencingError`."""
     try:
         yield
-    except (sa_exc.DBAPIError, sqlite3.Error) as exc:
-        orig: Any = getattr(exc, "orig", exc)
-        message = str(orig)
-        if "no such table" in message or ("does not exist" in message and table.name in message):
-            raise TableMissing(
-                f"table {table.name!r} does not exist; create it first "
-                "(JobStore.create_table() or service.init_db())"
-            ) from exc
-        raise DatabaseError(f"{type(orig).__name__}: {message}") from exc
-    except sa_exc.SQLAlchemyError as exc:
-        raise DatabaseError(f"{type(exc).__name__}: {exc}") from exc
+    except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
+        raise wrap_database_error(exc, table) from exc

@@ -1,0 +1,128 @@
+"""Which database the suite runs against, and how each test gets a clean one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import pytest
+import sqlalchemy
+from sqlalchemy import Engine, make_url
+
+import fencing
+
+#: the local servers of the development and CI machines
+ALIASES = {
+    "sqlite": None,
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+}
+
+ENABLE_HINT = (
+    "start the server or point the suite at one: "
+    "pytest --db postgresql|mariadb, or --dburi URL (or FENCING_TEST_DB / FENCING_TEST_DBURI)"
+)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """``url`` is None for SQLite (a file per test); else the server's admin database URL."""
+
+    name: str
+    url: str | None = None
+    worker_url: str | None = field(default=None)
+
+    @property
+    def dialect(self) -> str:
+        return "sqlite" if self.url is None else make_url(self.url).get_backend_name()
+
+    def describe(self) -> str:
+        if self.url is None:
+            return "sqlite (a database file per test)"
+        return f"{self.name} at {make_url(self.url).render_as_string(hide_password=True)}"
+
+    def require(self) -> None:
+        """Skip (or, under CI, fail) when the server does not answer."""
+        if self.url is None:
+            return
+        problem = _unreachable(self.url)
+        if problem is None:
+            return
+        message = f"{self.name} is not reachable ({problem}); {ENABLE_HINT}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI requires every backend: {message}", pytrace=False)
+        pytest.skip(message)
+
+    @contextlib.contextmanager
+    def for_worker(self, worker_id: str) -> Iterator[Backend]:
+        if self.url is None:
+            yield self
+            return
+        name = f"fencing_test_{worker_id}_{os.getpid()}"
+        admin = sqlalchemy.create_engine(self.url, isolation_level="AUTOCOMMIT")
+        try:
+            with admin.connect() as conn:
+                conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+                conn.exec_driver_sql(f"CREATE DATABASE {name}")
+            yield replace(self, worker_url=make_url(self.url).set(database=name).render_as_string(False))
+        finally:
+            with admin.connect() as conn:
+                if self.dialect == "postgresql":
+                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+                else:
+                    conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name}")
+            admin.dispose()
+
+    @contextlib.contextmanager
+    def fresh_target(self, tmp_path: Path) -> Iterator[str]:
+        if self.worker_url is None:
+            yield str(tmp_path / "jobs.db")
+            return
+        _drop_all(self.worker_url)
+        try:
+            yield self.worker_url
+        finally:
+            _drop_all(self.worker_url)
+
+
+def choose(db: str | None, dburi: str | None) -> Backend:
+    if dburi:
+        url = make_url(dburi)
+        if url.get_backend_name() == "sqlite":
+            raise pytest.UsageError("--dburi is for servers; SQLite is the default (--db sqlite)")
+        return Backend(url.get_backend_name(), dburi)
+    name = db or "sqlite"
+    if name not in ALIASES:
+        raise pytest.UsageError(f"unknown --db {name!r}; choose one of {sorted(ALIASES)}")
+    return Backend(name, ALIASES[name])
+
+
+def engine_for(target: str) -> Engine:
+    """An engine the library accepts, for a file path or a server URL."""
+    if "://" in target:
+        return sqlalchemy.create_engine(target)
+    return fencing.create_sqlite_engine(target)
+
+
+def _unreachable(url: str) -> str | None:
+    engine = sqlalchemy.create_engine(url, pool_pre_ping=False)
+    try:
+        with engine.connect():
+            return None
+    except Exception as exc:  # any failure to connect means "not available here"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+    finally:
+        engine.dispose()
+
+
+def _drop_all(url: str) -> None:
+    engine = sqlalchemy.create_engine(url)
+    try:
+        meta = sqlalchemy.MetaData()
+        meta.reflect(engine)
+        meta.drop_all(engine)
+    finally:
+        engine.dispose()

@@ -1,0 +1,96 @@
+"""Test configuration in the style of SQLAlchemy's own suite.
+
+Choose the database with ``--db NAME`` (an alias for a local server) or ``--dburi URL``;
+``FENCING_TEST_DB`` / ``FENCING_TEST_DBURI`` override from the environment. SQLite is the
+default: every test gets its own database file under ``tmp_path``. For a server, every
+xdist worker gets its own database, created and dropped by a session fixture, and every
+test starts with no jobs table in it.
+
+A server that does not answer skips the run with the reason and how to enable it, except
+under ``CI=true``, where a missing backend is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tests import backends
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("fencing")
+    group.addoption(
+        "--db",
+        default=None,
+        help=f"database alias: one of {sorted(backends.ALIASES)} (default sqlite)",
+    )
+    group.addoption("--dburi", default=None, help="a SQLAlchemy URL of a server database to test against")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "backend(*names): runs only when the tested database is one of these dialect names"
+    )
+    config._fencing_backend = backends.choose(  # type: ignore[attr-defined]
+        config.getoption("--db") or os.environ.get("FENCING_TEST_DB"),
+        config.getoption("--dburi") or os.environ.get("FENCING_TEST_DBURI"),
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"fencing backend: {config._fencing_backend.describe()}"  # type: ignore[attr-defined]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    backend: backends.Backend = config._fencing_backend  # type: ignore[attr-defined]
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("backend")
+        (keep if marker is None or backend.dialect in marker.args else drop).append(item)
+    if drop:
+        # deselected, not skipped: they run in the pass for their own backend
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def backend(request: pytest.FixtureRequest, worker_id: str) -> Iterator[backends.Backend]:
+    chosen: backends.Backend = request.config._fencing_backend  # type: ignore[attr-defined]
+    chosen.require()
+    with chosen.for_worker(worker_id) as ready:
+        yield ready
+
+
+@pytest.fixture
+def target(backend: backends.Backend, tmp_path: Path) -> Iterator[str]:
+    """What ``service.py`` and worker processes take: a SQLite file path or a server URL."""
+    with backend.fresh_target(tmp_path) as where:
+        yield where
+
+
+@pytest.fixture
+def engine(backend: backends.Backend, target: str) -> Iterator[Engine]:
+    """An engine on the test's own database, configured the way the library needs."""
+    eng = backends.engine_for(target)
+    try:
+        yield eng
+    finally:
+        eng.dispose()
+
+
+@pytest.fixture
+def store(engine: Engine) -> Iterator[object]:
+    """A ``JobStore`` on a fresh database whose jobs table exists and is empty."""
+    from fencing import JobStore
+
+    s = JobStore(engine)
+    s.create_table()
+    try:
+        yield s
+    finally:
+        s.dispose()
