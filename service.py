@@ -1,22 +1,28 @@
-"""The path-based contract (see CONTRACT.md): eight functions over ``fencing.JobStore``.
+"""The path-based contract (CONTRACT.md): eight functions over ``fencing.JobStore``.
 
-Every function takes the SQLite database file path first. Stores (engine + connections)
-are cached per file by :class:`fencing.cache.StoreCache`: bounded, fork-safe, thread-safe,
-and never serving a file that was deleted or replaced since it was opened. Rows are never
-cached: ``state`` reads the database every time.
+Every function takes the SQLite database file path first, or a database URL
+(``postgresql+psycopg://...``, ``mysql+pymysql://...``); a plain path is a SQLite file.
+``now`` is the caller's clock; ``now=None`` reads the database server's clock instead.
+
+Stores (engine + connections) are cached per database by :class:`fencing.cache.StoreCache`:
+bounded, fork-safe, thread-safe, and never serving a file that was deleted or replaced
+since it was opened. Rows are never cached: ``state`` reads the database every time.
 """
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 from fencing.cache import StoreCache
-from fencing.checks import check_fence, check_now, check_text, check_ttl
+from fencing.checks import check_ttl
 from fencing.values import Lease
 
 __all__ = ["claim", "claim_many", "complete", "enqueue", "init_db", "release", "renew", "state"]
 
 _stores = StoreCache(maxsize=32)
+# close pooled connections at exit instead of leaving them to the garbage collector
+atexit.register(_stores.clear)
 
 
 def init_db(path: Any) -> None:
@@ -35,37 +41,31 @@ def state(path: Any, job_id: str) -> dict[str, Any] | None:
     return None if row is None else row.as_dict()
 
 
-def claim(path: Any, job_id: str, owner: str, now: float, ttl: float) -> int | None:
+def claim(path: Any, job_id: str, owner: str, now: float | None, ttl: float) -> int | None:
     """The new fence, or ``None`` for a missing, done or held job. ``ValueError`` if ``ttl <= 0``."""
     check_ttl(ttl)
     lease = _stores.get(path).claim(job_id, owner, now=now, ttl=ttl)
     return None if lease is None else lease.fence
 
 
-def renew(path: Any, job_id: str, owner: str, fence: int, now: float, ttl: float) -> bool:
+def renew(path: Any, job_id: str, owner: str, fence: int, now: float | None, ttl: float) -> bool:
     """Extend a live lease held with ``owner`` and ``fence``. ``ValueError`` if ``ttl <= 0``."""
     check_ttl(ttl)
-    lease = _token(job_id, owner, fence)
-    return _stores.get(path).renew(lease, now=now, ttl=ttl) is not None
+    return _stores.get(path).renew(Lease(job_id, owner, fence), now=now, ttl=ttl) is not None
 
 
-def complete(path: Any, job_id: str, owner: str, fence: int, now: float, result: str | None) -> bool:
+def complete(path: Any, job_id: str, owner: str, fence: int, now: float | None, result: str | None) -> bool:
     """Store ``result`` only under the current, live lease; otherwise ``False``."""
-    check_now(now)
-    return _stores.get(path).complete(_token(job_id, owner, fence), result, now=now)
+    return _stores.get(path).complete(Lease(job_id, owner, fence), result, now=now)
 
 
 def release(path: Any, job_id: str, owner: str, fence: int) -> bool:
     """Give the lease back (owner NULL, until 0, fence kept) if ``owner`` and ``fence`` match."""
-    return _stores.get(path).release(_token(job_id, owner, fence))
+    return _stores.get(path).release(Lease(job_id, owner, fence))
 
 
-def claim_many(path: Any, job_id: str, owners: Any, now: float, ttl: float) -> list[int | None]:
+def claim_many(path: Any, job_id: str, owners: Any, now: float | None, ttl: float) -> list[int | None]:
     """``claim`` for every owner concurrently on a thread pool; results in input order."""
     check_ttl(ttl)
     leases = _stores.get(path).claim_many(job_id, owners, now=now, ttl=ttl)
     return [None if lease is None else lease.fence for lease in leases]
-
-
-def _token(job_id: object, owner: object, fence: object) -> Lease:
-    return Lease(check_text("job_id", job_id), check_text("owner", owner), check_fence(fence))

@@ -1,4 +1,4 @@
-"""A bounded, fork-safe, thread-safe cache of stores keyed by SQLite file.
+"""A bounded, fork-safe, thread-safe cache of stores keyed by SQLite file or server URL.
 
 ``service.py`` takes a path on every call; building an engine per call costs ~10x and
 leaks descriptors. The hazards a cache must survive:
@@ -19,12 +19,16 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import sqlalchemy
+from sqlalchemy import make_url
+from sqlalchemy.exc import ArgumentError
+
+from .dberrors import database_errors
 from .errors import DatabaseMissing, InvalidArgument, InvalidArgumentType
 from .sqlite import create_engine
 from .store import JobStore
-from .store import database_errors as _database_errors
 
-__all__ = ["StoreCache"]
+__all__ = ["StoreCache", "normalize_target"]
 
 _Identity = tuple[int, int]
 
@@ -41,31 +45,41 @@ class _Entry:
 def _identity(path: str) -> _Identity | None:
     try:
         st = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return (st.st_dev, st.st_ino)
 
 
-def normalize_path(path: object) -> str:
-    """An absolute path string; the cache key for a database file."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise InvalidArgumentType(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
-    raw = os.fspath(path)
+def normalize_target(target: object) -> tuple[str, str]:
+    """``("file", absolute path)`` for a SQLite file, or ``("url", url)`` for a server."""
+    if not isinstance(target, (str, os.PathLike)):
+        raise InvalidArgumentType(
+            f"path must be a str, os.PathLike or database URL, got {type(target).__name__} {target!r}"
+        )
+    raw = os.fspath(target)
     if not isinstance(raw, str):
         raise InvalidArgumentType(f"path must be text, not {type(raw).__name__} {raw!r}")
-    if raw == "" or raw == ":memory:":
-        raise InvalidArgument(f"path must name a database file, got {raw!r}")
     if "\x00" in raw:
         raise InvalidArgument(f"path must not contain NUL bytes, got {raw!r}")
-    return os.path.abspath(raw)
+    if "://" in raw:
+        try:
+            url = make_url(raw)
+        except ArgumentError as exc:
+            raise InvalidArgument(f"not a database URL: {raw!r} ({exc})") from None
+        if url.get_backend_name() != "sqlite":
+            return "url", url.render_as_string(hide_password=False)
+        raw = url.database or ""
+    if raw in ("", ":memory:"):
+        raise InvalidArgument(f"path must name a database file, got {raw!r}")
+    return "file", os.path.abspath(raw)
 
 
 class StoreCache:
-    """At most ``maxsize`` :class:`JobStore` objects, one per SQLite file."""
+    """At most ``maxsize`` :class:`JobStore` objects, one per SQLite file or server URL."""
 
     def __init__(self, maxsize: int = 32) -> None:
-        if maxsize < 1:
-            raise InvalidArgument(f"maxsize must be >= 1, got {maxsize!r}")
+        if isinstance(maxsize, bool) or not isinstance(maxsize, int) or maxsize < 1:
+            raise InvalidArgument(f"maxsize must be an int >= 1, got {maxsize!r}")
         self.maxsize = maxsize
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
@@ -74,51 +88,64 @@ class StoreCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, path: object, *, create: bool = False) -> JobStore:
-        """The store for ``path``; with ``create=False`` a missing file is an error, not created."""
-        key = normalize_path(path)
-        identity = _identity(key)
+    def get(self, target: object, *, create: bool = False) -> JobStore:
+        """The store for a file path or URL.
+
+        With ``create=False`` a missing SQLite file is an error (and is not created).
+        """
+        kind, key = normalize_target(target)
+        identity = _identity(key) if kind == "file" else _SERVER
         if identity is None and not create:
             raise DatabaseMissing(f"no database file at {key!r}; call init_db() to create it")
-        stale: list[JobStore] = []
         with self._lock:
             if self._pid != os.getpid():
                 self._forget_parent()
             entry = self._entries.get(key)
-            if entry is not None and identity is not None and entry.identity in (None, identity):
-                entry.identity = identity
-                self._entries.move_to_end(key)
-                return entry.store
             if entry is not None:
+                if identity is not None and entry.identity == identity:
+                    self._entries.move_to_end(key)
+                    return entry.store
                 # the file at this path is not the one the store's connections have open
-                stale.append(self._entries.pop(key).store)
-            store = JobStore(create_engine(key))
+                del self._entries[key]
+                _dispose(entry.store)
+            store = _open(kind, key)
             if identity is None:
                 # open (and so create) the file now, so the identity we keep is the one in use
-                with _database_errors(), store.engine.connect():
+                with database_errors(), store.engine.connect():
                     pass
                 identity = _identity(key)
             self._entries[key] = _Entry(store, identity)
             while len(self._entries) > self.maxsize:
-                stale.append(self._entries.popitem(last=False)[1].store)
-        for old in stale:
-            _dispose(old)
-        return store
+                _dispose(self._entries.popitem(last=False)[1].store)
+            return store
 
     def clear(self) -> None:
         """Close every cached store's connections."""
         with self._lock:
             if self._pid != os.getpid():
                 self._forget_parent()
-            stores = [e.store for e in self._entries.values()]
+            for entry in self._entries.values():
+                _dispose(entry.store)
             self._entries.clear()
-        for store in stores:
-            _dispose(store)
 
     def _forget_parent(self) -> None:
         _INHERITED.extend(self._entries.values())
         self._entries = OrderedDict()
         self._pid = os.getpid()
+
+
+# servers have no file identity to check; a constant stands for "always the same"
+_SERVER: _Identity = (-1, -1)
+
+
+def _open(kind: str, key: str) -> JobStore:
+    if kind == "file":
+        return JobStore(create_engine(key))
+    try:
+        # pre-ping: a server restart must not hand a dead pooled connection to the next call
+        return JobStore(sqlalchemy.create_engine(key, pool_pre_ping=True))
+    except (ArgumentError, ImportError) as exc:
+        raise InvalidArgument(f"cannot use database URL {key!r}: {exc}") from exc
 
 
 def _dispose(store: JobStore) -> None:

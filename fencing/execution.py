@@ -24,13 +24,13 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection, Engine
 from sqlalchemy.sql import Executable
 
+from .dberrors import is_transient
 from .errors import DatabaseBusy
 
 __all__ = [
     "CoreExecutor",
     "Executor",
     "SQLiteDriverPath",
-    "is_sqlite_busy",
 ]
 
 T = TypeVar("T")
@@ -65,17 +65,6 @@ class CoreExecutor:
 
     def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
         return self.conn.execute(stmt, params).rowcount
-
-
-def is_sqlite_busy(exc: BaseException) -> bool:
-    """SQLITE_BUSY / SQLITE_LOCKED: another connection holds the lock; nothing was changed."""
-    if not isinstance(exc, sqlite3.OperationalError):
-        return False
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (any extended code)
-    message = str(exc)
-    return "database is locked" in message or "database table is locked" in message
 
 
 class _Compiled:
@@ -175,7 +164,7 @@ class SQLiteDriverPath:
                 reusable = True
                 return result
             except sqlite3.OperationalError as exc:
-                if not is_sqlite_busy(exc):
+                if not is_transient(exc):
                     raise
                 reusable = True  # a busy connection is healthy; it just waited its turn
                 attempt += 1

@@ -12,30 +12,53 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    VARBINARY,
     BigInteger,
     Column,
     Connection,
+    Dialect,
     Double,
     Integer,
     MetaData,
-    String,
     Table,
     Text,
+    TypeDecorator,
     inspect,
     text,
     types,
 )
-from sqlalchemy.dialects import sqlite
+from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.schema import CreateTable
 
 from .errors import SchemaMismatch
 
-__all__ = ["ID_MAX_LENGTH", "ensure_jobs_table", "jobs", "jobs_table", "metadata"]
+__all__ = ["ID_MAX_BYTES", "Utf8Key", "ensure_jobs_table", "jobs", "jobs_table", "metadata"]
 
-# MySQL/MariaDB cannot put an unbounded TEXT in a primary key; 255 chars fit utf8mb4 keys
-ID_MAX_LENGTH = 255
+#: the longest job id, in UTF-8 bytes, each backend can key on (None: no limit).
+#: PostgreSQL's btree refuses entries over ~2.7 kB; MariaDB/MySQL keys are capped too.
+ID_MAX_BYTES = {"sqlite": None, "postgresql": 2000, "mysql": 1024, "mariadb": 1024}
 
-_ID = Text().with_variant(String(ID_MAX_LENGTH), "mysql", "mariadb")
+
+class Utf8Key(TypeDecorator[str]):
+    """A job id on MariaDB/MySQL: UTF-8 bytes in a VARBINARY key.
+
+    Their text collations fold case and ignore trailing spaces ('a' = 'A' = 'a '), which
+    would merge distinct ids; bytes compare exactly.
+    """
+
+    impl = VARBINARY
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
+        return None if value is None else value.encode("utf-8")
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else bytes(value).decode("utf-8")
+
+
+_MYSQL_TEXT = mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin")
+_ID = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+_TEXT = Text().with_variant(_MYSQL_TEXT, "mysql", "mariadb")
 _UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
 _FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
 
@@ -48,12 +71,14 @@ def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = N
         # nullable at the DDL level keeps SQLite's declaration to the contract's letter;
         # the library never writes a NULL id, and other databases make a PK NOT NULL anyway
         Column("id", _ID, primary_key=True, nullable=True),
-        Column("owner", Text, nullable=True),
+        Column("owner", _TEXT, nullable=True),
         Column("until", _UNTIL, nullable=False, server_default=text("0")),
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
-        Column("result", Text, nullable=True),
+        Column("result", _TEXT, nullable=True),
         Column("done", Integer, nullable=False, server_default=text("0")),
         schema=schema,
+        mysql_charset="utf8mb4",
+        mariadb_charset="utf8mb4",
     )
 
 
@@ -65,15 +90,16 @@ jobs = jobs_table(metadata)
 class _Expected:
     name: str
     sqlite_type: str
+    #: acceptable reflected types elsewhere: a double, a 64-bit integer, text or bytes
     generic: tuple[type[types.TypeEngine[Any]], ...]
     notnull: bool
 
 
 _EXPECTED = (
-    _Expected("id", "TEXT", (types.String,), False),
+    _Expected("id", "TEXT", (types.String, types.VARBINARY), False),
     _Expected("owner", "TEXT", (types.String,), False),
-    _Expected("until", "REAL", (types.Float,), True),
-    _Expected("fence", "INTEGER", (types.Integer,), True),
+    _Expected("until", "REAL", (types.Double,), True),
+    _Expected("fence", "INTEGER", (types.BigInteger,), True),
     _Expected("result", "TEXT", (types.String,), False),
     _Expected("done", "INTEGER", (types.Integer,), True),
 )
@@ -110,7 +136,8 @@ def _differences(conn: Connection, table: Table) -> list[str]:
             if declared != want.sqlite_type:
                 problems.append(f"column {want.name!r} is {declared}, expected {want.sqlite_type}")
         elif not isinstance(got, want.generic):
-            problems.append(f"column {want.name!r} has type {got!r}, expected {want.generic[0].__name__}")
+            expected = " or ".join(sorted({g.__name__ for g in want.generic}))
+            problems.append(f"column {want.name!r} has type {got!r}, expected {expected}")
         if want.notnull and col["nullable"]:
             problems.append(f"column {want.name!r} allows NULL, expected NOT NULL")
     problems.extend(f"unexpected column {name!r}" for name in found)

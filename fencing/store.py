@@ -3,18 +3,20 @@
 It is the only place that opens transactions. Every operation can instead run on a
 ``Connection`` the caller holds (``conn=``), inside the caller's transaction, so the
 application can commit its own writes together with ours.
+
+``now`` is the caller's clock (a finite number) or ``None``: the database server's clock,
+read inside the same statement (see :mod:`fencing.clock`).
 """
 
 from __future__ import annotations
 
-import sqlite3
-from collections.abc import Callable, Iterable, Iterator
+import random
+import time
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
-from sqlalchemy import exc as sa_exc
 
 from . import sqlite as sqlite_glue
 from .checks import (
@@ -26,24 +28,21 @@ from .checks import (
     check_until,
     fence_can_match,
 )
-from .errors import (
-    ConfigurationError,
-    DatabaseError,
-    FencingError,
-    InvalidArgumentType,
-    TableMissing,
-)
+from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, wrap_database_error
+from .errors import ConfigurationError, DatabaseBusy, InvalidArgument, InvalidArgumentType
 from .execution import CoreExecutor, Executor, SQLiteDriverPath
-from .schema import ensure_jobs_table, jobs
+from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import Statements
 from .values import JobState, Lease
 
-__all__ = ["JobStore", "database_errors", "wrap_database_error"]
+__all__ = ["JobStore"]
 
 T = TypeVar("T")
 
 #: more threads than this only queue for the same row lock
 CLAIM_MANY_MAX_THREADS = 32
+#: retries of a transaction the database rolled back for a lock race (deadlock, busy)
+TRANSIENT_RETRIES = 20
 
 
 class JobStore:
@@ -51,16 +50,23 @@ class JobStore:
 
     A SQLite engine must come from :func:`fencing.sqlite.create_engine` or have been
     passed through :func:`fencing.sqlite.configure` (``BEGIN IMMEDIATE``, WAL, busy timeout).
+    PostgreSQL (psycopg) and MariaDB/MySQL (pymysql) engines are used as they are.
     """
 
     def __init__(self, engine: Engine, table: Table = jobs) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
+        if not isinstance(table, Table):
+            raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
         self.engine = engine
         self.table = table
-        self.statements = s = Statements(table)
-        self._driver: SQLiteDriverPath | None = None
         dialect = engine.dialect
+        self._by_caller = Statements(table, "caller")
+        self._by_database = Statements(table, "database")
+        self._returning = bool(getattr(dialect, "update_returning", False))
+        self._max_id_bytes = ID_MAX_BYTES.get(dialect.name)
+        self._nul_ok = dialect.name != "postgresql"  # PostgreSQL text cannot hold U+0000
+        self._driver: SQLiteDriverPath | None = None
         if dialect.name == "sqlite":
             settings = sqlite_glue.settings_of(engine)
             if settings is None:
@@ -70,15 +76,11 @@ class JobStore:
                     "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
                 )
             self._driver = SQLiteDriverPath(engine, settings.begin_sql)
-            self._enqueue = s.enqueue_sqlite
-        elif dialect.name == "postgresql":
-            self._enqueue = s.enqueue_postgresql
-        else:
-            self._enqueue = s.enqueue_portable
-        self._claim_returning = bool(getattr(dialect, "update_returning", False))
+        self._enqueue = self._enqueue_unit(dialect.name)
 
     def __repr__(self) -> str:
-        return f"<JobStore table={self.table.name!r} engine={self.engine.url.render_as_string()!r}>"
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<JobStore table={self.table.name!r} engine={url!r}>"
 
     # -- running units of work -------------------------------------------------------------
 
@@ -87,62 +89,118 @@ class JobStore:
             if conn is None:
                 if self._driver is not None:
                     return self._driver.run(unit)
-                with self.engine.begin() as own:
-                    return unit(CoreExecutor(own))
+                return self._in_own_transaction(unit)
             if not isinstance(conn, Connection):
                 raise InvalidArgumentType(
                     f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}"
                 )
             return unit(CoreExecutor(conn))
-        except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
-            raise wrap_database_error(exc, self.table) from exc
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, self.table.name) from exc
+
+    def _in_own_transaction(self, unit: Callable[[Executor], T]) -> T:
+        # a deadlock or lock timeout rolled the whole unit back: running it again is safe
+        for attempt in range(TRANSIENT_RETRIES + 1):
+            try:
+                with self.engine.begin() as own:
+                    return unit(CoreExecutor(own))
+            except DB_ERRORS as exc:
+                if not is_transient(exc):
+                    raise
+                if attempt == TRANSIENT_RETRIES:
+                    raise DatabaseBusy(
+                        f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
+                    ) from exc
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+        raise AssertionError("unreachable")
 
     def dispose(self) -> None:
         """Close the connections the store holds (the engine's pool is the caller's)."""
         if self._driver is not None:
             self._driver.close()
 
+    # -- arguments -------------------------------------------------------------------------
+
+    def _key(self, name: str, value: object) -> str:
+        """A job id or owner this backend can store exactly (else an error, never truncation)."""
+        text = check_text(name, value)
+        if not self._nul_ok and "\x00" in text:
+            raise InvalidArgument(f"{name} contains NUL (U+0000), which PostgreSQL text cannot store")
+        limit = self._max_id_bytes if name == "job_id" else None
+        if limit is not None and len(text) * 4 > limit and len(text.encode("utf-8")) > limit:
+            raise InvalidArgument(
+                f"job_id is {len(text.encode('utf-8'))} bytes in UTF-8; "
+                f"{self.engine.dialect.name} keys hold at most {limit}"
+            )
+        return text
+
+    def _lease(self, lease: object) -> tuple[str, str, int]:
+        if not isinstance(lease, Lease):
+            raise InvalidArgumentType(f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r}")
+        return self._key("job_id", lease.job_id), self._key("owner", lease.owner), check_fence(lease.fence)
+
+    def _clock(self, now: object, ttl: object | None = None) -> tuple[Statements, dict[str, Any]]:
+        """The statements for whose clock ``now`` names, and its bind parameters."""
+        ttl_s = None if ttl is None else check_ttl(ttl)
+        if now is None:
+            return self._by_database, ({} if ttl_s is None else {"ttl": ttl_s})
+        now_s = check_now(now)
+        if ttl_s is None:
+            return self._by_caller, {"now": now_s}
+        return self._by_caller, {"now": now_s, "new_until": check_until(now_s, ttl_s)}
+
     # -- the table -------------------------------------------------------------------------
 
     def create_table(self, *, conn: Connection | None = None) -> None:
-        """Create the jobs table if missing (idempotent); raise if an existing one differs."""
-        with database_errors(self.table):
+        """Create the jobs table if missing (idempotent); raise if an existing one differs.
+
+        On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
+        """
+
+        try:
             if conn is not None:
                 ensure_jobs_table(conn, self.table)
                 return
-            with self.engine.begin() as own:
-                ensure_jobs_table(own, self.table)
+            for attempt in range(2):
+                try:
+                    with self.engine.begin() as own:
+                        ensure_jobs_table(own, self.table)
+                    return
+                except DB_ERRORS as exc:
+                    # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
+                    if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
+                        raise
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, self.table.name) from exc
 
     # -- the contract's operations --------------------------------------------------------
 
+    def _enqueue_unit(self, dialect: str) -> Callable[[Executor, dict[str, Any]], bool]:
+        s = self._by_caller
+        if dialect == "sqlite":
+            return lambda x, p: x.count(s.enqueue_sqlite, p) == 1
+        if dialect == "postgresql":
+            return lambda x, p: len(x.rows(s.enqueue_postgresql, p)) == 1
+        return lambda x, p: x.count(s.enqueue_plain, p) == 1
+
     def enqueue(self, job_id: str, *, conn: Connection | None = None) -> bool:
         """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists."""
-        params = {"job_id": check_text("job_id", job_id)}
-        stmt = self._enqueue
-
-        def unit(x: Executor) -> bool:
-            return x.count(stmt, params) == 1
-
-        if stmt is self.statements.enqueue_portable:
-            return self._enqueue_portable(unit, conn)
-        return self._run(unit, conn)
-
-    def _enqueue_portable(self, unit: Callable[[Executor], bool], conn: Connection | None) -> bool:
-        # a concurrent enqueue of the same id can pass NOT EXISTS and then hit the key
+        params = {"job_id": self._key("job_id", job_id)}
+        enqueue = self._enqueue
         try:
-            if conn is not None:
-                with conn.begin_nested():
-                    return self._run(unit, conn)
-            return self._run(unit, None)
-        except DatabaseError as exc:
-            if isinstance(exc.__cause__, sa_exc.IntegrityError):
+            return self._run(lambda x: enqueue(x, params), conn)
+        except InvalidArgumentType:
+            raise
+        except Exception as exc:
+            # MariaDB/MySQL: the duplicate key is the answer; only that statement is undone
+            if exc.__cause__ is not None and is_duplicate_key(exc.__cause__):
                 return False
             raise
 
     def state(self, job_id: str, *, conn: Connection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
-        params = {"job_id": check_text("job_id", job_id)}
-        stmt = self.statements.state
+        params = {"job_id": self._key("job_id", job_id)}
+        stmt = self._by_caller.state
 
         def unit(x: Executor) -> JobState | None:
             rows = x.rows(stmt, params)
@@ -151,23 +209,26 @@ class JobStore:
         return self._run(unit, conn)
 
     def claim(
-        self, job_id: str, owner: str, *, now: float, ttl: float, conn: Connection | None = None
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: Connection | None = None,
     ) -> Lease | None:
         """Take the lease on ``job_id`` if it is not done and not held (``until <= now``).
 
         The fence goes up by one and is part of the returned :class:`Lease`; ``None`` for a
         missing, done or held job.
         """
-        job_id = check_text("job_id", job_id)
-        owner = check_text("owner", owner)
-        return self._claim_checked(job_id, owner, check_now(now), check_ttl(ttl), conn)
+        job_id = self._key("job_id", job_id)
+        owner = self._key("owner", owner)
+        s, clock = self._clock(now, ttl)
+        return self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn)
 
-    def _claim_checked(
-        self, job_id: str, owner: str, now: float, ttl: float, conn: Connection | None
-    ) -> Lease | None:
-        until = check_until(now, ttl)
-        params = {"job_id": job_id, "owner": owner, "now": now, "until": until}
-        s = self.statements
+    def _claim_unit(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
+        job_id, owner = params["job_id"], params["holder"]
 
         def returning(x: Executor) -> Lease | None:
             rows = x.rows(s.claim_returning, params)
@@ -176,106 +237,93 @@ class JobStore:
         def counting(x: Executor) -> Lease | None:
             if x.count(s.claim_counting, params) != 1:
                 return None
-            fence, stored_until = x.rows(s.claimed_by, params)[0]
-            return Lease(job_id, owner, int(fence), float(stored_until))
+            fence, until = x.rows(s.lease_of, params)[0]
+            return Lease(job_id, owner, int(fence), float(until))
 
-        return self._run(returning if self._claim_returning else counting, conn)
+        return returning if self._returning else counting
 
-    def renew(self, lease: Lease, *, now: float, ttl: float, conn: Connection | None = None) -> Lease | None:
+    def renew(
+        self,
+        lease: Lease,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: Connection | None = None,
+    ) -> Lease | None:
         """Extend a live lease to ``now + ttl``: the new :class:`Lease`, or ``None``.
 
         ``None`` when the token is stale (another fence, another owner, done) or the lease
         has already expired (``until <= now``): an expired lease is never revived.
         """
-        job_id, owner, fence = _token(lease)
-        until = check_until(check_now(now), check_ttl(ttl))
+        job_id, owner, fence = self._lease(lease)
+        s, clock = self._clock(now, ttl)
         if not fence_can_match(fence):
             return None
-        params = {"job_id": job_id, "owner": owner, "fence": fence, "now": now, "until": until}
-        stmt = self.statements.renew
+        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
 
         def unit(x: Executor) -> Lease | None:
-            return Lease(job_id, owner, fence, until) if x.count(stmt, params) == 1 else None
+            if "new_until" in params:
+                renewed = x.count(s.renew_counting, params) == 1
+                return Lease(job_id, owner, fence, params["new_until"]) if renewed else None
+            if self._returning:
+                rows = x.rows(s.renew_returning, params)
+                return Lease(job_id, owner, fence, float(rows[0][0])) if rows else None
+            if x.count(s.renew_counting, params) != 1:
+                return None
+            return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
 
         return self._run(unit, conn)
 
     def complete(
-        self, lease: Lease, result: str | None, *, now: float, conn: Connection | None = None
+        self,
+        lease: Lease,
+        result: str | None,
+        *,
+        now: float | None = None,
+        conn: Connection | None = None,
     ) -> bool:
         """Store ``result`` and mark the job done, only under the current, live lease.
 
         ``False`` (and the stored result untouched) for a late or stale writer.
         """
-        job_id, owner, fence = _token(lease)
-        params = {
-            "job_id": job_id,
-            "owner": owner,
-            "fence": fence,
-            "now": check_now(now),
-            "result": check_result(result),
-        }
+        job_id, owner, fence = self._lease(lease)
+        s, clock = self._clock(now)
+        result = check_result(result)
+        if result is not None and not self._nul_ok and "\x00" in result:
+            raise InvalidArgument("result contains NUL (U+0000), which PostgreSQL text cannot store")
         if not fence_can_match(fence):
             return False
-        stmt = self.statements.complete
-        return self._run(lambda x: x.count(stmt, params) == 1, conn)
+        params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}
+        return self._run(lambda x: x.count(s.complete, params) == 1, conn)
 
     def release(self, lease: Lease, *, conn: Connection | None = None) -> bool:
         """Give the lease back early (``owner = NULL``, ``until = 0``); the fence is kept."""
-        job_id, owner, fence = _token(lease)
+        job_id, owner, fence = self._lease(lease)
         if not fence_can_match(fence):
             return False
-        params = {"job_id": job_id, "owner": owner, "fence": fence}
-        stmt = self.statements.release
+        params = {"job_id": job_id, "holder": owner, "token": fence}
+        stmt = self._by_caller.release
         return self._run(lambda x: x.count(stmt, params) == 1, conn)
 
-    def claim_many(self, job_id: str, owners: Iterable[str], *, now: float, ttl: float) -> list[Lease | None]:
+    def claim_many(
+        self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
+    ) -> list[Lease | None]:
         """Race :meth:`claim` for every owner on a thread pool; results in input order.
 
         On a claimable job exactly one owner gets a lease. Every argument is checked
         before the first claim runs.
         """
-        job_id = check_text("job_id", job_id)
-        if isinstance(owners, (str, bytes)):
+        job_id = self._key("job_id", job_id)
+        if isinstance(owners, (str, bytes)) or not isinstance(owners, Iterable):
             raise InvalidArgumentType(
-                f"owners must be an iterable of str, not a single {type(owners).__name__}"
+                f"owners must be an iterable of str, got {type(owners).__name__} {owners!r:.80}"
             )
-        owner_list = [check_text("owners[]", o) for o in owners]
-        now_f, ttl_f = check_now(now), check_ttl(ttl)
-        check_until(now_f, ttl_f)
+        owner_list = [self._key("owner", o) for o in owners]
+        s, clock = self._clock(now, ttl)
         if not owner_list:
             return []
-        workers = min(len(owner_list), CLAIM_MANY_MAX_THREADS)
+        units = [self._claim_unit(s, {"job_id": job_id, "holder": o, **clock}) for o in owner_list]
+        workers = min(len(units), CLAIM_MANY_MAX_THREADS)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fencing-claim") as pool:
-            futures = [pool.submit(self._claim_checked, job_id, o, now_f, ttl_f, None) for o in owner_list]
+            futures = [pool.submit(self._run, unit, None) for unit in units]
             return [f.result() for f in futures]
-
-
-def _token(lease: object) -> tuple[str, str, int]:
-    if not isinstance(lease, Lease):
-        raise InvalidArgumentType(f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r}")
-    return (
-        check_text("job_id", lease.job_id),
-        check_text("owner", lease.owner),
-        check_fence(lease.fence),
-    )
-
-
-def wrap_database_error(exc: BaseException, table: Table = jobs) -> FencingError:
-    """The library's error for a driver or SQLAlchemy error (which stays the ``__cause__``)."""
-    orig: Any = getattr(exc, "orig", None) or exc
-    message = str(orig)
-    if "no such table" in message or ("does not exist" in message and table.name in message):
-        return TableMissing(
-            f"table {table.name!r} does not exist; create it first "
-            "(JobStore.create_table() or service.init_db())"
-        )
-    return DatabaseError(f"{type(orig).__name__}: {message}")
-
-
-@contextmanager
-def database_errors(table: Table = jobs) -> Iterator[None]:
-    """Driver and SQLAlchemy errors cross into the library as :class:`FencingError`."""
-    try:
-        yield
-    except (sa_exc.SQLAlchemyError, sqlite3.Error) as exc:
-        raise wrap_database_error(exc, table) from exc

@@ -126,3 +126,21 @@ def _drop_all(url: str) -> None:
         meta.drop_all(engine)
     finally:
         engine.dispose()
+
+
+def _probe(name: str) -> int:
+    """``python -m tests.backends NAME``: exit 0 if the alias's server answers, else 1 and why."""
+    backend = choose(name, None)
+    if backend.url is None:
+        return 0
+    problem = _unreachable(backend.url)
+    if problem is None:
+        return 0
+    print(f"{backend.describe()} is not reachable ({problem}); {ENABLE_HINT}")
+    return 1
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_probe(sys.argv[1]))

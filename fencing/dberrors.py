@@ -1,0 +1,87 @@
+"""How database errors cross into the library: wrapped, and classified for retry.
+
+Callers catch one family (:class:`fencing.errors.FencingError`); the SQLAlchemy or
+driver error stays attached as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+
+from .errors import DatabaseError, FencingError, TableMissing
+
+__all__ = [
+    "DB_ERRORS",
+    "database_errors",
+    "is_duplicate_key",
+    "is_transient",
+    "wrap_database_error",
+]
+
+#: what a database call can raise that the library translates
+DB_ERRORS = (sa_exc.SQLAlchemyError, sqlite3.Error)
+
+# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
+_PG_TRANSIENT = {"40001", "40P01", "55P03"}
+# MariaDB/MySQL error numbers: deadlock, lock wait timeout
+_MYSQL_TRANSIENT = {1213, 1205}
+
+
+def _driver_error(exc: BaseException) -> Any:
+    return getattr(exc, "orig", None) or exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The transaction lost a lock race and was rolled back whole: running it again is safe."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.OperationalError):
+        code = getattr(orig, "sqlite_errorcode", None)
+        if code is not None:
+            return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (any extended code)
+        return "database is locked" in str(orig) or "database table is locked" in str(orig)
+    if getattr(orig, "sqlstate", None) in _PG_TRANSIENT:
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
+
+
+def is_duplicate_key(exc: BaseException) -> bool:
+    """A unique/primary key violation (SQLite, PostgreSQL 23505, MariaDB/MySQL 1062)."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.IntegrityError):
+        return "UNIQUE constraint failed" in str(orig)
+    if getattr(orig, "sqlstate", None) == "23505":
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and args[0] == 1062
+
+
+def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> FencingError:
+    """The library's error for a driver or SQLAlchemy error (raise it ``from exc``)."""
+    orig = _driver_error(exc)
+    message = str(orig).strip()
+    missing = (
+        "no such table" in message  # SQLite
+        or getattr(orig, "sqlstate", None) == "42P01"  # PostgreSQL undefined_table
+        or getattr(orig, "args", (None,))[:1] == (1146,)  # MariaDB/MySQL
+    )
+    if missing and table_name in message:
+        return TableMissing(
+            f"table {table_name!r} does not exist; create it first "
+            "(JobStore.create_table() or service.init_db())"
+        )
+    return DatabaseError(f"{type(orig).__name__}: {message}")
+
+
+@contextmanager
+def database_errors(table_name: str = "jobs") -> Iterator[None]:
+    """Translate database errors raised inside the block."""
+    try:
+        yield
+    except DB_ERRORS as exc:
+        raise wrap_database_error(exc, table_name) from exc

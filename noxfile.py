@@ -1,0 +1,92 @@
+"""The test matrix: python x SQLAlchemy x database, plus lint, typecheck, demo and bench.
+
+``nox`` runs the default sessions; ``nox -t sqlite`` / ``-t postgresql`` / ``-t mariadb``
+runs one backend's tests. A server that does not answer skips its sessions with the
+reason and how to enable it, except under ``CI=true``, where the suite fails instead.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import nox
+
+nox.needs_version = ">=2024.3.2"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_existing_virtualenvs = True
+nox.options.sessions = ["tests", "lint", "typecheck", "demo"]
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+NEWEST = PYTHONS[-1]
+SQLALCHEMY = {"lowest": "sqlalchemy==2.0.36", "latest": "sqlalchemy>=2.1"}
+#: database alias -> the extra with its driver
+DATABASES = {"sqlite": None, "postgresql": "postgresql", "mariadb": "mysql"}
+
+# the pyenv interpreters of the development and CI machines, when present
+for _bin in sorted(glob.glob("/root/.pyenv/versions/3.1[0-3].*/bin")):
+    if _bin not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = _bin + os.pathsep + os.environ.get("PATH", "")
+
+
+def _matrix() -> list[nox.param]:
+    params = []
+    for python in PYTHONS:
+        for line in SQLALCHEMY:
+            for db in DATABASES:
+                # a server's own behaviour does not vary with python: test it on the newest
+                if db != "sqlite" and python != NEWEST:
+                    continue
+                params.append(nox.param(python, line, db, id=f"{python}-{line}-{db}", tags=[db]))
+    return params
+
+
+def _install(session: nox.Session, *extras: str, sqlalchemy: str = "latest") -> None:
+    names = ",".join(e for e in extras if e)
+    session.install("-e", f".[{names}]" if names else ".", SQLALCHEMY[sqlalchemy])
+
+
+@nox.session
+@nox.parametrize(("python", "sqlalchemy", "db"), _matrix())
+def tests(session: nox.Session, sqlalchemy: str, db: str) -> None:
+    """The whole suite for one python, one SQLAlchemy line and one database."""
+    _install(session, "test", DATABASES[db] or "", sqlalchemy=sqlalchemy)
+    if db != "sqlite" and not _in_ci():
+        why = session.run("python", "-m", "tests.backends", db, silent=True, success_codes=[0, 1])
+        if why and why.strip():
+            session.skip(f"{db} tests skipped: {why.strip()}")
+    session.run("pytest", "-n", "auto", "--db", db, *session.posargs)
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@nox.session(python=NEWEST)
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=NEWEST)
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the library and service.py."""
+    _install(session)
+    session.install("mypy")
+    session.run("mypy")
+
+
+@nox.session(python=NEWEST)
+def demo(session: nox.Session) -> None:
+    """The main job: the stalled worker's late write is rejected."""
+    _install(session)
+    session.run("python", "-m", "fencing", "demo")
+
+
+@nox.session(python=NEWEST)
+def bench(session: nox.Session) -> None:
+    """Ops/second of the store and service.py against raw sqlite3, side by side."""
+    _install(session)
+    session.run("python", "benchmarks/ops.py", *session.posargs)
