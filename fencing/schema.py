@@ -39,14 +39,13 @@ __all__ = ["ID_MAX_BYTES", "Utf8Key", "ensure_jobs_table", "jobs", "jobs_table",
 ID_MAX_BYTES = {"sqlite": None, "postgresql": 2000, "mysql": 1024, "mariadb": 1024}
 
 
-class Utf8Key(TypeDecorator[str]):
-    """A job id on MariaDB/MySQL: UTF-8 bytes in a VARBINARY key.
+class _Utf8Bytes(TypeDecorator[str]):
+    """Text stored as UTF-8 bytes on MariaDB/MySQL, so comparisons are exact.
 
     Their text collations fold case and ignore trailing spaces ('a' = 'A' = 'a '), which
-    would merge distinct ids; bytes compare exactly.
+    would merge distinct ids and let a different owner string match; bytes compare exactly.
     """
 
-    impl = VARBINARY
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
@@ -56,9 +55,21 @@ class Utf8Key(TypeDecorator[str]):
         return None if value is None else bytes(value).decode("utf-8")
 
 
-_MYSQL_TEXT = mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin")
+class Utf8Key(_Utf8Bytes):
+    """A job id on MariaDB/MySQL: a ``VARBINARY`` primary key."""
+
+    impl = VARBINARY
+
+
+class Utf8Blob(_Utf8Bytes):
+    """An owner on MariaDB/MySQL: a ``LONGBLOB`` (compared in every guard)."""
+
+    impl = mysql.LONGBLOB
+
+
 _ID = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
-_TEXT = Text().with_variant(_MYSQL_TEXT, "mysql", "mariadb")
+_OWNER = Text().with_variant(Utf8Blob(), "mysql", "mariadb")
+_RESULT = Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
 _UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
 _FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
 
@@ -71,10 +82,10 @@ def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = N
         # nullable at the DDL level keeps SQLite's declaration to the contract's letter;
         # the library never writes a NULL id, and other databases make a PK NOT NULL anyway
         Column("id", _ID, primary_key=True, nullable=True),
-        Column("owner", _TEXT, nullable=True),
+        Column("owner", _OWNER, nullable=True),
         Column("until", _UNTIL, nullable=False, server_default=text("0")),
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
-        Column("result", _TEXT, nullable=True),
+        Column("result", _RESULT, nullable=True),
         Column("done", Integer, nullable=False, server_default=text("0")),
         schema=schema,
         mysql_charset="utf8mb4",
@@ -96,8 +107,8 @@ class _Expected:
 
 
 _EXPECTED = (
-    _Expected("id", "TEXT", (types.String, types.VARBINARY), False),
-    _Expected("owner", "TEXT", (types.String,), False),
+    _Expected("id", "TEXT", (types.String, types._Binary), False),
+    _Expected("owner", "TEXT", (types.String, types._Binary), False),
     _Expected("until", "REAL", (types.Double,), True),
     _Expected("fence", "INTEGER", (types.BigInteger,), True),
     _Expected("result", "TEXT", (types.String,), False),
