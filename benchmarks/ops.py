@@ -7,11 +7,14 @@ row, one transaction each, timed with :func:`time.perf_counter`, three ways:
 
 ``raw``
     A ``sqlite3`` connection with ``isolation_level=None`` and the store's PRAGMAs
-    (``busy_timeout = 5000``, ``journal_mode = WAL``, ``synchronous = FULL|NORMAL``) running the
-    SQL text the library runs (compiled here from ``fencing.statements.Statements`` for the
-    ``sqlite`` dialect) in the same transactions: a cursor per operation, ``BEGIN IMMEDIATE``,
-    the one statement (``fetchall`` for ``claim ... RETURNING`` and ``state``), ``COMMIT``.
-    It builds no result objects and checks no arguments: it is the floor.
+    (``busy_timeout = 5000``, ``journal_mode = WAL``, ``synchronous = FULL|NORMAL``) replaying
+    exactly what the store sends to the driver for that operation: at startup one call of
+    each operation runs on a store whose sqlite3 connection records every ``cursor()``,
+    ``execute(sql, args)`` and ``fetch*()`` -- ``BEGIN IMMEDIATE``; the statement (compiled
+    by the library from SQLAlchemy Core); ``COMMIT``, on one cursor -- and the raw loop
+    repeats that sequence with the benchmark's arguments (built before the clock starts).
+    It builds no result objects and checks no arguments: it is the floor. ``--show-sql``
+    prints the recorded transactions; ``--json`` stores them.
 ``store``
     ``fencing.JobStore(fencing.create_sqlite_engine(path, durability=...))``.
 ``service``
@@ -20,13 +23,16 @@ row, one transaction each, timed with :func:`time.perf_counter`, three ways:
     factory (``fencing.cache.create_engine``) is wrapped for the measurement to pass
     ``durability="normal"``, so those rows compare the path layer at equal durability.
 
-Every measurement gets its own fresh database file in one temporary directory, prepared
-identically (rows written in one transaction, then every connection closed) and warmed up
-with a few untimed calls. Setup per operation: ``claim`` takes N distinct claimable jobs;
-``renew`` and ``complete`` act once on each of N live leases (owner ``w``, fence 1);
-``state`` reads N distinct existing rows; ``enqueue`` inserts N new ids. The three ways are
-interleaved within every repetition (their order rotates), so machine noise hits all three
-alike; the figures are medians of R repetitions.
+Each way gets its own fresh database file in one temporary directory, prepared identically
+(the library's ``create_table``, rows written in one transaction, every connection closed),
+its own connection(s), and a few untimed warm-up calls. Setup per operation: ``claim`` takes
+N distinct claimable jobs; ``renew`` and ``complete`` act once on each of N live leases
+(owner ``w``, fence 1); ``state`` reads N distinct existing rows; ``enqueue`` inserts N new
+ids. The three ways are interleaved within every repetition: the N timed calls are cut into
+10 slices and slice k of raw, store and service run back to back (the order rotating), so a
+slow stretch of the disk or a busy neighbour hits all three alike. Every write is checked
+in the file afterwards. The figures are medians of R repetitions; ``--json`` also keeps
+every sample and the ratio of medians' paired counterpart (median of per-repetition ratios).
 
 The FULL rows are fsync-bound and slow on a real disk, so N defaults to 2000 there and
 5000 at NORMAL. Targets: store >= 0.8x raw at full and >= 0.7x raw at normal; service
@@ -54,24 +60,24 @@ import os
 import platform
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import sqlalchemy
-from sqlalchemy.dialects import sqlite as sqlite_dialect
-from sqlalchemy.schema import CreateTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # service.py lives at the root
 
 import fencing
 import fencing.cache
+import fencing.sqlite
 import service
-from fencing.statements import Statements
 
 OPS = ("claim", "renew", "complete", "state", "enqueue")
 WAYS = ("raw", "store", "service")
@@ -79,67 +85,30 @@ DEFAULT_N = {"full": 2000, "normal": 5000}
 TARGET_STORE_VS_RAW = {"full": 0.8, "normal": 0.7}
 TARGET_SERVICE_VS_STORE = 0.8
 WARMUP = 50
+CHUNKS = 10  # timed slices per measurement, alternating between the three ways
 
-NOW = 1000.0
-TTL = 60.0
-OWNER = "w"
+
+# -- the benchmark's arguments, and distinct ones for recording the store's driver calls -------
+
+
+@dataclass(frozen=True)
+class Args:
+    owner: str
+    now: float
+    ttl: float
+    fence: int
+    result: str
+
+    @property
+    def until(self) -> float:
+        return self.now + self.ttl
+
+
+BENCH = Args(owner="w", now=1000.0, ttl=60.0, fence=1, result="ok")
+# every value distinct, so each recorded driver argument names its role unambiguously
+PROBE = Args(owner="probe-owner", now=1000.25, ttl=60.5, fence=7, result="probe-result")
+PROBE_JOB = "probe-job"
 LIVE_UNTIL = 1e9  # the leases renew/complete act on stay live throughout
-RESULT = "ok"
-
-# -- the SQL the library runs, compiled from its own statements ---------------------------------
-
-
-class RawSQL:
-    """The library's statements compiled for SQLite, checked against what the raw loops pass.
-
-    The raw loops pass positional tuples in a fixed order; this checks, without depending
-    on the library's bind parameter names, that the compiled SQL text is the one below and
-    that Core's literal binds (the ``0`` of ``done = 0`` ...) are the constants passed.
-    """
-
-    # SQL text -> per ``?``: None for a call argument, else the constant Core binds there
-    EXPECTED: ClassVar[dict[str, tuple[str, tuple[Any, ...]]]] = {
-        "enqueue_sqlite": ("INSERT INTO jobs (id) VALUES (?) ON CONFLICT DO NOTHING", (None,)),
-        "state": (
-            "SELECT jobs.id, jobs.owner, jobs.until, jobs.fence, jobs.result, jobs.done "
-            "FROM jobs WHERE jobs.id = ?",
-            (None,),
-        ),
-        "claim_returning": (
-            "UPDATE jobs SET owner=?, until=?, fence=(jobs.fence + ?) "
-            "WHERE jobs.id = ? AND jobs.done = ? AND jobs.until <= ? RETURNING fence, until",
-            (None, None, 1, None, 0, None),
-        ),
-        "renew": (
-            "UPDATE jobs SET until=? WHERE jobs.id = ? AND jobs.owner = ? AND jobs.fence = ? "
-            "AND jobs.done = ? AND jobs.until > ?",
-            (None, None, None, None, 0, None),
-        ),
-        "complete": (
-            "UPDATE jobs SET result=?, done=? WHERE jobs.id = ? AND jobs.owner = ? AND jobs.fence = ? "
-            "AND jobs.done = ? AND jobs.until > ?",
-            (None, 1, None, None, None, 0, None),
-        ),
-    }
-
-    def __init__(self) -> None:
-        stmts = Statements(fencing.jobs)
-        dialect = sqlite_dialect.dialect()
-        self.sql: dict[str, str] = {}
-        for name, (want_sql, want_binds) in self.EXPECTED.items():
-            compiled: Any = getattr(stmts, name).compile(dialect=dialect)
-            binds = tuple(
-                None if b.required else b.effective_value
-                for b in (compiled.binds[k] for k in compiled.positiontup)
-            )
-            got_sql = " ".join(compiled.string.split())
-            if got_sql != want_sql or binds != want_binds:
-                raise SystemExit(
-                    f"the library's {name} statement changed; update the raw loop in {__file__}:\n"
-                    f"  library: {got_sql}  binds {binds}\n  raw:     {want_sql}  binds {want_binds}"
-                )
-            self.sql[name] = compiled.string
-        self.create_table = str(CreateTable(fencing.jobs).compile(dialect=dialect))
 
 
 def raw_connect(path: str, durability: str) -> sqlite3.Connection:
@@ -160,150 +129,320 @@ def job_ids(op: str, n: int) -> list[str]:
     return [f"{op}-{i:07d}" for i in range(n)]
 
 
-def prepare(path: str, op: str, ids: list[str], sql: RawSQL) -> None:
-    """The table and the rows ``op`` needs, written in one transaction; then closed."""
+def prepare(path: str, op: str, ids: list[str], args: Args) -> None:
+    """The library's table and the rows ``op`` needs, in one transaction; then all closed."""
+    engine = fencing.create_sqlite_engine(path, durability="normal")
+    try:
+        fencing.JobStore(engine).create_table()  # whatever table (and indexes) the library makes
+    finally:
+        engine.dispose()
     conn = raw_connect(path, "normal")
     try:
-        conn.execute(sql.create_table)
         conn.execute("BEGIN IMMEDIATE")
         if op == "claim":  # claimable: not done, never leased
             conn.executemany("INSERT INTO jobs (id) VALUES (?)", ((i,) for i in ids))
-        elif op in ("renew", "complete", "state"):  # held by OWNER with fence 1, live
+        elif op in ("renew", "complete", "state"):  # a live lease held by args.owner
             conn.executemany(
-                "INSERT INTO jobs (id, owner, until, fence) VALUES (?, ?, ?, 1)",
-                ((i, OWNER, LIVE_UNTIL) for i in ids),
+                "INSERT INTO jobs (id, owner, until, fence) VALUES (?, ?, ?, ?)",
+                ((i, args.owner, LIVE_UNTIL, args.fence) for i in ids),
             )
         conn.execute("COMMIT")
     finally:
-        conn.close()  # last connection: checkpoints and removes the -wal file
+        conn.close()  # the last connection: checkpoints and removes the -wal file
 
 
 def verify(path: str, op: str, n: int) -> None:
     """Every timed write took effect (the benchmark measured real work, not misses)."""
-    where = {
-        "claim": f"owner = '{OWNER}' AND fence = 1 AND until = {NOW + TTL!r}",
-        "renew": f"until = {NOW + TTL!r}",
-        "complete": f"done = 1 AND result = '{RESULT}'",
-        "state": "1",
-        "enqueue": "1",
+    b = BENCH
+    where, params = {
+        "claim": ("owner = ? AND fence = 1 AND until = ?", (b.owner, b.until)),
+        "renew": ("owner = ? AND until = ?", (b.owner, b.until)),
+        "complete": ("done = 1 AND result = ?", (b.result,)),
+        "state": ("1", ()),
+        "enqueue": ("owner IS NULL AND fence = 0 AND done = 0", ()),
     }[op]
     conn = sqlite3.connect(path)
     try:
-        (count,) = conn.execute(f"SELECT count(*) FROM jobs WHERE {where}").fetchone()
+        (count,) = conn.execute(f"SELECT count(*) FROM jobs WHERE {where}", params).fetchone()
     finally:
         conn.close()
     if count != n:
         raise SystemExit(f"{op} on {path}: {count} rows show the operation, expected {n}")
 
 
+# -- recording what the store sends to the driver -----------------------------------------------
+
+_LOG: list[tuple[Any, ...]] = []
+
+
+class _RecordingCursor(sqlite3.Cursor):
+    def execute(self, sql: str, parameters: Any = (), /) -> _RecordingCursor:
+        _LOG.append(("execute", sql, parameters))
+        return super().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq: Any, /) -> _RecordingCursor:
+        _LOG.append(("executemany", sql, seq))
+        return super().executemany(sql, seq)
+
+    def fetchone(self) -> Any:
+        _LOG.append(("fetch", "fetchone"))
+        return super().fetchone()
+
+    def fetchmany(self, size: int | None = None) -> list[Any]:
+        _LOG.append(("fetch", "fetchmany"))
+        return super().fetchmany() if size is None else super().fetchmany(size)
+
+    def fetchall(self) -> list[Any]:
+        _LOG.append(("fetch", "fetchall"))
+        return super().fetchall()
+
+
+class _RecordingConnection(sqlite3.Connection):
+    def cursor(self, factory: Any = _RecordingCursor) -> Any:
+        _LOG.append(("cursor",))
+        return super().cursor(factory)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> Any:
+        _LOG.append(("conn.execute", sql, parameters))
+        return super().execute(sql, parameters)
+
+
+def store_call(store: fencing.JobStore, op: str, job_id: str, a: Args) -> object:
+    """One call of ``op`` as the benchmark's store loops make it."""
+    if op == "claim":
+        return store.claim(job_id, a.owner, now=a.now, ttl=a.ttl)
+    if op == "renew":
+        return store.renew(fencing.Lease(job_id, a.owner, a.fence), now=a.now, ttl=a.ttl)
+    if op == "complete":
+        return store.complete(fencing.Lease(job_id, a.owner, a.fence), a.result, now=a.now)
+    if op == "state":
+        return store.state(job_id)
+    return store.enqueue(job_id)
+
+
+# a step of a recorded transaction: SQL, its arguments as roles/constants, the fetch after it
+Step = tuple[str, Any, "str | None"]
+
+
+def _role(value: object) -> tuple[str, object]:
+    p = PROBE
+    roles: list[tuple[str, object]] = [
+        ("job_id", PROBE_JOB),
+        ("owner", p.owner),
+        ("result", p.result),
+        ("now", p.now),
+        ("until", p.until),
+        ("ttl", p.ttl),
+        ("fence", p.fence),
+    ]
+    for role, probe in roles:
+        if type(value) is type(probe) and value == probe:
+            return ("arg", role)
+    return ("const", value)
+
+
+def record(workdir: str, durability: str) -> dict[str, list[Step]]:
+    """Per operation, the driver calls one store call makes, with arguments as roles."""
+    plans: dict[str, list[Step]] = {}
+    for op in OPS:
+        path = os.path.join(workdir, f"record-{durability}-{op}.db")
+        prepare(path, op, [] if op == "enqueue" else [PROBE_JOB], PROBE)
+        engine = fencing.create_sqlite_engine(
+            path,
+            durability=durability,  # type: ignore[arg-type]
+            connect_args={"factory": _RecordingConnection},
+        )
+        store = fencing.JobStore(engine)
+        try:
+            store.state(PROBE_JOB)  # checks a connection out (its PRAGMAs are not the op's)
+            _LOG.clear()
+            outcome = store_call(store, op, PROBE_JOB, PROBE)
+            log = list(_LOG)
+        finally:
+            store.dispose()
+            engine.dispose()
+            remove_db(path)
+        if outcome is None or outcome is False:
+            raise SystemExit(f"recording {op}: the probe call failed ({outcome!r})")
+        plans[op] = _plan(op, log)
+    return plans
+
+
+def _plan(op: str, log: list[tuple[Any, ...]]) -> list[Step]:
+    kinds = [entry[0] for entry in log]
+    if kinds.count("cursor") != 1 or any(k in ("executemany", "conn.execute") for k in kinds):
+        raise SystemExit(f"recording {op}: the raw replay expects one cursor and execute() calls: {log}")
+    steps: list[Step] = []
+    for entry in log:
+        if entry[0] == "execute":
+            _, sql, params = entry
+            if isinstance(params, Mapping):
+                template: Any = {k: _role(v) for k, v in params.items()}
+            else:
+                template = tuple(_role(v) for v in params)
+            steps.append((sql, template, None))
+        elif entry[0] == "fetch":
+            if not steps or steps[-1][2] is not None:
+                raise SystemExit(f"recording {op}: a fetch without a statement: {log}")
+            steps[-1] = (steps[-1][0], steps[-1][1], entry[1])
+    if not steps or steps[0][0] != "BEGIN IMMEDIATE" or steps[-1][0] != "COMMIT":
+        raise SystemExit(f"recording {op}: expected BEGIN IMMEDIATE ... COMMIT, got {log}")
+    return steps
+
+
+def describe(plan: list[Step]) -> list[str]:
+    out = []
+    for sql, template, fetch in plan:
+        items = template.items() if isinstance(template, Mapping) else enumerate(template)
+        shown = ", ".join(f"{k}={v[1]}" if v[0] == "arg" else f"{k}={v[1]!r}" for k, v in items)
+        line = " ".join(sql.split())
+        out.append(line + (f"  [{shown}]" if shown else "") + (f"; {fetch}()" if fetch else ""))
+    return out
+
+
+def bind(plan: list[Step], job_id: str, a: Args) -> list[tuple[str, Any, str | None]]:
+    """The plan's steps with this call's arguments in the recorded places."""
+    values = {
+        "job_id": job_id,
+        "owner": a.owner,
+        "result": a.result,
+        "now": a.now,
+        "until": a.until,
+        "ttl": a.ttl,
+        "fence": a.fence,
+    }
+
+    def fill(slot: tuple[str, object]) -> object:
+        return values[slot[1]] if slot[0] == "arg" else slot[1]  # type: ignore[index]
+
+    out = []
+    for sql, template, fetch in plan:
+        if isinstance(template, Mapping):
+            args: Any = {k: fill(v) for k, v in template.items()}
+        else:
+            args = tuple(fill(v) for v in template)
+        out.append((sql, args, fetch))
+    return out
+
+
 # -- the three ways -----------------------------------------------------------------------------
 
-Loop = Callable[[list[str]], None]
+# given the job ids, do the untimed preparation and return the loop to time
+Runner = Callable[[], None]
+Loop = Callable[[list[str]], Runner]
 
 
-def raw_loops(conn: sqlite3.Connection, sql: RawSQL) -> dict[str, Loop]:
-    begin, commit = "BEGIN IMMEDIATE", "COMMIT"
-    s_claim, s_renew, s_complete = sql.sql["claim_returning"], sql.sql["renew"], sql.sql["complete"]
-    s_state, s_enqueue = sql.sql["state"], sql.sql["enqueue_sqlite"]
+def raw_loop(conn: sqlite3.Connection, plan: list[Step]) -> Loop:
+    """The recorded transaction, once per job id, on one cursor per transaction."""
+    single = (
+        len(plan) == 3 and plan[0][1] == () and plan[2][1] == () and plan[0][2] is None and plan[2][2] is None
+    )
 
-    def claim(ids: list[str]) -> None:
-        for job_id in ids:
-            cur = conn.cursor()
-            cur.execute(begin)
-            cur.execute(s_claim, (OWNER, NOW + TTL, 1, job_id, 0, NOW))
-            cur.fetchall()
-            cur.execute(commit)
-            cur.close()
+    def make(ids: list[str]) -> Runner:
+        calls = [bind(plan, i, BENCH) for i in ids]
+        if not single:
 
-    def renew(ids: list[str]) -> None:
-        for job_id in ids:
-            cur = conn.cursor()
-            cur.execute(begin)
-            cur.execute(s_renew, (NOW + TTL, job_id, OWNER, 1, 0, NOW))
-            cur.rowcount  # noqa: B018 -- the library reads it
-            cur.execute(commit)
-            cur.close()
+            def general() -> None:
+                for steps in calls:
+                    cur = conn.cursor()
+                    for sql, args, fetch in steps:
+                        cur.execute(sql, args)
+                        if fetch is not None:
+                            getattr(cur, fetch)()
+                    cur.close()
 
-    def complete(ids: list[str]) -> None:
-        for job_id in ids:
-            cur = conn.cursor()
-            cur.execute(begin)
-            cur.execute(s_complete, (RESULT, 1, job_id, OWNER, 1, 0, NOW))
-            cur.rowcount  # noqa: B018
-            cur.execute(commit)
-            cur.close()
+            return general
 
-    def state(ids: list[str]) -> None:
-        for job_id in ids:
-            cur = conn.cursor()
-            cur.execute(begin)
-            cur.execute(s_state, (job_id,))
-            cur.fetchall()
-            cur.execute(commit)
-            cur.close()
+        begin, (sql, _, fetch), commit = plan[0][0], plan[1], plan[2][0]
+        argv = [steps[1][1] for steps in calls]
 
-    def enqueue(ids: list[str]) -> None:
-        for job_id in ids:
-            cur = conn.cursor()
-            cur.execute(begin)
-            cur.execute(s_enqueue, (job_id,))
-            cur.rowcount  # noqa: B018
-            cur.execute(commit)
-            cur.close()
+        def count() -> None:  # BEGIN IMMEDIATE; the statement; COMMIT
+            for args in argv:
+                cur = conn.cursor()
+                cur.execute(begin)
+                cur.execute(sql, args)
+                cur.rowcount  # noqa: B018 -- the store reads it
+                cur.execute(commit)
+                cur.close()
 
-    return {"claim": claim, "renew": renew, "complete": complete, "state": state, "enqueue": enqueue}
+        def rows() -> None:
+            for args in argv:
+                cur = conn.cursor()
+                cur.execute(begin)
+                cur.execute(sql, args)
+                cur.fetchall()
+                cur.execute(commit)
+                cur.close()
+
+        if fetch is None:
+            return count
+        if fetch == "fetchall":
+            return rows
+        return general
+
+    return make
 
 
-def store_loops(store: fencing.JobStore) -> dict[str, Loop]:
-    Lease = fencing.Lease
+def store_loop(store: fencing.JobStore, op: str) -> Loop:
+    b = BENCH
+    owner, now, ttl, fence, result = b.owner, b.now, b.ttl, b.fence, b.result
 
-    def claim(ids: list[str]) -> None:
-        for job_id in ids:
-            store.claim(job_id, OWNER, now=NOW, ttl=TTL)
+    def make(ids: list[str]) -> Runner:
+        leases = [fencing.Lease(i, owner, fence) for i in ids]  # what workers already hold
 
-    def renew(ids: list[str]) -> None:
-        leases = [Lease(job_id, OWNER, 1) for job_id in ids]  # what a worker holds already
-        for lease in leases:
-            store.renew(lease, now=NOW, ttl=TTL)
+        def claim() -> None:
+            for job_id in ids:
+                store.claim(job_id, owner, now=now, ttl=ttl)
 
-    def complete(ids: list[str]) -> None:
-        leases = [Lease(job_id, OWNER, 1) for job_id in ids]
-        for lease in leases:
-            store.complete(lease, RESULT, now=NOW)
+        def renew() -> None:
+            for lease in leases:
+                store.renew(lease, now=now, ttl=ttl)
 
-    def state(ids: list[str]) -> None:
-        for job_id in ids:
-            store.state(job_id)
+        def complete() -> None:
+            for lease in leases:
+                store.complete(lease, result, now=now)
 
-    def enqueue(ids: list[str]) -> None:
-        for job_id in ids:
-            store.enqueue(job_id)
+        def state() -> None:
+            for job_id in ids:
+                store.state(job_id)
 
-    return {"claim": claim, "renew": renew, "complete": complete, "state": state, "enqueue": enqueue}
+        def enqueue() -> None:
+            for job_id in ids:
+                store.enqueue(job_id)
+
+        return {"claim": claim, "renew": renew, "complete": complete, "state": state, "enqueue": enqueue}[op]
+
+    return make
 
 
-def service_loops(path: str) -> dict[str, Loop]:
-    def claim(ids: list[str]) -> None:
-        for job_id in ids:
-            service.claim(path, job_id, OWNER, NOW, TTL)
+def service_loop(path: str, op: str) -> Loop:
+    b = BENCH
+    owner, now, ttl, fence, result = b.owner, b.now, b.ttl, b.fence, b.result
 
-    def renew(ids: list[str]) -> None:
-        for job_id in ids:
-            service.renew(path, job_id, OWNER, 1, NOW, TTL)
+    def make(ids: list[str]) -> Runner:
+        def claim() -> None:
+            for job_id in ids:
+                service.claim(path, job_id, owner, now, ttl)
 
-    def complete(ids: list[str]) -> None:
-        for job_id in ids:
-            service.complete(path, job_id, OWNER, 1, NOW, RESULT)
+        def renew() -> None:
+            for job_id in ids:
+                service.renew(path, job_id, owner, fence, now, ttl)
 
-    def state(ids: list[str]) -> None:
-        for job_id in ids:
-            service.state(path, job_id)
+        def complete() -> None:
+            for job_id in ids:
+                service.complete(path, job_id, owner, fence, now, result)
 
-    def enqueue(ids: list[str]) -> None:
-        for job_id in ids:
-            service.enqueue(path, job_id)
+        def state() -> None:
+            for job_id in ids:
+                service.state(path, job_id)
 
-    return {"claim": claim, "renew": renew, "complete": complete, "state": state, "enqueue": enqueue}
+        def enqueue() -> None:
+            for job_id in ids:
+                service.enqueue(path, job_id)
+
+        return {"claim": claim, "renew": renew, "complete": complete, "state": state, "enqueue": enqueue}[op]
+
+    return make
 
 
 @contextmanager
@@ -318,65 +457,79 @@ def service_durability(durability: str) -> Iterator[None]:
         setattr(fencing.cache, "create_engine", original)  # noqa: B010
 
 
-def timed(loop: Loop, ids: list[str]) -> float:
-    """Run the warm-up calls untimed, then time the rest; ops per second."""
-    loop(ids[:WARMUP])
-    timed_ids = ids[WARMUP:]
-    gc.collect()
-    start = time.perf_counter()
-    loop(timed_ids)
-    elapsed = time.perf_counter() - start
-    return len(timed_ids) / elapsed
+def remove_db(path: str) -> None:
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        if os.path.exists(path + suffix):
+            os.remove(path + suffix)
 
 
-def measure(way: str, op: str, durability: str, n: int, path: str, sql: RawSQL) -> float:
+def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list[Step]) -> dict[str, float]:
+    """One repetition of ``op``: ops/s of each way, the three timed in alternating chunks.
+
+    Each way has its own database file, connection and job ids. After untimed warm-up
+    calls, the N timed calls are split into CHUNKS slices; slice k of raw, store and service
+    run back to back (the order rotating), so a slow stretch of the disk or a busy neighbour
+    hits all three alike. Each way's rate is its N calls over the sum of its slices' times.
+    """
     ids = job_ids(op, n + WARMUP)
-    prepare(path, op, ids if op != "enqueue" else [], sql)
-    if way == "raw":
-        conn = raw_connect(path, durability)
-        try:
-            rate = timed(raw_loops(conn, sql)[op], ids)
-        finally:
-            conn.close()
-    elif way == "store":
-        store = fencing.JobStore(fencing.create_sqlite_engine(path, durability=durability))  # type: ignore[arg-type]
-        try:
-            rate = timed(store_loops(store)[op], ids)
-        finally:
-            store.dispose()
-            store.engine.dispose()
-    else:
+    paths = {way: os.path.join(workdir, f"{durability}-{op}-{way}-{rep}.db") for way in WAYS}
+    for path in paths.values():
+        prepare(path, op, [] if op == "enqueue" else ids, BENCH)
+    conn = raw_connect(paths["raw"], durability)
+    store = fencing.JobStore(fencing.create_sqlite_engine(paths["store"], durability=durability))  # type: ignore[arg-type]
+    elapsed = dict.fromkeys(WAYS, 0.0)
+    try:
         with service_durability(durability):
-            settings = fencing.sqlite.settings_of(service._stores.get(path).engine)
+            settings = fencing.sqlite.settings_of(service._stores.get(paths["service"]).engine)
             if settings is None or settings.durability != durability:
-                raise SystemExit(f"service opened {path} with {settings and settings.durability}")
-            try:
-                rate = timed(service_loops(path)[op], ids)
-            finally:
-                service._stores.clear()  # close this file's connections, as the other two do
-    verify(path, op, n + WARMUP)
-    return rate
+                raise SystemExit(f"service opened its file with {settings and settings.durability}")
+            loops: dict[str, Loop] = {
+                "raw": raw_loop(conn, plan),
+                "store": store_loop(store, op),
+                "service": service_loop(paths["service"], op),
+            }
+            for way in WAYS:
+                loops[way](ids[:WARMUP])()
+            gc.collect()  # once, before the clock: collections during the loops are part of the cost
+            bounds = [WARMUP + (n * k) // CHUNKS for k in range(CHUNKS + 1)]
+            for k in range(CHUNKS):
+                runners = {way: loops[way](ids[bounds[k] : bounds[k + 1]]) for way in WAYS}
+                shift = (rep + k) % len(WAYS)
+                for way in WAYS[shift:] + WAYS[:shift]:
+                    run = runners[way]
+                    start = time.perf_counter()
+                    run()
+                    elapsed[way] += time.perf_counter() - start
+    finally:
+        conn.close()
+        store.dispose()
+        store.engine.dispose()
+        service._stores.clear()  # close the service's connections too
+    for path in paths.values():
+        verify(path, op, n + WARMUP)
+        remove_db(path)
+    return {way: n / elapsed[way] for way in WAYS}
 
 
 # -- running and reporting ----------------------------------------------------------------------
 
 
-def run(durability: str, n: int, repeat: int, workdir: str, sql: RawSQL) -> list[dict[str, Any]]:
+def run(durability: str, n: int, repeat: int, workdir: str) -> list[dict[str, Any]]:
+    plans = record(workdir, durability)
     samples: dict[str, dict[str, list[float]]] = {op: {w: [] for w in WAYS} for op in OPS}
     for rep in range(repeat):
-        order = WAYS[rep % 3 :] + WAYS[: rep % 3]  # rotate who goes first
         for op in OPS:
-            for way in order:
-                path = os.path.join(workdir, f"{durability}-{op}-{way}-{rep}.db")
-                samples[op][way].append(measure(way, op, durability, n, path, sql))
-                for suffix in ("", "-wal", "-shm"):
-                    if os.path.exists(path + suffix):
-                        os.remove(path + suffix)
+            rates = measure(op, durability, n, rep, workdir, plans[op])
+            for way in WAYS:
+                samples[op][way].append(rates[way])
         print(f"  {durability}: repetition {rep + 1}/{repeat} done", file=sys.stderr, flush=True)
     rows = []
     for op in OPS:
         s = samples[op]
         med = {w: statistics.median(s[w]) for w in WAYS}
+        # the ratio within each repetition (the three ran in alternating slices), then the median
+        store_raw = [st / r for st, r in zip(s["store"], s["raw"], strict=True)]
+        svc_store = [sv / st for sv, st in zip(s["service"], s["store"], strict=True)]
         rows.append(
             {
                 "op": op,
@@ -386,43 +539,57 @@ def run(durability: str, n: int, repeat: int, workdir: str, sql: RawSQL) -> list
                 "raw_ops_s": med["raw"],
                 "store_ops_s": med["store"],
                 "service_ops_s": med["service"],
-                "store_vs_raw": med["store"] / med["raw"],
-                "service_vs_store": med["service"] / med["store"],
-                # ratios within each repetition (the three ran back to back), then the median
-                "store_vs_raw_paired": statistics.median(
-                    st / r for st, r in zip(s["store"], s["raw"], strict=True)
-                ),
-                "service_vs_store_paired": statistics.median(
-                    sv / st for sv, st in zip(s["service"], s["store"], strict=True)
-                ),
+                "store_vs_raw": statistics.median(store_raw),
+                "service_vs_store": statistics.median(svc_store),
+                "store_vs_raw_range": [min(store_raw), max(store_raw)],
+                "service_vs_store_range": [min(svc_store), max(svc_store)],
+                "store_vs_raw_of_medians": med["store"] / med["raw"],
+                "service_vs_store_of_medians": med["service"] / med["store"],
                 "target_store_vs_raw": TARGET_STORE_VS_RAW[durability],
                 "target_service_vs_store": TARGET_SERVICE_VS_STORE,
                 "samples": s,
+                "transaction": describe(plans[op]),
             }
         )
     return rows
 
 
-def mark(ratio: float, target: float) -> str:
-    return f"{ratio:5.2f} {'ok ' if ratio >= target else 'MISS'}"
+def ratio_cells(r: dict[str, Any], name: str) -> str:
+    ratio, (lo, hi), target = r[name], r[f"{name}_range"], r[f"target_{name}"]
+    verdict = "ok" if ratio >= target else "MISS"
+    return f"{ratio:>6.2f} {f'{lo:.2f}-{hi:.2f}':>10} {'>=' + str(target):>6} {verdict:<4}"
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
     header = (
-        f"{'op':<9} {'durab.':<7} {'raw ops/s':>10} {'store ops/s':>12} {'store/raw':>10} "
-        f"{'(target)':>8} {'service ops/s':>14} {'svc/store':>10} {'(target)':>8}"
+        f"{'op':<9} {'durab.':<7} {'raw ops/s':>10} {'store ops/s':>12} "
+        f"{'st/raw':>6} {'range':>10} {'target':>6} {'':<4} "
+        f"{'service ops/s':>14} {'sv/st':>6} {'range':>10} {'target':>6}"
     )
     print(header)
-    print("-" * len(header))
+    print("-" * (len(header) + 5))
     for r in rows:
         print(
             f"{r['op']:<9} {r['durability']:<7} {r['raw_ops_s']:>10,.0f} {r['store_ops_s']:>12,.0f} "
-            f"{mark(r['store_vs_raw'], r['target_store_vs_raw']):>10} "
-            f"{'>=' + str(r['target_store_vs_raw']):>8} "
-            f"{r['service_ops_s']:>14,.0f} "
-            f"{mark(r['service_vs_store'], r['target_service_vs_store']):>10} "
-            f"{'>=' + str(r['target_service_vs_store']):>8}"
+            f"{ratio_cells(r, 'store_vs_raw')} {r['service_ops_s']:>14,.0f} "
+            f"{ratio_cells(r, 'service_vs_store')}"
         )
+    print(
+        "ops/s: median of the repetitions. ratio: median of the per-repetition ratios (the ways ran\n"
+        "in alternating slices, so each repetition's ratio cancels the machine's drift); range: min-max."
+    )
+
+
+def git_describe() -> str | None:
+    """The commit measured, ``+dirty`` when the working tree differs from it."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty=+dirty"], cwd=root, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -438,19 +605,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dir", metavar="DIR", default=None, help="where the database files go (default: $TMPDIR)"
     )
+    parser.add_argument("--show-sql", action="store_true", help="print what the raw loops replay")
     parser.add_argument("--check", action="store_true", help="exit 1 if a ratio misses its target")
     args = parser.parse_args(argv)
     if args.repeat < 1 or (args.ops is not None and args.ops < 1):
         parser.error("--ops and --repeat must be >= 1")
 
     durabilities = ("full", "normal") if args.durability == "both" else (args.durability,)
-    sql = RawSQL()
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fencing-bench-", dir=args.dir) as workdir:
         for durability in durabilities:
             n = args.ops or DEFAULT_N[durability]
-            rows.extend(run(durability, n, args.repeat, workdir, sql))
+            rows.extend(run(durability, n, args.repeat, workdir))
     wall = time.perf_counter() - started
 
     print(
@@ -459,6 +626,11 @@ def main(argv: list[str] | None = None) -> int:
         f"{os.cpu_count()} CPUs; median of {args.repeat}; {wall:.0f} s"
     )
     print_table(rows)
+    if args.show_sql:
+        for r in rows:
+            print(f"{r['op']} ({r['durability']}), per call on one cursor:")
+            for line in r["transaction"]:
+                print(f"    {line}")
     if "normal" in durabilities:
         print("service at normal: its engine factory wrapped to durability='normal' (it ships 'full' only)")
     misses = [
@@ -478,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeat": args.repeat,
             "warmup": WARMUP,
             "wall_seconds": wall,
+            "git": git_describe(),
         }
         Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
     return 1 if args.check and misses else 0

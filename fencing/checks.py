@@ -66,6 +66,9 @@ def check_until(now: float, ttl: float) -> float:
     until = now + ttl
     if not math.isfinite(until):
         raise InvalidArgument(f"now + ttl overflows: now={now!r}, ttl={ttl!r}")
+    if until <= now:
+        # the lease would be expired the moment it was taken, so every claimant would "win"
+        raise InvalidArgument(f"ttl={ttl!r} is below the resolution of now={now!r}: now + ttl == now")
     return until
 
 

@@ -39,6 +39,17 @@ T = TypeVar("T")
 # the parent's WAL), never reused.
 _INHERITED: list[Any] = []
 
+#: bumped in every forked child; cheaper to compare per operation than os.getpid()
+FORK_GENERATION = [0]
+
+
+def _after_fork_in_child() -> None:
+    FORK_GENERATION[0] += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
 #: retries of a busy SQLite transaction after the busy_timeout already waited once
 BUSY_RETRIES = 20
 _BACKOFF_CAP = 0.05
@@ -68,22 +79,23 @@ class CoreExecutor:
 
 
 class _Compiled:
-    """One statement compiled for the driver: SQL text and how to build each positional arg."""
+    """One statement compiled for the driver: SQL text and how to build its positional args."""
 
-    __slots__ = ("plain", "sources", "sql")
+    __slots__ = ("names", "processors", "sql")
 
-    def __init__(self, sql: str, sources: tuple[tuple[bool, Any, Any], ...]) -> None:
+    def __init__(self, sql: str, names: tuple[str, ...], processors: tuple[Any, ...]) -> None:
         self.sql = sql
-        # (True, name, processor): from the call's params; (False, value, None): a constant
-        self.sources = sources
-        self.plain = tuple((named, v) for named, v, _ in sources)
-        if any(p is not None for _, _, p in sources):
-            self.plain = ()
+        self.names = names
+        # e.g. float() for a REAL column on SQLite; None where the value goes as it is
+        self.processors = processors if any(p is not None for p in processors) else None
 
     def args(self, params: Mapping[str, Any]) -> list[Any]:
-        if self.plain:
-            return [params[v] if named else v for named, v in self.plain]
-        return [(params[v] if p is None else p(params[v])) if named else v for named, v, p in self.sources]
+        if self.processors is None:
+            return [params[name] for name in self.names]
+        return [
+            params[name] if p is None else p(params[name])
+            for name, p in zip(self.names, self.processors, strict=True)
+        ]
 
 
 class _DriverExecutor:
@@ -117,7 +129,7 @@ class SQLiteDriverPath:
         self.begin_sql = begin_sql
         self.max_idle = max_idle
         self._idle: list[Any] = []
-        self._pid = os.getpid()
+        self._generation = FORK_GENERATION[0]
         self._closed = False
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
 
@@ -134,19 +146,22 @@ class SQLiteDriverPath:
         compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
         if not compiled.positional:
             raise AssertionError(f"driver path expects a positional paramstyle, got {dialect.paramstyle}")
-        sources: list[tuple[bool, Any, Any]] = []
+        names, processors = [], []
         for name in compiled.positiontup:
             bind = compiled.binds[name]
-            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
-            if bind.required:  # bindparam("job_id") without a value: from the call
-                sources.append((True, bind.key, process))
-            else:  # a constant such as the 0 of "done = 0"
-                value = bind.effective_value
-                sources.append((False, value if process is None else process(value), None))
-        return _Compiled(compiled.string, tuple(sources))
+            if not bind.required:
+                # constants belong in the SQL (statements.py writes them as literals)
+                raise AssertionError(f"unexpected constant bind parameter {name!r} in {compiled.string}")
+            names.append(bind.key)
+            processors.append(bind.type.dialect_impl(dialect).bind_processor(dialect))
+        return _Compiled(compiled.string, tuple(names), tuple(processors))
 
-    def run(self, unit: Callable[[Any], T]) -> T:
-        """Run ``unit`` in one ``BEGIN IMMEDIATE`` transaction, retrying while busy."""
+    def run(self, unit: Callable[[Any], T], *, write: bool = True) -> T:
+        """Run ``unit`` in one ``BEGIN IMMEDIATE`` transaction, retrying while busy.
+
+        ``write=False`` is for a unit that runs one read statement: it runs without an
+        explicit transaction (one statement is its own snapshot) and takes no write lock.
+        """
         attempt = 0
         while True:
             conn = self._checkout()
@@ -154,9 +169,12 @@ class SQLiteDriverPath:
             try:
                 cursor = conn.cursor()
                 try:
-                    cursor.execute(self.begin_sql)
-                    result = unit(_DriverExecutor(cursor, self._compiled_for))
-                    cursor.execute("COMMIT")
+                    if not write:
+                        result = unit(_DriverExecutor(cursor, self._compiled_for))
+                    else:
+                        cursor.execute(self.begin_sql)
+                        result = unit(_DriverExecutor(cursor, self._compiled_for))
+                        cursor.execute("COMMIT")
                 finally:
                     if conn.in_transaction:
                         conn.rollback()
@@ -177,10 +195,8 @@ class SQLiteDriverPath:
                 self._checkin(conn, reusable)
 
     def _checkout(self) -> Any:
-        if self._pid != os.getpid():
-            _INHERITED.extend(self._idle)
-            self._idle = []
-            self._pid = os.getpid()
+        if self._generation != FORK_GENERATION[0]:
+            self._forget_parent()
         try:
             return self._idle.pop()
         except IndexError:
@@ -191,19 +207,23 @@ class SQLiteDriverPath:
         return conn
 
     def _checkin(self, conn: Any, reusable: bool) -> None:
-        if self._pid != os.getpid():
-            _INHERITED.append(conn)
+        if self._generation != FORK_GENERATION[0]:
+            _INHERITED.append(conn)  # opened by the parent: its operation ended in the child
         elif reusable and not self._closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
             conn.close()
 
+    def _forget_parent(self) -> None:
+        _INHERITED.extend(self._idle)
+        self._idle = []
+        self._generation = FORK_GENERATION[0]
+
     def close(self) -> None:
         """Close the idle connections; ones in use close when their operation ends."""
         self._closed = True
+        if self._generation != FORK_GENERATION[0]:
+            self._forget_parent()
         idle, self._idle = self._idle, []
-        if self._pid == os.getpid():
-            for conn in idle:
-                conn.close()
-        else:
-            _INHERITED.extend(idle)
+        for conn in idle:
+            conn.close()

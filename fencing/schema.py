@@ -104,15 +104,17 @@ class _Expected:
     #: acceptable reflected types elsewhere: a double, a 64-bit integer, text or bytes
     generic: tuple[type[types.TypeEngine[Any]], ...]
     notnull: bool
+    #: inserts name only the id: the other NOT NULL columns must default to 0
+    zero_default: bool
 
 
 _EXPECTED = (
-    _Expected("id", "TEXT", (types.String, types._Binary), False),
-    _Expected("owner", "TEXT", (types.String, types._Binary), False),
-    _Expected("until", "REAL", (types.Double,), True),
-    _Expected("fence", "INTEGER", (types.BigInteger,), True),
-    _Expected("result", "TEXT", (types.String,), False),
-    _Expected("done", "INTEGER", (types.Integer,), True),
+    _Expected("id", "TEXT", (types.String, types._Binary), False, False),
+    _Expected("owner", "TEXT", (types.String, types._Binary), False, False),
+    _Expected("until", "REAL", (types.Double,), True, True),
+    _Expected("fence", "INTEGER", (types.BigInteger,), True, True),
+    _Expected("result", "TEXT", (types.String,), False, False),
+    _Expected("done", "INTEGER", (types.Integer,), True, True),
 )
 
 
@@ -151,5 +153,22 @@ def _differences(conn: Connection, table: Table) -> list[str]:
             problems.append(f"column {want.name!r} has type {got!r}, expected {expected}")
         if want.notnull and col["nullable"]:
             problems.append(f"column {want.name!r} allows NULL, expected NOT NULL")
+        if want.zero_default and not _is_zero(col.get("default")):
+            problems.append(f"column {want.name!r} has default {col.get('default')!r}, expected 0")
     problems.extend(f"unexpected column {name!r}" for name in found)
+    pk = inspect(conn).get_pk_constraint(table.name, schema=table.schema)
+    if list(pk.get("constrained_columns") or []) != ["id"]:
+        # without the key, enqueue could store the same id twice
+        problems.append(f"primary key is {pk.get('constrained_columns')!r}, expected ['id']")
     return problems
+
+
+def _is_zero(default: object) -> bool:
+    """A reflected server default that means 0: '0', '0.0', "'0'", '(0)', '0::bigint'..."""
+    if not isinstance(default, str):
+        return False
+    text = default.split("::")[0].strip().strip("()").strip().strip("'\"")
+    try:
+        return float(text) == 0.0
+    except ValueError:
+        return False

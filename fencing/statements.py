@@ -9,13 +9,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from sqlalchemy import ColumnElement, Double, Table, and_, bindparam, null, select, update
+from sqlalchemy import ColumnElement, Double, Table, and_, bindparam, literal_column, null, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.sql import Executable
 
 from .clock import database_now
 
 __all__ = ["Clock", "Statements"]
+
+# constants are written into the SQL, not bound: fewer parameters per call, and a
+# partial index on "done = 0" can match them
+_ZERO: ColumnElement[int] = literal_column("0")
+_ONE: ColumnElement[int] = literal_column("1")
 
 #: whose clock decides whether a lease is live: the caller's ``now`` or the database's
 Clock = Literal["caller", "database"]
@@ -48,7 +53,7 @@ class Statements:
             job,
             t.c.owner == bindparam("holder"),
             t.c.fence == bindparam("token"),
-            t.c.done == 0,
+            t.c.done == _ZERO,
         )
         # until == now is expired: a reclaim may happen exactly at the boundary
         lease_live = t.c.until > now
@@ -71,8 +76,8 @@ class Statements:
         )
 
         #: claimable: not done and the lease (if any) has expired; the fence only goes up
-        claimable = and_(job, t.c.done == 0, t.c.until <= now)
-        claim_values = {"owner": bindparam("holder"), "until": new_until, "fence": t.c.fence + 1}
+        claimable = and_(job, t.c.done == _ZERO, t.c.until <= now)
+        claim_values = {"owner": bindparam("holder"), "until": new_until, "fence": t.c.fence + _ONE}
         self.claim_returning: Executable = (
             update(t).where(claimable).values(claim_values).returning(t.c.fence, t.c.until)
         )
@@ -86,7 +91,7 @@ class Statements:
         self.renew_counting: Executable = renewal
         #: the late writer stops here: the lease is checked at the moment of writing
         self.complete: Executable = (
-            update(t).where(current_holder, lease_live).values(result=bindparam("new_result"), done=1)
+            update(t).where(current_holder, lease_live).values(result=bindparam("new_result"), done=_ONE)
         )
         #: the fence is kept: resetting it would make an old token valid again
-        self.release: Executable = update(t).where(current_holder).values(owner=null(), until=0.0)
+        self.release: Executable = update(t).where(current_holder).values(owner=null(), until=_ZERO)

@@ -84,17 +84,13 @@ class JobStore:
 
     # -- running units of work -------------------------------------------------------------
 
-    def _run(self, unit: Callable[[Executor], T], conn: Connection | None) -> T:
+    def _run(self, unit: Callable[[Executor], T], conn: Connection | None, *, write: bool = True) -> T:
         try:
             if conn is None:
                 if self._driver is not None:
-                    return self._driver.run(unit)
+                    return self._driver.run(unit, write=write)
                 return self._in_own_transaction(unit)
-            if not isinstance(conn, Connection):
-                raise InvalidArgumentType(
-                    f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}"
-                )
-            return unit(CoreExecutor(conn))
+            return unit(CoreExecutor(_connection(conn)))
         except DB_ERRORS as exc:
             raise wrap_database_error(exc, self.table.name) from exc
 
@@ -159,7 +155,7 @@ class JobStore:
 
         try:
             if conn is not None:
-                ensure_jobs_table(conn, self.table)
+                ensure_jobs_table(_connection(conn), self.table)
                 return
             for attempt in range(2):
                 try:
@@ -206,7 +202,8 @@ class JobStore:
             rows = x.rows(stmt, params)
             return JobState.from_row(rows[0]) if rows else None
 
-        return self._run(unit, conn)
+        # one SELECT is its own snapshot: no write lock needed to read a row
+        return self._run(unit, conn, write=False)
 
     def claim(
         self,
@@ -327,3 +324,9 @@ class JobStore:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fencing-claim") as pool:
             futures = [pool.submit(self._run, unit, None) for unit in units]
             return [f.result() for f in futures]
+
+
+def _connection(conn: object) -> Connection:
+    if not isinstance(conn, Connection):
+        raise InvalidArgumentType(f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}")
+    return conn
