@@ -25,6 +25,7 @@ from sqlalchemy.exc import ArgumentError
 
 from .dberrors import database_errors
 from .errors import DatabaseMissing, InvalidArgument, InvalidArgumentType
+from .execution import FORK_GENERATION
 from .sqlite import create_engine
 from .store import JobStore
 
@@ -40,6 +41,8 @@ _INHERITED: list[object] = []
 class _Entry:
     store: JobStore
     identity: _Identity | None
+    #: set on every hit without the lock; eviction gives used entries a second chance
+    used: bool = False
 
 
 def _identity(path: str) -> _Identity | None:
@@ -83,7 +86,8 @@ class StoreCache:
         self.maxsize = maxsize
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._pid = os.getpid()
+        self._normalized: dict[str, tuple[str, str]] = {}
+        self._generation = FORK_GENERATION[0]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -93,18 +97,33 @@ class StoreCache:
 
         With ``create=False`` a missing SQLite file is an error (and is not created).
         """
-        kind, key = normalize_target(target)
+        kind, key = self._normalized.get(target, _MISS) if isinstance(target, str) else _MISS
+        if kind is None:
+            kind, key = normalize_target(target)
+            if isinstance(target, str) and os.path.isabs(target) and len(self._normalized) < 4096:
+                self._normalized[target] = (kind, key)  # absolute: not relative to the cwd
         identity = _identity(key) if kind == "file" else _SERVER
+        # the hit path takes no lock: a dict read is atomic, and a stale or forked
+        # entry is never returned from it
+        entry = self._entries.get(key)
+        if (
+            entry is not None
+            and identity is not None
+            and entry.identity == identity
+            and self._generation == FORK_GENERATION[0]
+        ):
+            entry.used = True
+            return entry.store
         if identity is None and not create:
             raise DatabaseMissing(f"no database file at {key!r}; call init_db() to create it")
         with self._lock:
-            if self._pid != os.getpid():
+            if self._generation != FORK_GENERATION[0]:
                 self._forget_parent()
             entry = self._entries.get(key)
             if entry is not None:
                 if identity is not None and entry.identity == identity:
-                    self._entries.move_to_end(key)
-                    return entry.store
+                    entry.used = True
+                    return entry.store  # another thread opened it meanwhile
                 # the file at this path is not the one the store's connections have open
                 del self._entries[key]
                 _dispose(entry.store)
@@ -115,14 +134,24 @@ class StoreCache:
                     pass
                 identity = _identity(key)
             self._entries[key] = _Entry(store, identity)
-            while len(self._entries) > self.maxsize:
-                _dispose(self._entries.popitem(last=False)[1].store)
+            self._evict()
             return store
+
+    def _evict(self) -> None:
+        """Least recently used first, approximately: a used entry gets a second chance."""
+        while len(self._entries) > self.maxsize:
+            key, entry = next(iter(self._entries.items()))
+            if entry.used:
+                entry.used = False
+                self._entries.move_to_end(key)
+            else:
+                del self._entries[key]
+                _dispose(entry.store)
 
     def clear(self) -> None:
         """Close every cached store's connections."""
         with self._lock:
-            if self._pid != os.getpid():
+            if self._generation != FORK_GENERATION[0]:
                 self._forget_parent()
             for entry in self._entries.values():
                 _dispose(entry.store)
@@ -131,8 +160,10 @@ class StoreCache:
     def _forget_parent(self) -> None:
         _INHERITED.extend(self._entries.values())
         self._entries = OrderedDict()
-        self._pid = os.getpid()
+        self._generation = FORK_GENERATION[0]
 
+
+_MISS: tuple[None, str] = (None, "")
 
 # servers have no file identity to check; a constant stands for "always the same"
 _SERVER: _Identity = (-1, -1)
