@@ -194,6 +194,27 @@ class SQLiteDriverPath:
             finally:
                 self._checkin(conn, reusable)
 
+    def read(self, stmt: Executable, params: Mapping[str, Any]) -> list[Any]:
+        """The rows of one read statement, run outside any explicit transaction.
+
+        The hot path of ``state()``: one SELECT is its own snapshot and takes no write lock.
+        """
+        compiled = self._compiled_for(stmt)
+        conn = self._checkout()
+        reusable = False
+        try:
+            rows: list[Any] = conn.execute(compiled.sql, compiled.args(params)).fetchall()
+            reusable = True
+            return rows
+        except sqlite3.OperationalError as exc:
+            if not is_transient(exc):
+                raise
+            reusable = True
+        finally:
+            self._checkin(conn, reusable)
+        # busy while reading (rare in WAL: a checkpoint or recovery): the retrying path
+        return self.run(lambda x: list(x.rows(stmt, params)), write=False)
+
     def _checkout(self) -> Any:
         if self._generation != FORK_GENERATION[0]:
             self._forget_parent()

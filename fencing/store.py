@@ -84,11 +84,11 @@ class JobStore:
 
     # -- running units of work -------------------------------------------------------------
 
-    def _run(self, unit: Callable[[Executor], T], conn: Connection | None, *, write: bool = True) -> T:
+    def _run(self, unit: Callable[[Executor], T], conn: Connection | None) -> T:
         try:
             if conn is None:
                 if self._driver is not None:
-                    return self._driver.run(unit, write=write)
+                    return self._driver.run(unit)
                 return self._in_own_transaction(unit)
             return unit(CoreExecutor(_connection(conn)))
         except DB_ERRORS as exc:
@@ -198,12 +198,19 @@ class JobStore:
         params = {"job_id": self._key("job_id", job_id)}
         stmt = self._by_caller.state
 
+        if conn is None and self._driver is not None:
+            # one SELECT is its own snapshot: no transaction, no write lock
+            try:
+                rows = self._driver.read(stmt, params)
+            except DB_ERRORS as exc:
+                raise wrap_database_error(exc, self.table.name) from exc
+            return JobState.from_row(rows[0]) if rows else None
+
         def unit(x: Executor) -> JobState | None:
             rows = x.rows(stmt, params)
             return JobState.from_row(rows[0]) if rows else None
 
-        # one SELECT is its own snapshot: no write lock needed to read a row
-        return self._run(unit, conn, write=False)
+        return self._run(unit, conn)
 
     def claim(
         self,

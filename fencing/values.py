@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["JobState", "Lease"]
 
@@ -23,9 +23,11 @@ class Lease:
     until: float | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """One stored row of the jobs table, read from the database."""
+class JobState(NamedTuple):
+    """One stored row of the jobs table, read from the database.
+
+    A named tuple: a row is a tuple, immutable, and cheap to build on the read path.
+    """
 
     job_id: str
     owner: str | None

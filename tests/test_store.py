@@ -69,7 +69,7 @@ def test_job_state_is_frozen(store: JobStore) -> None:
     state = store.state("j")
     assert state is not None
     for name in ("job_id", "owner", "until", "fence", "result", "done"):
-        with pytest.raises(dataclasses.FrozenInstanceError):
+        with pytest.raises(AttributeError):
             setattr(state, name, None)
     assert state == JobState("j", "w", NOW + TTL, 1, None, False)
 
