@@ -17,6 +17,8 @@ from .errors import (
     SchemaMismatch,
     TableMissing,
 )
+from .heartbeat import Heartbeat, LeaseLost
+from .marks import FenceMarks, fence_marks_table, idempotency_keys_table
 from .schema import jobs, jobs_table, metadata
 from .sqlite import configure as configure_sqlite
 from .sqlite import create_engine as create_sqlite_engine
@@ -28,16 +30,21 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseError",
     "DatabaseMissing",
+    "FenceMarks",
     "FencingError",
+    "Heartbeat",
     "InvalidArgument",
     "InvalidArgumentType",
     "JobState",
     "JobStore",
     "Lease",
+    "LeaseLost",
     "SchemaMismatch",
     "TableMissing",
     "configure_sqlite",
     "create_sqlite_engine",
+    "fence_marks_table",
+    "idempotency_keys_table",
     "jobs",
     "jobs_table",
     "metadata",

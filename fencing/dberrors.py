@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from sqlalchemy import Dialect
 from sqlalchemy import exc as sa_exc
 
 from .errors import DatabaseError, FencingError, TableMissing
@@ -20,6 +21,7 @@ __all__ = [
     "database_errors",
     "is_duplicate_key",
     "is_transient",
+    "sqlalchemy_error",
     "wrap_database_error",
 ]
 
@@ -59,6 +61,19 @@ def is_duplicate_key(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and args[0] == 1062
+
+
+def sqlalchemy_error(exc: BaseException, dialect: Dialect) -> BaseException:
+    """The SQLAlchemy error for ``exc``: a driver error raised on the store's driver path is
+    wrapped the way SQLAlchemy wraps it on its own path (``IntegrityError`` etc., with the
+    driver's error as ``.orig``), so callers see the same ``__cause__`` either way."""
+    if isinstance(exc, sa_exc.SQLAlchemyError):
+        return exc
+    dbapi = getattr(dialect, "loaded_dbapi", None)
+    base = getattr(dbapi, "Error", None)
+    if not (isinstance(base, type) and isinstance(exc, base) and isinstance(exc, Exception)):
+        return exc
+    return sa_exc.DBAPIError.instance(None, None, exc, base, dialect=dialect)
 
 
 def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> FencingError:

@@ -3,40 +3,38 @@
 A *unit* is a function of an executor that runs one or more statements and returns a
 plain value. The store builds units; this module decides where they run:
 
-* :class:`CoreExecutor` runs Core statements on a SQLAlchemy ``Connection`` — the
-  caller's own (inside the caller's transaction) or one the store opened.
-* :class:`SQLiteDriverPath` runs the same statements, compiled once for the engine's
-  dialect, on sqlite3 connections the store holds, each unit in its own
-  ``BEGIN IMMEDIATE`` transaction. SQLAlchemy's per-``execute`` cost (~50-80 µs) is most of
-  an operation at SQLite speeds; compiling once and executing on the driver removes it.
-  Busy errors are retried here, so callers never see "database is locked".
+* :class:`CoreExecutor` runs Core statements on a SQLAlchemy ``Connection``: the caller's
+  own, inside the caller's transaction.
+* :class:`DriverPath` runs the same statements, compiled once for the engine's dialect,
+  on DBAPI connections the store holds (sqlite3, psycopg, pymysql), one transaction per
+  unit: ``BEGIN IMMEDIATE`` on SQLite, the driver's implicit transaction elsewhere.
+  SQLAlchemy's per-``execute`` cost (50-110 µs) and the pool's reset-on-return (a real
+  ``ROLLBACK`` round trip on pymysql) are most of an operation's client time; compiling
+  once and executing on the driver removes them. Lock races (SQLite busy, deadlocks,
+  lock timeouts) roll a unit back whole and are retried here, bounded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
-import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, TypeDecorator
 from sqlalchemy.sql import Executable
 
-from .dberrors import is_transient
-from .errors import DatabaseBusy
+from .dberrors import DB_ERRORS, is_transient
+from .errors import DatabaseBusy, DatabaseError
 
-__all__ = [
-    "CoreExecutor",
-    "Executor",
-    "SQLiteDriverPath",
-]
+__all__ = ["FORK_GENERATION", "CoreExecutor", "DriverPath", "Executor"]
 
 T = TypeVar("T")
 
 # Connections a forked child inherited: never closed (closing could checkpoint or delete
-# the parent's WAL), never reused.
+# the parent's WAL, or end the parent's server session), never reused.
 _INHERITED: list[Any] = []
 
 #: bumped in every forked child; cheaper to compare per operation than os.getpid()
@@ -50,9 +48,14 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
-#: retries of a busy SQLite transaction after the busy_timeout already waited once
-BUSY_RETRIES = 20
+#: retries of a unit the database rolled back for a lock race
+TRANSIENT_RETRIES = 20
 _BACKOFF_CAP = 0.05
+
+
+def backoff(attempt: int) -> None:
+    """Sleep a little, jittered, longer each attempt (at most 50 ms)."""
+    time.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)))
 
 
 class Executor(Protocol):
@@ -79,23 +82,50 @@ class CoreExecutor:
 
 
 class _Compiled:
-    """One statement compiled for the driver: SQL text and how to build its positional args."""
+    """One statement compiled for the driver: its SQL, argument builder and row converter."""
 
-    __slots__ = ("names", "processors", "sql")
+    __slots__ = ("args", "convert", "sql")
 
-    def __init__(self, sql: str, names: tuple[str, ...], processors: tuple[Any, ...]) -> None:
-        self.sql = sql
-        self.names = names
-        # e.g. float() for a REAL column on SQLite; None where the value goes as it is
-        self.processors = processors if any(p is not None for p in processors) else None
+    def __init__(self, stmt: Executable, dialect: Any) -> None:
+        compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
+        self.sql: str = compiled.string
+        names = compiled.positiontup if compiled.positional else list(compiled.binds)
+        binds = []
+        for name in names:
+            bind = compiled.binds[name]
+            if not bind.required or bind.expanding:
+                # constants are SQL literals (statements.py); IN lists have fixed arity
+                raise AssertionError(f"driver path cannot bind {name!r} of {self.sql}")
+            binds.append((bind.key, name, bind.type.dialect_impl(dialect).bind_processor(dialect)))
+        self.args = _positional(binds) if compiled.positional else _named(binds)
+        # the driver's own values are what SQLAlchemy returns too, except for our own
+        # TypeDecorators (MariaDB's UTF-8 byte keys), which must be decoded
+        impls = [c.type.dialect_impl(dialect) for c in getattr(stmt, "exported_columns", ())]
+        self.convert = _converter(
+            [i.result_processor(dialect, None) if isinstance(i, TypeDecorator) else None for i in impls]
+        )
 
-    def args(self, params: Mapping[str, Any]) -> list[Any]:
-        if self.processors is None:
-            return [params[name] for name in self.names]
-        return [
-            params[name] if p is None else p(params[name])
-            for name, p in zip(self.names, self.processors, strict=True)
-        ]
+
+def _positional(binds: list[tuple[str, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
+    keys = tuple(key for key, _, _ in binds)
+    if all(p is None for _, _, p in binds):
+        return lambda params: [params[k] for k in keys]
+    procs = tuple(p for _, _, p in binds)
+    return lambda params: [params[k] if p is None else p(params[k]) for k, p in zip(keys, procs, strict=True)]
+
+
+def _named(binds: list[tuple[str, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
+    items = tuple(binds)
+    return lambda params: {name: params[key] if p is None else p(params[key]) for key, name, p in items}
+
+
+def _converter(processors: list[Any]) -> Callable[[list[Any]], list[Any]] | None:
+    if all(p is None for p in processors):
+        return None
+    procs = tuple(processors)
+    return lambda rows: [
+        tuple(v if p is None else p(v) for v, p in zip(row, procs, strict=True)) for row in rows
+    ]
 
 
 class _DriverExecutor:
@@ -108,7 +138,8 @@ class _DriverExecutor:
     def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
         c = self.compiled(stmt)
         self.cursor.execute(c.sql, c.args(params))
-        return self.cursor.fetchall()  # type: ignore[no-any-return]
+        rows = self.cursor.fetchall()
+        return rows if c.convert is None else c.convert(rows)
 
     def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
         c = self.compiled(stmt)
@@ -116,17 +147,27 @@ class _DriverExecutor:
         return self.cursor.rowcount  # type: ignore[no-any-return]
 
 
-class SQLiteDriverPath:
-    """Units of work on sqlite3 connections held by the store, one ``BEGIN`` each.
+class DriverPath:
+    """Units of work on DBAPI connections held by the store, one transaction each.
 
-    Connections come from the engine (so its ``connect`` listeners set the pragmas and
-    hand transaction control over) and are then detached from its pool. Up to
-    ``max_idle`` stay open between operations; a forked child never touches its parent's.
+    Connections come from the engine (so its ``connect`` listeners run: on SQLite they
+    set the pragmas and hand transaction control over) and are then detached from its
+    pool. Up to ``max_idle`` stay open between operations; a forked child never touches
+    its parent's. ``begin_sql`` is sent to open a transaction (SQLite's ``BEGIN
+    IMMEDIATE``); ``None`` leaves it to the driver, which opens one at the first statement.
     """
 
-    def __init__(self, engine: Engine, begin_sql: str, *, max_idle: int = 8) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        begin_sql: str | None,
+        errors: tuple[type[BaseException], ...] = DB_ERRORS,
+        *,
+        max_idle: int = 8,
+    ) -> None:
         self.engine = engine
         self.begin_sql = begin_sql
+        self.errors = errors  # what the driver raises: retried, or passed up to be wrapped
         self.max_idle = max_idle
         self._idle: list[Any] = []
         self._generation = FORK_GENERATION[0]
@@ -138,82 +179,92 @@ class SQLiteDriverPath:
             return self._compiled[id(stmt)][1]
         except KeyError:
             # keep the statement referenced so its id() is never reused by another
-            self._compiled[id(stmt)] = (stmt, self._compile(stmt))
+            self._compiled[id(stmt)] = (stmt, _Compiled(stmt, self.engine.dialect))
             return self._compiled[id(stmt)][1]
 
-    def _compile(self, stmt: Executable) -> _Compiled:
-        dialect = self.engine.dialect
-        compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
-        if not compiled.positional:
-            raise AssertionError(f"driver path expects a positional paramstyle, got {dialect.paramstyle}")
-        names, processors = [], []
-        for name in compiled.positiontup:
-            bind = compiled.binds[name]
-            if not bind.required:
-                # constants belong in the SQL (statements.py writes them as literals)
-                raise AssertionError(f"unexpected constant bind parameter {name!r} in {compiled.string}")
-            names.append(bind.key)
-            processors.append(bind.type.dialect_impl(dialect).bind_processor(dialect))
-        return _Compiled(compiled.string, tuple(names), tuple(processors))
-
     def run(self, unit: Callable[[Any], T], *, write: bool = True) -> T:
-        """Run ``unit`` in one ``BEGIN IMMEDIATE`` transaction, retrying while busy.
+        """Run ``unit`` in one transaction, retrying lock races and a dead idle connection.
 
-        ``write=False`` is for a unit that runs one read statement: it runs without an
-        explicit transaction (one statement is its own snapshot) and takes no write lock.
+        ``write=False`` is for a unit that runs one read statement: on SQLite it runs
+        without an explicit transaction (one statement is its own snapshot) and takes no
+        write lock.
         """
         attempt = 0
         while True:
             conn = self._checkout()
             reusable = False
+            committing = False
             try:
                 cursor = conn.cursor()
                 try:
-                    if not write:
-                        result = unit(_DriverExecutor(cursor, self._compiled_for))
-                    else:
+                    if write and self.begin_sql is not None:
                         cursor.execute(self.begin_sql)
-                        result = unit(_DriverExecutor(cursor, self._compiled_for))
+                    result = unit(_DriverExecutor(cursor, self._compiled_for))
+                    committing = True
+                    if self.begin_sql is None:
+                        conn.commit()
+                    elif write:
                         cursor.execute("COMMIT")
                 finally:
-                    if conn.in_transaction:
-                        conn.rollback()
                     cursor.close()
                 reusable = True
                 return result
-            except sqlite3.OperationalError as exc:
-                if not is_transient(exc):
-                    raise
-                reusable = True  # a busy connection is healthy; it just waited its turn
-                attempt += 1
-                if attempt > BUSY_RETRIES:
-                    raise DatabaseBusy(
-                        f"database stayed locked through {BUSY_RETRIES} retries; nothing was changed"
-                    ) from exc
-                time.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)))
+            except self.errors as exc:
+                reusable = self._rollback(conn)
+                if is_transient(exc):
+                    attempt += 1
+                    if attempt > TRANSIENT_RETRIES:
+                        raise DatabaseBusy(
+                            f"lost {TRANSIENT_RETRIES} lock races in a row; nothing was changed"
+                        ) from exc
+                    backoff(attempt)
+                    continue
+                if self._disconnected(exc, conn):
+                    reusable = False
+                    if committing:
+                        raise DatabaseError(
+                            "the connection died during COMMIT: the outcome is unknown; "
+                            "read the job's state before acting on it"
+                        ) from exc
+                    if attempt == 0:
+                        attempt += 1  # an idle connection the server closed: once, afresh
+                        continue
+                raise
             finally:
                 self._checkin(conn, reusable)
 
     def read(self, stmt: Executable, params: Mapping[str, Any]) -> list[Any]:
-        """The rows of one read statement, run outside any explicit transaction.
+        """The rows of one read statement: the hot path of ``state()``.
 
-        The hot path of ``state()``: one SELECT is its own snapshot and takes no write lock.
+        On SQLite it runs outside any explicit transaction: one SELECT is its own snapshot
+        and takes no write lock. Anything unusual goes to :meth:`run`.
         """
+        if self.begin_sql is None:
+            return self.run(lambda x: list(x.rows(stmt, params)))
         compiled = self._compiled_for(stmt)
         conn = self._checkout()
-        reusable = False
         try:
             rows: list[Any] = conn.execute(compiled.sql, compiled.args(params)).fetchall()
-            reusable = True
-            return rows
-        except sqlite3.OperationalError as exc:
-            if not is_transient(exc):
-                raise
-            reusable = True
-        finally:
-            self._checkin(conn, reusable)
-        # busy while reading (rare in WAL: a checkpoint or recovery): the retrying path
-        return self.run(lambda x: list(x.rows(stmt, params)), write=False)
+        except self.errors:
+            self._checkin(conn, self._rollback(conn))
+            return self.run(lambda x: list(x.rows(stmt, params)), write=False)
+        self._checkin(conn, True)
+        return rows if compiled.convert is None else compiled.convert(rows)
+
+    def _rollback(self, conn: Any) -> bool:
+        """Roll back whatever the failed unit left open; False if the connection is unusable."""
+        try:
+            conn.rollback()
+            return True
+        except Exception:  # a dead connection cannot even roll back: drop it
+            return False
+
+    def _disconnected(self, exc: BaseException, conn: Any) -> bool:
+        orig = getattr(exc, "orig", None) or exc
+        try:
+            return bool(self.engine.dialect.is_disconnect(orig, conn, None))  # type: ignore[arg-type]
+        except Exception:
+            return False
 
     def _checkout(self) -> Any:
         if self._generation != FORK_GENERATION[0]:
@@ -233,7 +284,7 @@ class SQLiteDriverPath:
         elif reusable and not self._closed and len(self._idle) < self.max_idle:
             self._idle.append(conn)
         else:
-            conn.close()
+            _close(conn)
 
     def _forget_parent(self) -> None:
         _INHERITED.extend(self._idle)
@@ -247,4 +298,9 @@ class SQLiteDriverPath:
             self._forget_parent()
         idle, self._idle = self._idle, []
         for conn in idle:
-            conn.close()
+            _close(conn)
+
+
+def _close(conn: Any) -> None:
+    with contextlib.suppress(Exception):  # closing a connection the server already dropped
+        conn.close()

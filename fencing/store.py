@@ -10,11 +10,9 @@ read inside the same statement (see :mod:`fencing.clock`).
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
 
@@ -28,9 +26,9 @@ from .checks import (
     check_until,
     fence_can_match,
 )
-from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, wrap_database_error
+from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
 from .errors import ConfigurationError, DatabaseBusy, InvalidArgument, InvalidArgumentType
-from .execution import CoreExecutor, Executor, SQLiteDriverPath
+from .execution import TRANSIENT_RETRIES, CoreExecutor, DriverPath, Executor, backoff
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import Statements
 from .values import JobState, Lease
@@ -41,8 +39,8 @@ T = TypeVar("T")
 
 #: more threads than this only queue for the same row lock
 CLAIM_MANY_MAX_THREADS = 32
-#: retries of a transaction the database rolled back for a lock race (deadlock, busy)
-TRANSIENT_RETRIES = 20
+#: drivers whose connections the store drives directly (statements compiled once)
+DRIVER_PATH_DRIVERS = {"pysqlite", "psycopg", "pymysql"}
 
 
 class JobStore:
@@ -61,12 +59,15 @@ class JobStore:
         self.engine = engine
         self.table = table
         dialect = engine.dialect
+        #: what a database call can raise here: SQLAlchemy's errors, and the driver's own
+        #: on the paths that call the driver directly
+        self._errors = DB_ERRORS + _driver_errors(engine)
         self._by_caller = Statements(table, "caller")
         self._by_database = Statements(table, "database")
         self._returning = bool(getattr(dialect, "update_returning", False))
         self._max_id_bytes = ID_MAX_BYTES.get(dialect.name)
         self._nul_ok = dialect.name != "postgresql"  # PostgreSQL text cannot hold U+0000
-        self._driver: SQLiteDriverPath | None = None
+        begin_sql = None
         if dialect.name == "sqlite":
             settings = sqlite_glue.settings_of(engine)
             if settings is None:
@@ -75,7 +76,11 @@ class JobStore:
                     "compare-and-set would not be atomic: create it with "
                     "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
                 )
-            self._driver = SQLiteDriverPath(engine, settings.begin_sql)
+            begin_sql = settings.begin_sql
+        # other drivers run the same statements through SQLAlchemy's Connection
+        self._driver = (
+            DriverPath(engine, begin_sql, self._errors) if dialect.driver in DRIVER_PATH_DRIVERS else None
+        )
         self._enqueue = self._enqueue_unit(dialect.name)
 
     def __repr__(self) -> str:
@@ -91,8 +96,12 @@ class JobStore:
                     return self._driver.run(unit)
                 return self._in_own_transaction(unit)
             return unit(CoreExecutor(_connection(conn)))
-        except DB_ERRORS as exc:
-            raise wrap_database_error(exc, self.table.name) from exc
+        except self._errors as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: BaseException) -> NoReturn:
+        """Raise the library's error for a database error, as SQLAlchemy would wrap it."""
+        raise wrap_database_error(exc, self.table.name) from sqlalchemy_error(exc, self.engine.dialect)
 
     def _in_own_transaction(self, unit: Callable[[Executor], T]) -> T:
         # a deadlock or lock timeout rolled the whole unit back: running it again is safe
@@ -100,14 +109,14 @@ class JobStore:
             try:
                 with self.engine.begin() as own:
                     return unit(CoreExecutor(own))
-            except DB_ERRORS as exc:
+            except self._errors as exc:
                 if not is_transient(exc):
                     raise
                 if attempt == TRANSIENT_RETRIES:
                     raise DatabaseBusy(
                         f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
                     ) from exc
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                backoff(attempt + 1)
         raise AssertionError("unreachable")
 
     def dispose(self) -> None:
@@ -166,8 +175,8 @@ class JobStore:
                     # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
                     if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
                         raise
-        except DB_ERRORS as exc:
-            raise wrap_database_error(exc, self.table.name) from exc
+        except self._errors as exc:
+            self._fail(exc)
 
     # -- the contract's operations --------------------------------------------------------
 
@@ -177,21 +186,25 @@ class JobStore:
             return lambda x, p: x.count(s.enqueue_sqlite, p) == 1
         if dialect == "postgresql":
             return lambda x, p: len(x.rows(s.enqueue_postgresql, p)) == 1
-        return lambda x, p: x.count(s.enqueue_plain, p) == 1
+        errors = self._errors
+
+        def plain(x: Executor, p: dict[str, Any]) -> bool:
+            try:
+                return x.count(s.enqueue_plain, p) == 1
+            except errors as exc:
+                # MariaDB/MySQL: the duplicate key is the answer; only this statement is
+                # undone, the transaction goes on
+                if is_duplicate_key(exc):
+                    return False
+                raise
+
+        return plain
 
     def enqueue(self, job_id: str, *, conn: Connection | None = None) -> bool:
         """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists."""
         params = {"job_id": self._key("job_id", job_id)}
         enqueue = self._enqueue
-        try:
-            return self._run(lambda x: enqueue(x, params), conn)
-        except InvalidArgumentType:
-            raise
-        except Exception as exc:
-            # MariaDB/MySQL: the duplicate key is the answer; only that statement is undone
-            if exc.__cause__ is not None and is_duplicate_key(exc.__cause__):
-                return False
-            raise
+        return self._run(lambda x: enqueue(x, params), conn)
 
     def state(self, job_id: str, *, conn: Connection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
@@ -202,8 +215,8 @@ class JobStore:
             # one SELECT is its own snapshot: no transaction, no write lock
             try:
                 rows = self._driver.read(stmt, params)
-            except DB_ERRORS as exc:
-                raise wrap_database_error(exc, self.table.name) from exc
+            except self._errors as exc:
+                self._fail(exc)
             return JobState.from_row(rows[0]) if rows else None
 
         def unit(x: Executor) -> JobState | None:
@@ -337,3 +350,10 @@ def _connection(conn: object) -> Connection:
     if not isinstance(conn, Connection):
         raise InvalidArgumentType(f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}")
     return conn
+
+
+def _driver_errors(engine: Engine) -> tuple[type[BaseException], ...]:
+    """The DBAPI module's ``Error`` base class (PEP 249), if the dialect loaded one."""
+    dbapi = getattr(engine.dialect, "loaded_dbapi", None) or getattr(engine.dialect, "dbapi", None)
+    error = getattr(dbapi, "Error", None)
+    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()

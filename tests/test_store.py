@@ -364,7 +364,8 @@ def test_database_refusal_is_wrapped_as_database_error(engine: Engine) -> None:
         with pytest.raises(DatabaseError) as excinfo:
             store.claim("j", "forbidden", now=NOW, ttl=TTL)
         assert type(excinfo.value) is DatabaseError
-        assert isinstance(excinfo.value.__cause__, (sqlalchemy.exc.SQLAlchemyError, sqlite3.Error))
+        # the cause is the error SQLAlchemy raises for it, whichever path ran the statement
+        assert isinstance(excinfo.value.__cause__, sqlalchemy.exc.DBAPIError)
         assert store.state("j") == JobState("j", None, 0.0, 0, None, False)
         # the store is still usable afterwards
         assert store.claim("j", "allowed", now=NOW, ttl=TTL) == Lease("j", "allowed", 1, NOW + TTL)

@@ -1,0 +1,404 @@
+"""Fence marks and idempotency keys: fencing for writes outside the jobs table.
+
+A :class:`fencing.Lease` protects writes to the jobs table. Another system (a second
+service, another database) protects its own writes with the same token through
+:class:`FenceMarks`:
+
+* :meth:`FenceMarks.accept` keeps, per resource, the highest fence seen and refuses a lower
+  one. Call it in the same transaction (``conn=``) as the write it guards, so a stale
+  worker's write is rolled back together with its refused token::
+
+      with engine.begin() as conn:
+          if not marks.accept("invoice-42", lease.fence, conn=conn):
+              raise StaleLease("a newer lease already wrote invoice-42")
+          conn.execute(invoices.update().values(total=99).where(invoices.c.id == 42))
+
+* :meth:`FenceMarks.record_once` records an idempotency key: ``True`` the first time,
+  ``False`` ever after, so a side effect that is retried (a re-delivered message, a worker
+  that took over a job) happens once.
+
+Both are compare-and-set: on SQLite and PostgreSQL one ``INSERT ... ON CONFLICT`` statement
+whose ``WHERE`` is the guard; on MariaDB/MySQL the row is created if missing and locked, read
+with ``SELECT ... FOR UPDATE`` and written under that lock in the same transaction, never read
+and released first.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Double,
+    Engine,
+    MetaData,
+    Table,
+    Text,
+    bindparam,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.schema import CreateTable
+from sqlalchemy.sql import Executable
+
+from . import sqlite as sqlite_glue
+from .checks import FENCE_MAX, check_fence, check_text
+from .clock import database_now
+from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, wrap_database_error
+from .errors import (
+    ConfigurationError,
+    DatabaseBusy,
+    FencingError,
+    InvalidArgument,
+    InvalidArgumentType,
+    TableMissing,
+)
+from .schema import ID_MAX_BYTES, Utf8Key
+
+__all__ = [
+    "FenceMarks",
+    "fence_marks",
+    "fence_marks_table",
+    "idempotency_keys",
+    "idempotency_keys_table",
+    "marks_metadata",
+]
+
+T = TypeVar("T")
+
+#: retries of a transaction the database rolled back for a lock race (the JobStore's budget)
+TRANSIENT_RETRIES = 20
+#: the dialects FenceMarks has statements for
+SUPPORTED_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb")
+
+# exact keys everywhere: MariaDB/MySQL text collations would merge 'a', 'A' and 'a '
+_KEY = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+
+
+def fence_marks_table(metadata: MetaData, name: str = "fence_marks", *, schema: str | None = None) -> Table:
+    """The highest fence accepted per ``resource``, in ``metadata``."""
+    return Table(
+        name,
+        metadata,
+        Column("resource", _KEY, primary_key=True, nullable=False),
+        Column("fence", BigInteger, nullable=False),
+        schema=schema,
+        mysql_charset="utf8mb4",
+        mariadb_charset="utf8mb4",
+    )
+
+
+def idempotency_keys_table(
+    metadata: MetaData, name: str = "idempotency_keys", *, schema: str | None = None
+) -> Table:
+    """Recorded idempotency keys, in ``metadata``; ``fence`` and ``recorded_at`` are informational."""
+    return Table(
+        name,
+        metadata,
+        Column("key", _KEY, primary_key=True, nullable=False),
+        Column("fence", BigInteger, nullable=True),
+        # seconds since the epoch on the database server's clock
+        Column("recorded_at", Double, nullable=True),
+        schema=schema,
+        mysql_charset="utf8mb4",
+        mariadb_charset="utf8mb4",
+    )
+
+
+#: the default tables, apart from ``fencing.metadata`` so ``create_all`` there is unchanged
+marks_metadata = MetaData()
+fence_marks = fence_marks_table(marks_metadata)
+idempotency_keys = idempotency_keys_table(marks_metadata)
+
+
+class _Statements:
+    """Every statement on the two tables, built once; the guards live in ``WHERE``.
+
+    Bind parameters: ``res`` (a resource), ``token`` (the fence presented), ``idem`` (a key).
+    """
+
+    def __init__(self, marks: Table, keys: Table) -> None:
+        m, k = marks, keys
+        mark: dict[str, Any] = {"resource": bindparam("res"), "fence": bindparam("token")}
+        of_resource = m.c.resource == bindparam("res")
+
+        self.highest: Executable = select(m.c.fence).where(of_resource)
+
+        #: equal is accepted: the same lease may write twice
+        lite = sqlite.insert(m).values(mark)
+        self.accept_sqlite: Executable = lite.on_conflict_do_update(
+            index_elements=[m.c.resource],
+            set_={"fence": lite.excluded.fence},
+            where=m.c.fence <= lite.excluded.fence,
+        )
+        #: RETURNING, not the row count: the answer does not depend on what the driver reports
+        pg = postgresql.insert(m).values(mark)
+        self.accept_postgresql: Executable = pg.on_conflict_do_update(
+            index_elements=[m.c.resource],
+            set_={"fence": pg.excluded.fence},
+            where=m.c.fence <= pg.excluded.fence,
+        ).returning(m.c.fence)
+
+        #: MariaDB/MySQL: the affected-rows count of ON DUPLICATE KEY UPDATE cannot tell
+        #: inserted from found (CLIENT_FOUND_ROWS), so it only makes sure the row exists and
+        #: holds its lock; the locked read and the guarded UPDATE decide. (SELECT ... FOR
+        #: UPDATE of a missing row first would take gap locks: two first accepts of one
+        #: resource then deadlock on their INSERTs, and a caller's transaction is lost.)
+        ensure = mysql.insert(m).values(mark)
+        self.ensure_mark: Executable = ensure.on_duplicate_key_update(fence=m.c.fence)
+        self.mark_for_update: Executable = select(m.c.fence).where(of_resource).with_for_update()
+        self.raise_mark: Executable = (
+            update(m).where(of_resource, m.c.fence <= bindparam("token")).values(fence=bindparam("token"))
+        )
+
+        #: insert-or-ignore: a key is recorded once and never overwritten
+        record: dict[str, Any] = {
+            "key": bindparam("idem"),
+            "fence": bindparam("token"),
+            "recorded_at": database_now(),
+        }
+        self.record_sqlite: Executable = (
+            sqlite.insert(k).values(record).on_conflict_do_nothing(index_elements=[k.c["key"]])
+        )
+        self.record_postgresql: Executable = (
+            postgresql.insert(k)
+            .values(record)
+            .on_conflict_do_nothing(index_elements=[k.c["key"]])
+            .returning(k.c["key"])
+        )
+        #: MariaDB/MySQL: a plain insert; the duplicate-key error means "already recorded"
+        #: (INSERT IGNORE would also turn real errors into warnings)
+        self.record_plain: Executable = insert(k).values(record)
+
+
+class FenceMarks:
+    """Fence marks and idempotency keys on two tables, through ``engine``.
+
+    A SQLite engine must come from :func:`fencing.sqlite.create_engine` or have been passed
+    through :func:`fencing.sqlite.configure`, as for :class:`fencing.JobStore`. Every
+    method takes ``conn=``, a ``Connection`` of this engine that you hold: the statement
+    then runs inside your transaction and commits (or rolls back) with your own writes.
+    Without it, each call is its own transaction, retried when it loses a lock race.
+    """
+
+    def __init__(self, engine: Engine, marks: Table = fence_marks, keys: Table = idempotency_keys) -> None:
+        if not isinstance(engine, Engine):
+            raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
+        for name, table in (("marks", marks), ("keys", keys)):
+            if not isinstance(table, Table):
+                raise InvalidArgumentType(f"{name} must be a sqlalchemy Table, got {type(table).__name__}")
+        dialect = engine.dialect.name
+        if dialect not in SUPPORTED_DIALECTS:
+            raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {dialect!r}")
+        if dialect == "sqlite" and sqlite_glue.settings_of(engine) is None:
+            raise ConfigurationError(
+                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
+                "compare-and-set would not be atomic: create it with "
+                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
+            )
+        self.engine = engine
+        self.marks = marks
+        self.keys = keys
+        self._s = _Statements(marks, keys)
+        self._dialect = dialect
+        self._max_key_bytes = ID_MAX_BYTES.get(dialect)
+        self._nul_ok = dialect != "postgresql"  # PostgreSQL text cannot hold U+0000
+        self._accept = self._accept_unit(dialect)
+        self._record = self._record_unit(dialect)
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<FenceMarks marks={self.marks.name!r} keys={self.keys.name!r} engine={url!r}>"
+
+    # -- running statements ----------------------------------------------------------------
+
+    def _run(self, unit: Callable[[Connection], T], conn: Connection | None, table: Table) -> T:
+        try:
+            if conn is not None:
+                return unit(conn)
+            return self._in_own_transaction(unit)
+        except DB_ERRORS as exc:
+            raise self._wrap(exc, table) from exc
+
+    def _in_own_transaction(self, unit: Callable[[Connection], T]) -> T:
+        # a deadlock, lock timeout or busy database rolled the whole unit back: run it again
+        for attempt in range(TRANSIENT_RETRIES + 1):
+            try:
+                with self.engine.begin() as own:
+                    return unit(own)
+            except DB_ERRORS as exc:
+                if not is_transient(exc):
+                    raise
+                if attempt == TRANSIENT_RETRIES:
+                    raise DatabaseBusy(
+                        f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
+                    ) from exc
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+        raise AssertionError("unreachable")
+
+    def _wrap(self, exc: BaseException, table: Table) -> FencingError:
+        wrapped = wrap_database_error(exc, table.name)
+        if isinstance(wrapped, TableMissing):
+            return TableMissing(
+                f"table {table.name!r} does not exist; create it first (FenceMarks.create_tables())"
+            )
+        return wrapped
+
+    # -- arguments -------------------------------------------------------------------------
+
+    def _key(self, name: str, value: object) -> str:
+        """A resource or key this backend can store exactly (else an error, never truncation)."""
+        text = check_text(name, value)
+        if not self._nul_ok and "\x00" in text:
+            raise InvalidArgument(f"{name} contains NUL (U+0000), which PostgreSQL text cannot store")
+        limit = self._max_key_bytes
+        if limit is not None and len(text) * 4 > limit and len(text.encode("utf-8")) > limit:
+            raise InvalidArgument(
+                f"{name} is {len(text.encode('utf-8'))} bytes in UTF-8; "
+                f"{self._dialect} keys hold at most {limit}"
+            )
+        return text
+
+    @staticmethod
+    def _fence(value: object) -> int:
+        fence = check_fence(value)
+        if not 0 <= fence <= FENCE_MAX:
+            raise InvalidArgument(f"fence must be between 0 and 2**63-1, got {fence!r}")
+        return fence
+
+    @staticmethod
+    def _conn(conn: object) -> Connection | None:
+        if conn is not None and not isinstance(conn, Connection):
+            raise InvalidArgumentType(
+                f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}"
+            )
+        return conn
+
+    # -- the tables ------------------------------------------------------------------------
+
+    def create_tables(self, *, conn: Connection | None = None) -> None:
+        """Create both tables if missing (idempotent; an existing table is left as it is).
+
+        On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
+        """
+        conn = self._conn(conn)
+
+        def create(c: Connection) -> None:
+            for table in (self.marks, self.keys):
+                c.execute(CreateTable(table, if_not_exists=True))
+
+        try:
+            if conn is not None:
+                create(conn)
+                return
+            for attempt in range(2):
+                try:
+                    with self.engine.begin() as own:
+                        create(own)
+                    return
+                except DB_ERRORS as exc:
+                    # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
+                    if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
+                        raise
+        except DB_ERRORS as exc:
+            raise self._wrap(exc, self.marks) from exc
+
+    # -- fence marks -----------------------------------------------------------------------
+
+    def accept(self, resource: str, fence: int, *, conn: Connection | None = None) -> bool:
+        """Store ``fence`` for ``resource`` unless a higher one was stored before.
+
+        ``True``: ``fence`` is now the mark (equal to the mark is accepted, so the same lease
+        may write twice). ``False``: a newer lease has been seen; nothing changed. The
+        check and the write are one atomic step, also against concurrent callers.
+        """
+        params = {"res": self._key("resource", resource), "token": self._fence(fence)}
+        conn = self._conn(conn)
+        accept = self._accept
+        return self._run(lambda c: accept(c, params), conn, self.marks)
+
+    def highest(self, resource: str, *, conn: Connection | None = None) -> int | None:
+        """The highest fence accepted for ``resource``, read now, or ``None`` if none was."""
+        params = {"res": self._key("resource", resource)}
+        conn = self._conn(conn)
+        stmt = self._s.highest
+
+        def read(c: Connection) -> int | None:
+            value = c.execute(stmt, params).scalar_one_or_none()
+            return None if value is None else int(value)
+
+        return self._run(read, conn, self.marks)
+
+    # -- idempotency keys ------------------------------------------------------------------
+
+    def record_once(self, key: str, *, fence: int | None = None, conn: Connection | None = None) -> bool:
+        """Record ``key``: ``True`` the first time, ``False`` ever after (nothing changed).
+
+        Of concurrent callers with the same key, exactly one gets ``True``. The pattern:
+        record the key in the same transaction as the side effect's own write, so both
+        commit together or neither does (a crash in between leaves no key behind)::
+
+            with engine.begin() as conn:
+                if marks.record_once(f"charge:{order_id}", fence=lease.fence, conn=conn):
+                    conn.execute(payments.insert().values(order_id=order_id, amount=99))
+
+        ``fence`` (who recorded it) is stored for inspection only. For an effect that cannot
+        join the transaction (an HTTP call), recording first gives at most once, recording
+        after the effect at least once.
+        """
+        params: dict[str, Any] = {
+            "idem": self._key("key", key),
+            "token": None if fence is None else self._fence(fence),
+        }
+        conn = self._conn(conn)
+        record = self._record
+        return self._run(lambda c: record(c, params), conn, self.keys)
+
+    # -- the compare-and-set units, one per dialect ----------------------------------------
+
+    def _accept_unit(self, dialect: str) -> Callable[[Connection, dict[str, Any]], bool]:
+        s = self._s
+        if dialect == "sqlite":
+            return lambda c, p: c.execute(s.accept_sqlite, p).rowcount == 1
+        if dialect == "postgresql":
+            return lambda c, p: len(c.execute(s.accept_postgresql, p).all()) == 1
+
+        def locked(c: Connection, p: dict[str, Any]) -> bool:
+            c.execute(s.ensure_mark, p)  # a new resource is inserted with this token
+            # a locking read: the current row, not the transaction's snapshot
+            stored = c.execute(s.mark_for_update, p).scalar_one()
+            if stored > p["token"]:
+                return False
+            if stored == p["token"]:
+                return True  # already the mark (or just inserted), and locked: nothing to write
+            # the row is locked since the INSERT; the guard is repeated in the WHERE anyway
+            return c.execute(s.raise_mark, p).rowcount == 1
+
+        return locked
+
+    def _record_unit(self, dialect: str) -> Callable[[Connection, dict[str, Any]], bool]:
+        s = self._s
+        if dialect == "sqlite":
+            return lambda c, p: c.execute(s.record_sqlite, p).rowcount == 1
+        if dialect == "postgresql":
+            return lambda c, p: len(c.execute(s.record_postgresql, p).all()) == 1
+
+        def plain(c: Connection, p: dict[str, Any]) -> bool:
+            try:
+                c.execute(s.record_plain, p)
+            except sa_exc.IntegrityError as exc:
+                # only the statement is undone: the caller's transaction goes on
+                if is_duplicate_key(exc):
+                    return False
+                raise
+            return True
+
+        return plain
