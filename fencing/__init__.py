@@ -14,10 +14,11 @@ from .errors import (
     FencingError,
     InvalidArgument,
     InvalidArgumentType,
+    LeaseLost,
     SchemaMismatch,
     TableMissing,
 )
-from .heartbeat import Heartbeat, LeaseLost
+from .heartbeat import Heartbeat
 from .marks import FenceMarks, fence_marks_table, idempotency_keys_table
 from .schema import jobs, jobs_table, metadata
 from .sqlite import configure as configure_sqlite

@@ -17,6 +17,7 @@ __all__ = [
     "check_now",
     "check_result",
     "check_text",
+    "check_time",
     "check_ttl",
     "check_until",
     "fence_can_match",
@@ -53,11 +54,16 @@ def check_now(value: object) -> float:
     return _number("now", value)
 
 
-def check_ttl(value: object) -> float:
-    """``ttl``: a finite duration > 0."""
-    ttl = _number("ttl", value)
+def check_time(name: str, value: object) -> float:
+    """A point in time on the caller's clock, such as ``ready_at``: a finite real number."""
+    return _number(name, value)
+
+
+def check_ttl(value: object, *, name: str = "ttl") -> float:
+    """``ttl`` (or another duration): a finite number > 0."""
+    ttl = _number(name, value)
     if ttl <= 0:
-        raise InvalidArgument(f"ttl must be > 0, got {_show(value)}")
+        raise InvalidArgument(f"{name} must be > 0, got {_show(value)}")
     return ttl
 
 

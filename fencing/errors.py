@@ -16,6 +16,7 @@ __all__ = [
     "FencingError",
     "InvalidArgument",
     "InvalidArgumentType",
+    "LeaseLost",
     "SchemaMismatch",
     "TableMissing",
 ]
@@ -55,3 +56,9 @@ class DatabaseError(FencingError):
 
 class DatabaseBusy(DatabaseError):
     """The database stayed locked by other writers past the retry budget; nothing changed."""
+
+
+class LeaseLost(FencingError):
+    """The lease is no longer current (stale fence, expired, done or revoked): stop before
+    doing anything irreversible. Raised by ``JobStore.fenced`` (whose block is then rolled
+    back) and by ``Heartbeat.check``."""

@@ -90,13 +90,17 @@ class _Compiled:
         compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
         self.sql: str = compiled.string
         names = compiled.positiontup if compiled.positional else list(compiled.binds)
-        binds = []
+        binds: list[tuple[str | None, str, Any]] = []
         for name in names:
             bind = compiled.binds[name]
-            if not bind.required or bind.expanding:
-                # constants are SQL literals (statements.py); IN lists have fixed arity
+            if bind.expanding or bind.callable is not None:
                 raise AssertionError(f"driver path cannot bind {name!r} of {self.sql}")
-            binds.append((bind.key, name, bind.type.dialect_impl(dialect).bind_processor(dialect)))
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if bind.required:  # bindparam("job_id"): from the call's parameters
+                binds.append((bind.key, name, process))
+            else:  # a constant SQLAlchemy bound itself, e.g. SQLite's OFFSET after a LIMIT
+                value = bind.effective_value
+                binds.append((None, name, value if process is None else process(value)))
         self.args = _positional(binds) if compiled.positional else _named(binds)
         # the driver's own values are what SQLAlchemy returns too, except for our own
         # TypeDecorators (MariaDB's UTF-8 byte keys), which must be decoded
@@ -106,17 +110,24 @@ class _Compiled:
         )
 
 
-def _positional(binds: list[tuple[str, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
-    keys = tuple(key for key, _, _ in binds)
-    if all(p is None for _, _, p in binds):
+def _positional(binds: list[tuple[str | None, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
+    keys = tuple(key for key, _, p in binds if key is not None and p is None)
+    if len(keys) == len(binds):  # the common case: every value as it is, from the call
         return lambda params: [params[k] for k in keys]
-    procs = tuple(p for _, _, p in binds)
-    return lambda params: [params[k] if p is None else p(params[k]) for k, p in zip(keys, procs, strict=True)]
+    items = tuple((key, p) for key, _, p in binds)
+    return lambda params: [_value(params, key, p) for key, p in items]
 
 
-def _named(binds: list[tuple[str, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
+def _named(binds: list[tuple[str | None, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
     items = tuple(binds)
-    return lambda params: {name: params[key] if p is None else p(params[key]) for key, name, p in items}
+    return lambda params: {name: _value(params, key, p) for key, name, p in items}
+
+
+def _value(params: Mapping[str, Any], key: str | None, p: Any) -> Any:
+    """A parameter (processed if its type says so), or, without a key, the constant ``p``."""
+    if key is None:
+        return p
+    return params[key] if p is None else p(params[key])
 
 
 def _converter(processors: list[Any]) -> Callable[[list[Any]], list[Any]] | None:

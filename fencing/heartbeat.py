@@ -25,7 +25,7 @@ from types import TracebackType
 from typing import Protocol
 
 from .checks import check_ttl
-from .errors import DatabaseError, FencingError, InvalidArgument, InvalidArgumentType
+from .errors import DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
 from .values import Lease
 
 __all__ = ["Heartbeat", "LeaseKeeper", "LeaseLost"]
@@ -34,10 +34,6 @@ logger = logging.getLogger(__name__)
 
 #: after a database error, retry this many times per interval (never past the deadline)
 RETRIES_PER_INTERVAL = 4
-
-
-class LeaseLost(FencingError):
-    """The lease can no longer be vouched for: stop before doing anything irreversible."""
 
 
 class LeaseKeeper(Protocol):

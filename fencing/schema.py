@@ -18,6 +18,7 @@ from sqlalchemy import (
     Connection,
     Dialect,
     Double,
+    Index,
     Integer,
     MetaData,
     Table,
@@ -28,7 +29,7 @@ from sqlalchemy import (
     types,
 )
 from sqlalchemy.dialects import mysql, sqlite
-from sqlalchemy.schema import CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable
 
 from .errors import SchemaMismatch
 
@@ -87,6 +88,9 @@ def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = N
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
         Column("result", _RESULT, nullable=True),
         Column("done", Integer, nullable=False, server_default=text("0")),
+        # claim_next's search: ready jobs in the order they became ready. An index, not a
+        # column: the contract's columns stay as they are
+        Index(f"ix_{name}_ready", "done", "until"),
         schema=schema,
         mysql_charset="utf8mb4",
         mariadb_charset="utf8mb4",
@@ -132,6 +136,11 @@ def ensure_jobs_table(conn: Connection, table: Table = jobs) -> None:
             f"existing table {where!r} does not match the jobs schema (left unchanged): "
             + "; ".join(problems)
         )
+    # a table made by the contract's plain DDL (or an older version) gets the index too
+    present = {ix["name"] for ix in inspect(conn).get_indexes(table.name, schema=table.schema)}
+    for index in table.indexes:
+        if index.name not in present:
+            conn.execute(CreateIndex(index))
 
 
 def _differences(conn: Connection, table: Table) -> list[str]:

@@ -15,12 +15,16 @@ from sqlalchemy.sql import Executable
 
 from .clock import database_now
 
-__all__ = ["Clock", "Statements"]
+__all__ = ["TOMBSTONE", "Clock", "Statements"]
 
 # constants are written into the SQL, not bound: fewer parameters per call, and a
 # partial index on "done = 0" can match them
 _ZERO: ColumnElement[int] = literal_column("0")
 _ONE: ColumnElement[int] = literal_column("1")
+#: ``done = 2`` marks a deleted job: the row stays as a tombstone that keeps its fence, so
+#: an id enqueued again continues above every fence it ever handed out
+TOMBSTONE = 2
+_TOMBSTONE: ColumnElement[int] = literal_column(str(TOMBSTONE))
 
 #: whose clock decides whether a lease is live: the caller's ``now`` or the database's
 Clock = Literal["caller", "database"]
@@ -58,22 +62,32 @@ class Statements:
         # until == now is expired: a reclaim may happen exactly at the boundary
         lease_live = t.c.until > now
 
-        #: insert-or-ignore: registering a job twice must never wipe a lease in progress.
-        #: RETURNING on PostgreSQL: psycopg reports no row count for ON CONFLICT DO NOTHING
-        self.enqueue_sqlite: Executable = (
-            sqlite.insert(t).values(id=bindparam("job_id")).on_conflict_do_nothing()
+        # when an enqueued job becomes claimable: the caller's time, or the server's now
+        ready_at: ColumnElement[float] = (
+            bindparam("ready_at", type_=Double()) if clock == "caller" else database_now()
         )
-        self.enqueue_postgresql: Executable = (
-            postgresql.insert(t).values(id=bindparam("job_id")).on_conflict_do_nothing().returning(t.c.id)
+        #: registering a job twice must never wipe a lease in progress: insert, or revive a
+        #: tombstone (its fence kept), or change nothing. RETURNING on PostgreSQL, whose
+        #: driver's row count for upserts is not documented
+        revive = {"done": _ZERO, "owner": null(), "until": ready_at, "result": null()}
+        sqlite_insert = sqlite.insert(t).values(id=bindparam("job_id"), until=ready_at)
+        self.enqueue_sqlite: Executable = sqlite_insert.on_conflict_do_update(
+            index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
         )
-        #: MariaDB/MySQL: a plain insert; the duplicate-key error means "exists". (INSERT
-        #: IGNORE would also turn real errors into warnings; ON DUPLICATE KEY UPDATE cannot
-        #: tell "inserted" from "found" through the row count the driver reports.)
-        self.enqueue_plain: Executable = t.insert().values(id=bindparam("job_id"))
+        pg_insert = postgresql.insert(t).values(id=bindparam("job_id"), until=ready_at)
+        self.enqueue_postgresql: Executable = pg_insert.on_conflict_do_update(
+            index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
+        ).returning(t.c.id)
+        #: MariaDB/MySQL: a plain insert; the duplicate-key error means "exists" and the
+        #: revive UPDATE then brings a tombstone back. (INSERT IGNORE would also turn real
+        #: errors into warnings; ON DUPLICATE KEY UPDATE cannot tell "inserted" from "found"
+        #: through the row count the driver reports.)
+        self.enqueue_plain: Executable = t.insert().values(id=bindparam("job_id"), until=ready_at)
+        self.revive: Executable = update(t).where(job, t.c.done == _TOMBSTONE).values(revive)
 
-        self.state: Executable = select(t.c.id, t.c.owner, t.c.until, t.c.fence, t.c.result, t.c.done).where(
-            job
-        )
+        row = (t.c.id, t.c.owner, t.c.until, t.c.fence, t.c.result, t.c.done)
+        #: a tombstone is a deleted job: it has no state
+        self.state: Executable = select(*row).where(job, t.c.done != _TOMBSTONE)
 
         #: claimable: not done and the lease (if any) has expired; the fence only goes up
         claimable = and_(job, t.c.done == _ZERO, t.c.until <= now)
@@ -93,5 +107,61 @@ class Statements:
         self.complete: Executable = (
             update(t).where(current_holder, lease_live).values(result=bindparam("new_result"), done=_ONE)
         )
+        #: a fenced transaction: the lease is current and live, and its row stays locked
+        #: until commit, so no one can claim the job while the caller's writes are pending
+        self.lock_lease: Executable = select(t.c.fence).where(current_holder, lease_live).with_for_update()
         #: the fence is kept: resetting it would make an old token valid again
         self.release: Executable = update(t).where(current_holder).values(owner=null(), until=_ZERO)
+        #: released with a delay: not claimable before now + delay (new_until / ttl)
+        self.release_later: Executable = update(t).where(current_holder).values(owner=null(), until=new_until)
+        #: revoke: the fence moves on, so the holder's token is stale at once
+        self.revoke: Executable = (
+            update(t).where(job, t.c.done == _ZERO).values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
+        )
+        self.delete: Executable = (
+            update(t)
+            .where(job, t.c.done != _TOMBSTONE)
+            .values(done=_TOMBSTONE, owner=null(), until=_ZERO, result=null())
+        )
+
+        # -- the next ready jobs --------------------------------------------------------------
+        #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
+        ready = and_(t.c.done == _ZERO, t.c.until <= now, t.c.fence < bindparam("max_fence"))
+        #: longest ready first: by enqueue time, lease expiry or retry time. SKIP LOCKED: a
+        #: worker never waits for rows another worker is claiming (ignored on SQLite, where
+        #: BEGIN IMMEDIATE serializes claims)
+        self.pick_ready = (
+            select(t.c.id)
+            .where(ready)
+            .order_by(t.c.until)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+        self.claim_next_returning: Executable = (
+            update(t)
+            .where(t.c.id.in_(self.pick_ready), ready)
+            .values(claim_values)
+            .returning(t.c.id, t.c.fence, t.c.until)
+        )
+        self._ready = ready
+        self._claim_values = claim_values
+        self._by_count: dict[int, tuple[Executable, Executable]] = {}
+        #: jobs claimed max_fence times or more and not held: retries exhausted
+        self.poisoned: Executable = (
+            select(*row)
+            .where(t.c.done == _ZERO, t.c.fence >= bindparam("max_fence"), t.c.until <= now)
+            .order_by(t.c.until)
+        )
+
+    def claim_ids(self, count: int) -> tuple[Executable, Executable]:
+        """For databases without ``UPDATE ... RETURNING``: claim ``count`` picked ids
+        (binds ``id_0`` ...) and read them back, statements built once per count."""
+        try:
+            return self._by_count[count]
+        except KeyError:
+            t = self.table
+            ids = t.c.id.in_([bindparam(f"id_{i}", type_=t.c.id.type) for i in range(count)])
+            claim = update(t).where(ids, self._ready).values(self._claim_values)
+            read = select(t.c.id, t.c.fence, t.c.until).where(ids, t.c.owner == bindparam("holder"))
+            self._by_count[count] = (claim, read)
+            return claim, read

@@ -10,24 +10,28 @@ read inside the same statement (see :mod:`fencing.clock`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import weakref
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
 
 from . import sqlite as sqlite_glue
 from .checks import (
+    FENCE_MAX,
     check_fence,
     check_now,
     check_result,
     check_text,
+    check_time,
     check_ttl,
     check_until,
     fence_can_match,
 )
 from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
-from .errors import ConfigurationError, DatabaseBusy, InvalidArgument, InvalidArgumentType
+from .errors import ConfigurationError, DatabaseBusy, InvalidArgument, InvalidArgumentType, LeaseLost
 from .execution import TRANSIENT_RETRIES, CoreExecutor, DriverPath, Executor, backoff
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import Statements
@@ -82,6 +86,9 @@ class JobStore:
             DriverPath(engine, begin_sql, self._errors) if dialect.driver in DRIVER_PATH_DRIVERS else None
         )
         self._enqueue = self._enqueue_unit(dialect.name)
+        if self._driver is not None:
+            # close the store's own connections when it is collected or at exit
+            weakref.finalize(self, self._driver.close)
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -139,6 +146,12 @@ class JobStore:
             )
         return text
 
+    def _result(self, result: object) -> str | None:
+        checked = check_result(result)
+        if checked is not None and not self._nul_ok and "\x00" in checked:
+            raise InvalidArgument("result contains NUL (U+0000), which PostgreSQL text cannot store")
+        return checked
+
     def _lease(self, lease: object) -> tuple[str, str, int]:
         if not isinstance(lease, Lease):
             raise InvalidArgumentType(f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r}")
@@ -180,31 +193,41 @@ class JobStore:
 
     # -- the contract's operations --------------------------------------------------------
 
-    def _enqueue_unit(self, dialect: str) -> Callable[[Executor, dict[str, Any]], bool]:
-        s = self._by_caller
+    def _enqueue_unit(self, dialect: str) -> Callable[[Executor, Statements, dict[str, Any]], bool]:
         if dialect == "sqlite":
-            return lambda x, p: x.count(s.enqueue_sqlite, p) == 1
+            return lambda x, s, p: x.count(s.enqueue_sqlite, p) == 1
         if dialect == "postgresql":
-            return lambda x, p: len(x.rows(s.enqueue_postgresql, p)) == 1
+            return lambda x, s, p: len(x.rows(s.enqueue_postgresql, p)) == 1
         errors = self._errors
 
-        def plain(x: Executor, p: dict[str, Any]) -> bool:
+        def plain(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
             try:
                 return x.count(s.enqueue_plain, p) == 1
             except errors as exc:
-                # MariaDB/MySQL: the duplicate key is the answer; only this statement is
-                # undone, the transaction goes on
+                # MariaDB/MySQL: the duplicate key means "exists"; only this statement is
+                # undone and the transaction goes on: bring back a tombstone, if it is one
                 if is_duplicate_key(exc):
-                    return False
+                    return x.count(s.revive, p) == 1
                 raise
 
         return plain
 
-    def enqueue(self, job_id: str, *, conn: Connection | None = None) -> bool:
-        """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists."""
-        params = {"job_id": self._key("job_id", job_id)}
+    def enqueue(self, job_id: str, *, ready_at: float | None = 0.0, conn: Connection | None = None) -> bool:
+        """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists.
+
+        ``ready_at``: not claimable before this time (the default 0 is "at once", the
+        contract's default row); ``None`` stamps the database's now. :meth:`claim_next`
+        takes the jobs that have been ready longest first. A :meth:`delete`-d id comes
+        back with its fence kept, so it never hands out an old token again.
+        """
+        job_id = self._key("job_id", job_id)
+        params: dict[str, Any]
+        if ready_at is None:
+            s, params = self._by_database, {"job_id": job_id}
+        else:
+            s, params = self._by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
         enqueue = self._enqueue
-        return self._run(lambda x: enqueue(x, params), conn)
+        return self._run(lambda x: enqueue(x, s, params), conn)
 
     def state(self, job_id: str, *, conn: Connection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
@@ -305,22 +328,174 @@ class JobStore:
         """
         job_id, owner, fence = self._lease(lease)
         s, clock = self._clock(now)
-        result = check_result(result)
-        if result is not None and not self._nul_ok and "\x00" in result:
-            raise InvalidArgument("result contains NUL (U+0000), which PostgreSQL text cannot store")
+        result = self._result(result)
         if not fence_can_match(fence):
             return False
         params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}
         return self._run(lambda x: x.count(s.complete, params) == 1, conn)
 
-    def release(self, lease: Lease, *, conn: Connection | None = None) -> bool:
-        """Give the lease back early (``owner = NULL``, ``until = 0``); the fence is kept."""
+    def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | None = None,
+        now: float | None = None,
+        conn: Connection | None = None,
+    ) -> bool:
+        """Give the lease back early (``owner = NULL``); the fence is kept.
+
+        Without ``delay`` the job is claimable at once (``until = 0``); with it, not before
+        ``now + delay`` (a retry with backoff). ``False`` if the token is stale or done.
+        """
         job_id, owner, fence = self._lease(lease)
+        clock: dict[str, Any] = {}
+        if delay is None:
+            stmt = self._by_caller.release
+        else:
+            s, clock = self._clock(now, check_ttl(delay, name="delay"))
+            stmt = s.release_later
         if not fence_can_match(fence):
             return False
-        params = {"job_id": job_id, "holder": owner, "token": fence}
-        stmt = self._by_caller.release
+        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         return self._run(lambda x: x.count(stmt, params) == 1, conn)
+
+    def revoke(self, job_id: str, *, conn: Connection | None = None) -> bool:
+        """Take the lease away at once: the fence moves on, so the holder's token is stale
+        for every later write; the job is claimable again. ``False`` if missing or done."""
+        params = {"job_id": self._key("job_id", job_id)}
+        stmt = self._by_caller.revoke
+        return self._run(lambda x: x.count(stmt, params) == 1, conn)
+
+    def delete(self, job_id: str, *, conn: Connection | None = None) -> bool:
+        """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
+        is enqueued again continues above every fence it ever had. ``False`` if missing."""
+        params = {"job_id": self._key("job_id", job_id)}
+        stmt = self._by_caller.delete
+        return self._run(lambda x: x.count(stmt, params) == 1, conn)
+
+    @contextmanager
+    def fenced(
+        self,
+        lease: Lease,
+        *,
+        now: float | None = None,
+        complete: bool = False,
+        result: str | None = None,
+    ) -> Iterator[Connection]:
+        """A transaction for the application's own writes, fenced by ``lease``.
+
+        Opens a transaction, checks that ``lease`` is current and live and locks its row
+        (no one can claim the job until commit), and yields the ``Connection``. When the
+        block ends, the lease is checked again (with ``complete=True`` the job is
+        completed with ``result`` instead) and everything commits together. If the lease
+        is not current at either check, :class:`LeaseLost` is raised and nothing of the
+        block is committed::
+
+            with store.fenced(lease, complete=True, result="paid") as conn:
+                conn.execute(invoices.insert().values(job=lease.job_id, total=99))
+        """
+        job_id, owner, fence = self._lease(lease)
+        s, clock = self._clock(now)
+        checked = self._result(result)
+        params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": checked, **clock}
+
+        def current(conn: Connection, when: str) -> None:
+            if not (fence_can_match(fence) and conn.execute(s.lock_lease, params).first()):
+                raise LeaseLost(f"lease on {job_id!r} (fence {fence}) is not current {when}; rolled back")
+
+        try:
+            with self.engine.begin() as conn:
+                current(conn, "at the start of the fenced block")
+                yield conn
+                if complete:
+                    if conn.execute(s.complete, params).rowcount != 1:
+                        raise LeaseLost(f"lease on {job_id!r} (fence {fence}) was lost before completing")
+                else:
+                    current(conn, "at the end of the fenced block")
+        except self._errors as exc:
+            self._fail(exc)
+
+    # -- workers that do not know job ids ---------------------------------------------------
+
+    def claim_next(
+        self,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: Connection | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``limit`` ready jobs in one transaction; their leases (maybe none).
+
+        Ready: not done, lease expired or never taken, not deferred, and (with
+        ``max_attempts``) claimed fewer than that many times, the fence being the attempt
+        count. Jobs that have been ready longest come first. On PostgreSQL and MariaDB
+        workers skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on
+        SQLite ``BEGIN IMMEDIATE`` serializes claims.
+        """
+        owner = self._key("owner", owner)
+        limit = _positive_int("limit", limit)
+        max_fence = FENCE_MAX if max_attempts is None else _positive_int("max_attempts", max_attempts)
+        s, clock = self._clock(now, ttl)
+        params = {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+
+        def returning(x: Executor) -> list[Lease]:
+            rows = x.rows(s.claim_next_returning, params)
+            return [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+
+        def picking(x: Executor) -> list[Lease]:
+            ids = [row[0] for row in x.rows(s.pick_ready, params)]
+            if not ids:
+                return []
+            claim, read = s.claim_ids(len(ids))
+            both = {**params, **{f"id_{i}": job_id for i, job_id in enumerate(ids)}}
+            x.count(claim, both)
+            rows = x.rows(read, both)
+            return [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+
+        return self._run(returning if self._returning else picking, conn)
+
+    def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: Connection | None = None,
+    ) -> list[bool]:
+        """:meth:`complete` for each ``(lease, result)``, all in one transaction.
+
+        Each completion is checked on its own (a stale one is refused, the others stored);
+        the list says which were accepted, in input order.
+        """
+        s, clock = self._clock(now)
+        batch = []
+        for item in completions:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise InvalidArgumentType(f"completions must hold (lease, result) pairs, got {item!r:.80}")
+            lease, result = item
+            job_id, owner, fence = self._lease(lease)
+            result = self._result(result)
+            batch.append(
+                ({"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}, fence)
+            )
+        stmt = s.complete
+
+        def unit(x: Executor) -> list[bool]:
+            return [fence_can_match(fence) and x.count(stmt, p) == 1 for p, fence in batch]
+
+        return self._run(unit, conn) if batch else []
+
+    def poisoned(
+        self, max_attempts: int, *, now: float | None = None, conn: Connection | None = None
+    ) -> list[JobState]:
+        """Jobs that :meth:`claim_next` with this ``max_attempts`` skips: not done, not
+        held, claimed ``max_attempts`` times or more. Longest ready first."""
+        s, clock = self._clock(now)
+        params = {"max_fence": _positive_int("max_attempts", max_attempts), **clock}
+        stmt = s.poisoned
+        return self._run(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn)
 
     def claim_many(
         self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
@@ -357,3 +532,11 @@ def _driver_errors(engine: Engine) -> tuple[type[BaseException], ...]:
     dbapi = getattr(engine.dialect, "loaded_dbapi", None) or getattr(engine.dialect, "dbapi", None)
     error = getattr(dbapi, "Error", None)
     return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
+def _positive_int(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
+    if not 1 <= value <= FENCE_MAX:
+        raise InvalidArgument(f"{name} must be between 1 and 2**63-1, got {value!r}")
+    return value
