@@ -137,9 +137,12 @@ class Statements:
             .limit(bindparam("limit"))
             .with_for_update(skip_locked=True)
         )
+        # MATERIALIZED: PostgreSQL may otherwise re-run the pick per outer row, each time
+        # skipping the rows this very statement just locked, and claim past the LIMIT
+        picked = self.pick_ready.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
         self.claim_next_returning: Executable = (
             update(t)
-            .where(t.c.id.in_(self.pick_ready), ready)
+            .where(t.c.id.in_(select(picked.c.id)), ready)
             .values(claim_values)
             .returning(t.c.id, t.c.fence, t.c.until)
         )
