@@ -1,0 +1,128 @@
+"""The examples run for real, against the tested database, and their checks can fail."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "worker_pool.py"
+#: a run takes well under 20 s (spawn, about two TTLs of stall and idle); this is the backstop
+TIMEOUT = 90
+SMALL_RUN = ("--workers", "3", "--jobs", "40", "--ttl", "2")
+SUMMARY = re.compile(
+    r"^PASS: 40/40 jobs done exactly once, 40 invoices, each by the completing lease; "
+    r"stale writes rejected: (?P<rejected>\d+), retries: (?P<retries>\d+)$",
+    re.MULTILINE,
+)
+
+
+def run_example(target: str, *extra: str) -> str:
+    """Run the worker pool on ``target`` (the example takes a URL or a SQLite path as --url)."""
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), "--url", target, *SMALL_RUN, *extra],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stderr == ""
+    if "://" not in target:
+        assert Path(target).exists()  # it used the test's SQLite file, not a temp one
+    return proc.stdout
+
+
+def load_example() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("worker_pool_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_worker_pool_does_every_job_exactly_once(target: str) -> None:
+    out = run_example(target)
+    summary = SUMMARY.search(out)
+    assert summary is not None, out
+    assert summary["rejected"] == "0"
+    assert "[FAILED]" not in out
+
+
+@pytest.mark.slow
+def test_worker_pool_rejects_the_stalled_workers_write(target: str) -> None:
+    out = run_example(target, "--stall-one")
+    summary = SUMMARY.search(out)
+    assert summary is not None, out
+    assert int(summary["rejected"]) >= 1
+    stalled = re.search(r"^(worker-\d+): stalling [\d.]+ s before writing (\S+) \(fence (\d+)\)$", out, re.M)
+    assert stalled is not None, out
+    worker, job_id, fence = stalled.groups()
+    assert f"{worker}: stale write REJECTED" in out
+    assert "[ok] the stalled worker's stale write was rejected" in out
+    # the job was finished under a later lease: a higher fence
+    takeover = re.search(
+        rf"^{re.escape(job_id)}: {worker}'s write under fence {fence} was rejected; "
+        r"\S+ completed it under fence (\d+)$",
+        out,
+        re.M,
+    )
+    assert takeover is not None, out
+    assert int(takeover[1]) > int(fence)
+
+
+def test_worker_pool_checks_catch_an_invoice_from_a_stale_lease(target: str) -> None:
+    example = load_example()
+    store = example.open_store(target)
+    try:
+        store.create_table()
+        example.app_metadata.create_all(store.engine)
+        for job_id in ("p-0", "p-1"):
+            store.enqueue(job_id)
+
+        good = store.claim("p-0", "worker-1", ttl=30)
+        with store.fenced(good, complete=True, result="ok") as conn:
+            conn.execute(
+                example.invoices.insert().values(job_id="p-0", total=1, written_by="worker-1", fence=1)
+            )
+        stale = store.claim("p-1", "worker-1", ttl=30)
+        store.revoke("p-1")  # moves the fence on: the stale lease can no longer write
+        current = store.claim("p-1", "worker-2", ttl=30)
+        assert current.fence > stale.fence == 1
+        # a broken application: the current lease commits the stale lease's invoice
+        with store.fenced(current, complete=True, result="ok") as conn:
+            conn.execute(
+                example.invoices.insert().values(job_id="p-1", total=2, written_by="worker-1", fence=1)
+            )
+
+        reports = [
+            {
+                "worker": "worker-1",
+                "completed": [("p-0", 1)],
+                "rejected": [("p-1", 1)],
+                "lost": [],
+                "released": [],
+            },
+            {
+                "worker": "worker-2",
+                "completed": [("p-1", current.fence)],
+                "rejected": [],
+                "lost": [],
+                "released": [],
+            },
+        ]
+        checks, rows = example.check_outcome(store, ["p-0", "p-1"], "p-", reports, [0, 0], True)
+    finally:
+        example.close_store(store)
+
+    assert len(rows) == 2
+    failed = [text for ok, text in checks if not ok]
+    assert failed == [
+        "each invoice was written under the lease that completed its job (owner and fence match)"
+    ]
