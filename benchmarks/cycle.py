@@ -1,0 +1,951 @@
+"""Jobs per second through the full worker cycle ``claim_next -> complete``, 1 and 4 processes.
+
+What is measured
+----------------
+N jobs are enqueued first (not timed), then P worker processes (``multiprocessing``
+"spawn"), each with its own engine and ``fencing.JobStore``, start together on a barrier
+and loop until ``claim_next`` returns nothing:
+
+``single``
+    ``leases = store.claim_next(owner, ttl=600, limit=1)``, then
+    ``store.complete(lease, owner)``: two transactions per job.
+``batched``
+    ``leases = store.claim_next(owner, ttl=600, limit=100)``, then
+    ``store.complete_many([(lease, owner) for lease in leases])``: two transactions per
+    (up to) 100 jobs.
+
+jobs/s = N / (the last completion - the first worker's start). The workers' exit after
+that -- each one's last, empty ``claim_next`` -- is shown apart as ``tail ms``: on SQLite a
+worker asleep in the busy handler reaches it up to ~100 ms late, which is the benchmark's
+end condition, not work done. Backends:
+
+``sqlite``
+    ``fencing.create_sqlite_engine(path)``: the library's default durability, WAL +
+    ``synchronous = FULL`` (every commit is fsynced). A fresh database file for every
+    measurement, in ``--dir`` (default: a temporary directory under the working directory,
+    i.e. on a real disk; tmpfs would make FULL look like NORMAL).
+``postgresql`` / ``mariadb``
+    ``sqlalchemy.create_engine(url)`` on the local test servers (``--postgresql-url``,
+    ``--mariadb-url``), a dedicated table ``bench_cycle_<pid>`` (the library's schema),
+    emptied (``TRUNCATE``) and refilled before every measurement (then ``ANALYZE`` on
+    PostgreSQL), dropped at the end. Durability is the servers' own (printed in the header).
+
+The jobs are written in one bulk ``INSERT`` of bare ids, which is the row ``enqueue(id)``
+makes (``until = 0``, ``fence = 0``, ``done = 0``, no owner), then every connection of the
+main process is closed. Each worker opens its store's connection before the barrier (an
+untimed ``state()`` call). Every exception a store call raises in a worker is caught,
+counted and kept (type and message), and the worker goes on; ``errors`` in the table is
+their total -- in particular ``database is locked`` / ``DatabaseBusy`` on SQLite, which the
+library is meant to absorb (target: none). ``retries`` counts the lock races the library
+absorbed itself (its ``backoff`` calls, counted by wrapping ``fencing.execution.backoff``
+in the workers; SQLite's own busy-handler waits inside ``busy_timeout`` are not counted),
+and ``max op ms`` is the slowest single ``claim_next``/``complete`` call any worker saw.
+``per-worker`` lists each worker's completions (median repetition), which shows starvation.
+
+After every measurement the table is checked: all N jobs done, each claimed exactly once
+(``fence = 1``), with the result naming the worker that completed it, and the per-worker
+counts in the table equal to what the workers reported; otherwise the run stops.
+
+Interleaving: the worker processes are spawned once and kept. A repetition runs each
+backend's four configurations (1/4 processes x single/batched) in ``--rounds`` rounds
+(default 3) of N/rounds jobs each, the configurations' order rotating from round to round
+(and the backends' order from repetition to repetition), so a slow spell of the disk or of
+the machine's other load hits every side of a ratio alike; a repetition's jobs/s for a
+configuration is its jobs over its time summed over the rounds. ``jobs/s`` is the median of
+R repetitions; the ratios ``batched/single`` (same backend and processes) and ``vs 1p``
+(same backend and mode) are medians of the per-repetition ratios, with their range.
+Targets: batched >= 10x single on SQLite at its default durability; 4 processes >= 0.9x one
+process on SQLite, with no "database is locked" reaching a caller.
+
+Reproduce
+---------
+::
+
+    python benchmarks/cycle.py                        # sqlite, postgresql, mariadb; R=3 (~3 min)
+    python benchmarks/cycle.py --backends sqlite --repeat 5 --json cycle.json
+    python benchmarks/cycle.py --backends sqlite --profile    # where the workers' time goes
+
+``--single-jobs`` / ``--batched-jobs`` set N per backend (defaults: SQLite 3000 / 20000,
+servers 2000 / 20000). ``--profile`` runs every worker under cProfile and times every driver
+call by statement kind (``BEGIN``, claim, complete, ``COMMIT``) through a subclass of the
+driver's connection and cursor (sqlite3 ``factory=``; a SQLAlchemy ``do_connect`` listener
+for psycopg/pymysql); on SQLite it also records when each worker held the write lock (from
+the return of ``BEGIN IMMEDIATE`` to the return of ``COMMIT``) and merges the workers'
+intervals into one timeline: held, idle before the same process took the lock again, idle
+at a handoff to another process. It prints, per configuration, where the time went (median
+repetition); it slows the loop, so its jobs/s are not the headline figures. ``--json FILE``
+writes every figure, error and profile; ``--check`` exits with status 1 when a target is
+missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import itertools
+import json
+import multiprocessing
+import os
+import platform
+import pstats
+import re
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections import Counter, defaultdict
+from importlib import metadata
+from typing import Any
+
+import sqlalchemy
+from sqlalchemy import Engine, MetaData, event, func, select
+
+import fencing
+import fencing.execution
+
+URLS = {
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
+}
+BACKENDS = ("sqlite", "postgresql", "mariadb")
+MODES = {"single": 1, "batched": 100}
+DEFAULT_JOBS = {
+    ("sqlite", "single"): 3000,
+    ("sqlite", "batched"): 20000,
+    ("server", "single"): 2000,
+    ("server", "batched"): 20000,
+}
+TTL = 600.0  # no lease expires during a measurement
+TARGET_BATCHED_VS_SINGLE = 10.0
+TARGET_4P_VS_1P = 0.9
+BARRIER_TIMEOUT = 300.0
+MAX_ERRORS_PER_WORKER = 200  # a worker that keeps failing stops; the check then reports it
+KEPT_ERRORS = 5
+
+
+def owner_of(index: int) -> str:
+    return f"worker-{index}"
+
+
+# -- timing the driver calls by statement kind (--profile) --------------------------------------
+
+
+def sql_kind(sql: str) -> str:
+    head = sql.lstrip()[:12].upper()
+    if head.startswith("BEGIN"):
+        return "BEGIN"
+    if head.startswith("COMMIT"):
+        return "COMMIT"
+    if head.startswith("ROLLBACK"):
+        return "ROLLBACK"
+    if head.startswith("SELECT"):
+        return "SELECT (pick)" if "FOR UPDATE" in sql.upper() or "LIMIT" in sql.upper() else "SELECT"
+    if head.startswith(("UPDATE", "WITH")):  # claim_next may pick in a CTE first
+        return "UPDATE (complete)" if "SET result" in sql else "UPDATE (claim)"
+    return head.split(" ")[0]
+
+
+class DriverTimer:
+    """Seconds and calls per statement kind, and per driver ``commit()``; on SQLite also
+    when this process held the write lock: from the return of ``BEGIN IMMEDIATE`` to the
+    return of ``COMMIT``/``ROLLBACK`` (``perf_counter`` is comparable across processes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: Counter[str] = Counter()
+        self.holds: list[tuple[float, float]] = []
+        self._acquired: float | None = None
+
+    def add(self, kind: str, start: float, end: float) -> None:
+        self.seconds[kind] += end - start
+        self.calls[kind] += 1
+        if kind == "BEGIN":
+            self._acquired = end
+        elif kind in ("COMMIT", "ROLLBACK") and self._acquired is not None:
+            self.holds.append((self._acquired, end))
+            self._acquired = None
+
+
+TIMER: list[DriverTimer | None] = [None]
+
+
+def _timed(kind: str, fn: Any, *args: Any, **kw: Any) -> Any:
+    timer = TIMER[0]
+    if timer is None:
+        return fn(*args, **kw)
+    t0 = time.perf_counter()
+    try:
+        return fn(*args, **kw)
+    except BaseException:
+        kind = "BEGIN (failed)" if kind == "BEGIN" else kind
+        raise
+    finally:
+        timer.add(kind, t0, time.perf_counter())
+
+
+def timing_sqlite_factory() -> type[sqlite3.Connection]:
+    class TimingCursor(sqlite3.Cursor):
+        def execute(self, sql: str, parameters: Any = (), /) -> Any:
+            return _timed(sql_kind(sql), super().execute, sql, parameters)
+
+    class TimingConnection(sqlite3.Connection):
+        def cursor(self, factory: Any = TimingCursor) -> Any:
+            return super().cursor(factory)
+
+        def execute(self, sql: str, parameters: Any = (), /) -> Any:
+            return self.cursor().execute(sql, parameters)
+
+    return TimingConnection
+
+
+def timing_server_connect(db: str, cargs: Any, cparams: dict[str, Any]) -> Any:
+    """psycopg / pymysql connection subclasses that time execute and commit."""
+    if db == "postgresql":
+        import psycopg
+
+        class PgCursor(psycopg.Cursor):
+            def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
+                return _timed(sql_kind(str(query)), super().execute, query, params, **kw)
+
+        class PgConnection(psycopg.Connection):
+            def commit(self) -> None:
+                _timed("COMMIT", super().commit)
+
+        return PgConnection.connect(*cargs, cursor_factory=PgCursor, **cparams)
+    import pymysql
+    import pymysql.cursors
+
+    class MyCursor(pymysql.cursors.Cursor):
+        def execute(self, query: Any, args: Any = None) -> Any:
+            return _timed(sql_kind(query), super().execute, query, args)
+
+    class MyConnection(pymysql.connections.Connection):
+        def commit(self) -> None:
+            _timed("COMMIT", super().commit)
+
+    return MyConnection(*cargs, cursorclass=MyCursor, **cparams)
+
+
+# -- the worker side ----------------------------------------------------------------------------
+
+
+def make_engine(backend: str, target: str, *, timing: bool = False) -> Engine:
+    if backend == "sqlite":
+        kwargs: dict[str, Any] = {"connect_args": {"factory": timing_sqlite_factory()}} if timing else {}
+        return fencing.create_sqlite_engine(target, **kwargs)
+    engine = sqlalchemy.create_engine(target)
+    if timing:
+
+        def do_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
+            return timing_server_connect(backend, cargs, cparams)
+
+        event.listen(engine, "do_connect", do_connect)
+    return engine
+
+
+class Retries:
+    """Wraps the library's ``backoff`` to count the lock races it absorbed, and the sleeps."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+        self._original = fencing.execution.backoff
+
+    def install(self) -> None:
+        original = self._original
+
+        def counting(attempt: int) -> None:
+            self.count += 1
+            t0 = time.perf_counter()
+            original(attempt)
+            self.seconds += time.perf_counter() - t0
+
+        fencing.execution.backoff = counting
+
+    def reset(self) -> None:
+        self.count = 0
+        self.seconds = 0.0
+
+
+def work(store: fencing.JobStore, owner: str, limit: int) -> dict[str, Any]:
+    """The cycle until ``claim_next`` returns nothing; what happened."""
+    completions = claims = 0
+    errors: list[str] = []
+    slowest = 0.0
+    last_done = None
+    clock = time.perf_counter
+    claim_next, complete, complete_many = store.claim_next, store.complete, store.complete_many
+    while len(errors) < MAX_ERRORS_PER_WORKER:
+        t0 = clock()
+        try:
+            leases = claim_next(owner, ttl=TTL, limit=limit)
+        except Exception as exc:
+            errors.append(f"claim_next: {type(exc).__name__}: {exc}")
+            continue
+        t1 = clock()
+        slowest = max(slowest, t1 - t0)
+        if not leases:
+            break
+        claims += len(leases)
+        if len(leases) > limit:  # a bug to report; all of them are completed below
+            errors.append(f"claim_next: {len(leases)} leases returned for limit={limit}")
+        try:
+            if len(leases) == 1:
+                completions += complete(leases[0], owner)
+            else:
+                completions += sum(complete_many([(lease, owner) for lease in leases]))
+        except Exception as exc:
+            errors.append(f"complete: {type(exc).__name__}: {exc}")
+        last_done = clock()
+        slowest = max(slowest, last_done - t1)
+    return {
+        "completions": completions,
+        "claims": claims,
+        "errors": errors,
+        "slowest": slowest,
+        "last_done": last_done,
+    }
+
+
+def worker(index: int, barriers: dict[int, Any], commands: Any, results: Any, profile: bool) -> None:
+    """One process for the whole run; one measurement per command."""
+    barrier = None
+    retries = Retries()
+    retries.install()
+    stores: dict[tuple[str, str], tuple[Engine, fencing.JobStore]] = {}
+    try:
+        results.put(("ready", index))
+        while (command := commands.get()) is not None:
+            backend, target, table_name, limit, parties = command
+            barrier = barriers[parties]
+            key = (target, table_name)
+            if key not in stores:
+                engine = make_engine(backend, target, timing=profile)
+                stores[key] = (engine, fencing.JobStore(engine, fencing.jobs_table(MetaData(), table_name)))
+            engine, store = stores[key]
+            store.state("no-such-job")  # opens the store's connection before the clock starts
+            owner = owner_of(index)
+            timer = DriverTimer() if profile else None
+            profiler = cProfile.Profile() if profile else None
+            retries.reset()
+            barrier.wait(BARRIER_TIMEOUT)
+            TIMER[0] = timer
+            if profiler is not None:
+                profiler.enable()
+            start = time.perf_counter()
+            outcome = work(store, owner, limit)
+            finish = time.perf_counter()
+            if profiler is not None:
+                profiler.disable()
+            TIMER[0] = None
+            wal = target + "-wal"
+            outcome.update(
+                wal_bytes=os.path.getsize(wal) if backend == "sqlite" and os.path.exists(wal) else None,
+                index=index,
+                start=start,
+                finish=finish,
+                retries=retries.count,
+                backoff_s=retries.seconds,
+                profile=summarize(profiler, timer, finish - start) if profiler and timer else None,
+            )
+            if backend == "sqlite":  # a fresh file per measurement: let it go
+                del stores[key]
+                store.dispose()
+                engine.dispose()
+            results.put(("done", outcome))
+        for engine, store in stores.values():
+            store.dispose()
+            engine.dispose()
+    except BaseException:
+        if barrier is not None:
+            barrier.abort()
+        results.put(("error", index, traceback.format_exc()))
+
+
+#: functions whose cumulative time is a category of the profile (file suffix, name)
+PROFILE_GROUPS = {
+    "library backoff sleeps": [("benchmarks/cycle.py", "counting")],
+    "claim_next (total)": [("fencing/store.py", "claim_next")],
+    "complete/complete_many (total)": [
+        ("fencing/store.py", "complete"),
+        ("fencing/store.py", "complete_many"),
+    ],
+}
+
+
+def summarize(profiler: cProfile.Profile, timer: DriverTimer, wall: float, top: int = 12) -> dict[str, Any]:
+    """Seconds by driver statement kind, by store call, and the top functions by own time."""
+    stats: dict[Any, Any] = pstats.Stats(profiler).stats  # type: ignore[attr-defined]
+    groups = {}
+    for group, wanted in PROFILE_GROUPS.items():
+        groups[group] = sum(
+            cum
+            for (path, _, name), (_, _, _, cum, _) in stats.items()
+            if any(path.replace(os.sep, "/").endswith(s) and name == n for s, n in wanted)
+        )
+    functions = sorted(
+        (
+            (tottime, cumtime, ncalls, f"{os.path.basename(path)}:{line}({name})" if line else _plain(name))
+            for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.items()
+        ),
+        reverse=True,
+    )[:top]
+    return {
+        "wall_s": wall,
+        "holds": timer.holds,
+        "driver_s": dict(timer.seconds),
+        "driver_calls": dict(timer.calls),
+        "groups_s": groups,
+        "top_own": [{"own_s": t, "cum_s": c, "calls": n, "function": f} for t, c, n, f in functions],
+    }
+
+
+def _plain(name: str) -> str:
+    """A built-in's profile name without its address (the same in every worker)."""
+    return re.sub(r" at 0x[0-9a-f]+", "", name)
+
+
+class Workers:
+    """``size`` spawned workers; a measurement uses the first ``parties``."""
+
+    def __init__(self, sizes: list[int], profile: bool) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        barriers = {p: ctx.Barrier(p) for p in sizes}
+        self.commands = [ctx.Queue() for _ in range(max(sizes))]
+        self.procs = [
+            ctx.Process(
+                target=worker, args=(i, barriers, q, self.results, profile), name=f"cycle-{i}", daemon=True
+            )
+            for i, q in enumerate(self.commands)
+        ]
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            self._get("ready")
+
+    def _get(self, kind: str) -> tuple[Any, ...]:
+        message = self.results.get(timeout=BARRIER_TIMEOUT + 120)
+        if message[0] == "error":
+            raise SystemExit(f"worker {message[1]} failed:\n{message[2]}")
+        if message[0] != kind:
+            raise SystemExit(f"unexpected worker message {message!r}")
+        return message  # type: ignore[no-any-return]
+
+    def run(
+        self, backend: str, target: str, table_name: str, limit: int, parties: int
+    ) -> list[dict[str, Any]]:
+        for q in self.commands[:parties]:
+            q.put((backend, target, table_name, limit, parties))
+        outcomes = [self._get("done")[1] for _ in range(parties)]
+        return sorted(outcomes, key=lambda o: o["index"])
+
+    def close(self) -> None:
+        for q in self.commands:
+            q.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+
+
+# -- the main side: tables, checks, figures ------------------------------------------------------
+
+
+class Backend:
+    """Where one backend's measurements run: a fresh SQLite file each, or one server table."""
+
+    def __init__(self, name: str, args: argparse.Namespace, workdir: str) -> None:
+        self.name = name
+        self.table_name = "jobs" if name == "sqlite" else f"bench_cycle_{os.getpid()}"
+        self.table = fencing.jobs_table(MetaData(), self.table_name)
+        self.workdir = workdir
+        self.url = {"postgresql": args.postgresql_url, "mariadb": args.mariadb_url}.get(name)
+        self.engine: Engine | None = None
+        self.counter = 0
+        if self.url is not None:
+            self.engine = sqlalchemy.create_engine(self.url)
+            fencing.JobStore(self.engine, self.table).create_table()
+
+    def prepare(self, n: int) -> str:
+        """A table holding exactly ``n`` enqueued jobs; the target the workers open."""
+        ids = [{"id": f"job-{i:07d}"} for i in range(n)]
+        if self.name == "sqlite":
+            self.counter += 1
+            path = os.path.join(self.workdir, f"cycle-{self.counter}.db")
+            engine = fencing.create_sqlite_engine(path)
+            try:
+                fencing.JobStore(engine, self.table).create_table()
+                with engine.begin() as conn:
+                    conn.execute(self.table.insert(), ids)
+            finally:
+                engine.dispose()
+            return path
+        assert self.engine is not None and self.url is not None
+        with self.engine.begin() as conn:  # TRUNCATE: no dead rows piling up between runs
+            conn.exec_driver_sql(f"TRUNCATE TABLE {self.table_name}")
+        with self.engine.begin() as conn:
+            conn.execute(self.table.insert(), ids)
+        if self.name == "postgresql":
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql(f"ANALYZE {self.table_name}")
+                conn.commit()
+        self.engine.dispose()
+        return str(self.url)
+
+    def verify(self, target: str, n: int, outcomes: list[dict[str, Any]]) -> str | None:
+        """What is wrong with the table after a measurement, or ``None``."""
+        t = self.table
+        engine = self.engine if self.engine is not None else fencing.create_sqlite_engine(target)
+        try:
+            with engine.connect() as conn:
+                rows = conn.execute(
+                    select(t.c.result, t.c.done, t.c.fence, func.count()).group_by(
+                        t.c.result, t.c.done, t.c.fence
+                    )
+                ).all()
+        finally:
+            engine.dispose()
+            if self.name == "sqlite":
+                for suffix in ("", "-wal", "-shm"):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.remove(target + suffix)
+        by_owner = Counter({owner_of(o["index"]): o["completions"] for o in outcomes})
+        in_table: Counter[str] = Counter()
+        problems = []
+        for result, done, fence, count in rows:
+            if done != 1 or fence != 1:
+                problems.append(f"{count} rows with done={done}, fence={fence}, result={result!r}")
+            else:
+                in_table[result] += count
+        if sum(in_table.values()) != n:
+            problems.append(f"{sum(in_table.values())} of {n} jobs done exactly once")
+        if +in_table != +by_owner:
+            problems.append(f"per-worker completions {dict(by_owner)} but the table says {dict(in_table)}")
+        return "; ".join(problems) or None
+
+    def info(self) -> dict[str, Any]:
+        if self.name == "sqlite":
+            return {"version": sqlite3.sqlite_version, "journal_mode": "wal", "synchronous": "full"}
+        assert self.engine is not None
+        with self.engine.connect() as conn:
+            run = conn.exec_driver_sql
+            if self.name == "postgresql":
+                return {
+                    "version": run("SHOW server_version").scalar(),
+                    "synchronous_commit": run("SHOW synchronous_commit").scalar(),
+                    "fsync": run("SHOW fsync").scalar(),
+                }
+            version, flush = run("SELECT VERSION(), @@innodb_flush_log_at_trx_commit").one()
+            return {"version": version, "innodb_flush_log_at_trx_commit": int(flush)}
+
+    def close(self) -> None:
+        if self.engine is not None:
+            with contextlib.suppress(Exception), self.engine.begin() as conn:
+                self.table.drop(conn, checkfirst=True)
+            self.engine.dispose()
+
+
+def jobs_for(args: argparse.Namespace, backend: str, mode: str) -> int:
+    chosen = args.single_jobs if mode == "single" else args.batched_jobs
+    if chosen is not None:
+        return int(chosen)
+    return DEFAULT_JOBS["sqlite" if backend == "sqlite" else "server", mode]
+
+
+def measure(workers: Workers, backend: Backend, mode: str, parties: int, n: int) -> dict[str, Any]:
+    """One run of ``n`` jobs by ``parties`` workers, checked in the table afterwards."""
+    target = backend.prepare(n)
+    outcomes = workers.run(backend.name, target, backend.table_name, MODES[mode], parties)
+    problem = backend.verify(target, n, outcomes)
+    if problem is not None:
+        errors = [e for o in outcomes for e in o["errors"][:KEPT_ERRORS]]
+        raise SystemExit(f"{backend.name}/{mode}/{parties}p: {problem}\nerrors: {errors}")
+    # the clock stops at the last completion; the workers' exit (each one's last, empty
+    # claim_next, which a worker asleep in SQLite's busy handler reaches late) is the tail
+    first_start = min(o["start"] for o in outcomes)
+    done_at = max(o["last_done"] for o in outcomes if o["last_done"] is not None)
+    span = done_at - first_start
+    errors = [e for o in outcomes for e in o["errors"]]
+    return {
+        "jobs": n,
+        "seconds": span,
+        "tail_s": max(o["finish"] for o in outcomes) - done_at,
+        "errors": len(errors),
+        "locked_errors": sum("locked" in e or "DatabaseBusy" in e for e in errors),
+        "error_samples": errors[:KEPT_ERRORS],
+        "per_worker": [o["completions"] for o in outcomes],
+        "retries": sum(o["retries"] for o in outcomes),
+        "backoff_s": sum(o["backoff_s"] for o in outcomes),
+        "slowest_op_s": max(o["slowest"] for o in outcomes),
+        "wal_bytes": max((o["wal_bytes"] or 0) for o in outcomes) if backend.name == "sqlite" else None,
+        "profile": merge_profiles(outcomes, span, done_at) if outcomes[0]["profile"] else None,
+    }
+
+
+def merge_profiles(outcomes: list[dict[str, Any]], span: float, done_at: float) -> dict[str, Any]:
+    """The workers' profiles of one run, summed; plus, on SQLite, the write lock's timeline."""
+    merged: dict[str, Any] = {"wall_s": 0.0, "span_s": span}
+    for part in ("driver_s", "driver_calls", "groups_s", "top_own"):
+        merged[part] = Counter()
+    holds: list[tuple[float, float, int]] = []
+    for o in outcomes:
+        p = o["profile"]
+        merged["wall_s"] += p["wall_s"]
+        merged["driver_s"].update(p["driver_s"])
+        merged["driver_calls"].update(p["driver_calls"])
+        merged["groups_s"].update(p["groups_s"])
+        merged["top_own"].update({f["function"]: f["own_s"] for f in p["top_own"]})
+        holds.extend((start, end, o["index"]) for start, end in p["holds"] if start < done_at)
+    merged["lock"] = lock_timeline(holds, span) if holds else None
+    return merged
+
+
+def lock_timeline(holds: list[tuple[float, float, int]], span: float) -> dict[str, Any]:
+    """How the write lock was used: held, idle before the same process took it again, idle
+    before another process took it (a handoff), how many handoffs and each one's idle gap."""
+    holds.sort()
+    held = sum(end - start for start, end, _ in holds)
+    idle_same = idle_handoff = overlap = 0.0
+    handoffs = 0
+    gaps = []
+    for (_, prev_end, prev_worker), (start, _, worker) in itertools.pairwise(holds):
+        gap = start - prev_end
+        if gap < 0:  # the clocks disagree or the intervals are not the lock's: shown, not hidden
+            overlap += -gap
+        elif worker == prev_worker:
+            idle_same += gap
+        else:
+            idle_handoff += gap
+        if worker != prev_worker:
+            handoffs += 1
+            gaps.append(max(gap, 0.0))
+    return {
+        "transactions": float(len(holds)),
+        "span_s": span,
+        "held_s": held,
+        "idle_same_s": idle_same,
+        "idle_handoff_s": idle_handoff,
+        "handoffs": float(handoffs),
+        "overlap_s": overlap,
+        "handoff_gaps_s": gaps,
+    }
+
+
+def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rounds of one repetition of one configuration, as one run."""
+    jobs = sum(p["jobs"] for p in parts)
+    seconds = sum(p["seconds"] for p in parts)
+    run: dict[str, Any] = {
+        "jobs": jobs,
+        "seconds": seconds,
+        "jobs_per_s": jobs / seconds,
+        "rounds_jobs_per_s": [p["jobs"] / p["seconds"] for p in parts],
+        "errors": sum(p["errors"] for p in parts),
+        "locked_errors": sum(p["locked_errors"] for p in parts),
+        "error_samples": [e for p in parts for e in p["error_samples"]][:KEPT_ERRORS],
+        "per_worker": [sum(w) for w in zip(*(p["per_worker"] for p in parts), strict=True)],
+        "retries": sum(p["retries"] for p in parts),
+        "backoff_s": sum(p["backoff_s"] for p in parts),
+        "slowest_op_s": max(p["slowest_op_s"] for p in parts),
+        "tail_s": max(p["tail_s"] for p in parts),
+        "wal_bytes": None if parts[0]["wal_bytes"] is None else max(p["wal_bytes"] for p in parts),
+        "profile": None,
+    }
+    if parts[0]["profile"] is not None:
+        profile: dict[str, Any] = {"wall_s": 0.0, "span_s": 0.0, "lock": None}
+        for key in ("driver_s", "driver_calls", "groups_s", "top_own"):
+            profile[key] = sum((p["profile"][key] for p in parts), Counter())
+        for p in parts:
+            profile["wall_s"] += p["profile"]["wall_s"]
+            profile["span_s"] += p["profile"]["span_s"]
+            lock = p["profile"]["lock"]
+            if lock is not None:
+                total = profile["lock"] or {"handoff_gaps_s": []}
+                for key, value in lock.items():
+                    total[key] = (
+                        total.get(key, 0.0) + value if key != "handoff_gaps_s" else total[key] + value
+                    )
+                profile["lock"] = total
+        run["profile"] = profile
+    return run
+
+
+def ratio_cell(ratios: list[float]) -> str:
+    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
+
+
+def summarize_runs(
+    runs: dict[tuple[str, str, int], list[dict[str, Any]]], processes: list[int]
+) -> list[dict[str, Any]]:
+    rows = []
+    for (backend, mode, parties), reps in runs.items():
+        rates = [r["jobs_per_s"] for r in reps]
+        median_rep = sorted(reps, key=lambda r: r["jobs_per_s"])[len(reps) // 2]
+        row: dict[str, Any] = {
+            "backend": backend,
+            "processes": parties,
+            "mode": mode,
+            "jobs_per_s": statistics.median(rates),
+            "runs_jobs_per_s": rates,
+            "errors": sum(r["errors"] for r in reps),
+            "locked_errors": sum(r["locked_errors"] for r in reps),
+            "error_samples": [e for r in reps for e in r["error_samples"]][:KEPT_ERRORS],
+            "retries": sum(r["retries"] for r in reps),
+            "backoff_s": sum(r["backoff_s"] for r in reps),
+            "slowest_op_s": max(r["slowest_op_s"] for r in reps),
+            "tail_s": max(r["tail_s"] for r in reps),
+            "wal_bytes_runs": [r["wal_bytes"] for r in reps],
+            "rounds_jobs_per_s": [r["rounds_jobs_per_s"] for r in reps],
+            "per_worker_median_rep": median_rep["per_worker"],
+            "per_worker_runs": [r["per_worker"] for r in reps],
+            "profile_median_rep": median_rep["profile"],
+            "profile_runs": [r["profile"] for r in reps] if reps[0]["profile"] else None,
+        }
+        if mode == "batched" and (backend, "single", parties) in runs:
+            singles = runs[backend, "single", parties]
+            row["batched_vs_single"] = [
+                b["jobs_per_s"] / s["jobs_per_s"] for b, s in zip(reps, singles, strict=True)
+            ]
+        if parties != min(processes) and (backend, mode, min(processes)) in runs:
+            ones = runs[backend, mode, min(processes)]
+            row["vs_fewest_processes"] = [
+                p["jobs_per_s"] / o["jobs_per_s"] for p, o in zip(reps, ones, strict=True)
+            ]
+        rows.append(row)
+    order = {b: i for i, b in enumerate(BACKENDS)}
+    rows.sort(key=lambda r: (order[r["backend"]], r["mode"] != "single", r["processes"]))
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], processes: list[int]) -> None:
+    fewest = min(processes)
+    print(
+        f"\n{'backend':<10} {'procs':>5} {'mode':<7} {'jobs/s':>7} {'batched/single':>18} "
+        f"{f'vs {fewest}p':>18} {'errors':>6} {'retries':>7} {'max op ms':>9} {'tail ms':>7}  "
+        "per-worker completions"
+    )
+    for r in rows:
+        bs = ratio_cell(r["batched_vs_single"]) if "batched_vs_single" in r else ""
+        vp = ratio_cell(r["vs_fewest_processes"]) if "vs_fewest_processes" in r else ""
+        print(
+            f"{r['backend']:<10} {r['processes']:>5} {r['mode']:<7} {r['jobs_per_s']:>7.0f} {bs:>18} "
+            f"{vp:>18} {r['errors']:>6} {r['retries']:>7} {r['slowest_op_s'] * 1e3:>9.0f} "
+            f"{r['tail_s'] * 1e3:>7.0f}  {r['per_worker_median_rep']}"
+        )
+
+
+def print_profiles(rows: list[dict[str, Any]]) -> None:
+    for r in rows:
+        profile = r["profile_median_rep"]
+        if not profile:
+            continue
+        jobs = sum(r["per_worker_median_rep"])
+        wall = profile["wall_s"]
+
+        def us(seconds: float, jobs: int = jobs) -> str:
+            return f"{seconds / jobs * 1e6:9.1f} us"
+
+        print(
+            f"\n {r['backend']} {r['processes']}p {r['mode']} (median repetition, {jobs} jobs, "
+            f"{jobs / profile['span_s']:.0f} jobs/s under the profiler): per job"
+        )
+        print(f"    {us(profile['span_s'])}  elapsed")
+        print(f"    {us(wall)}  workers' wall time, summed over {r['processes']} worker(s)")
+        kinds, calls = profile["driver_s"], profile["driver_calls"]
+        for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1]):
+            print(f"    {us(seconds)}    driver {kind} ({calls[kind] / jobs:.2f} calls/job)")
+        groups = profile["groups_s"]
+        for group, seconds in groups.items():
+            print(f"    {us(seconds)}    {group}")
+        rest = wall - sum(kinds.values()) - groups.get("library backoff sleeps", 0.0)
+        print(f"    {us(rest)}    the rest: Python (store, DriverPath, this loop, the profiler)")
+        lock = profile["lock"]
+        if lock:
+            print(
+                f"    write lock: held {us(lock.get('held_s', 0.0))}, idle before the same process "
+                f"took it again {us(lock.get('idle_same_s', 0.0))}, idle at a handoff to another "
+                f"process {us(lock.get('idle_handoff_s', 0.0))}"
+            )
+            handoffs = lock.get("handoffs", 0.0)
+            gaps = sorted(lock["handoff_gaps_s"]) or [0.0]
+            quartiles = [gaps[int(q * (len(gaps) - 1))] * 1e3 for q in (0.25, 0.5, 0.75)]
+            print(
+                f"      {lock.get('transactions', 0.0) / jobs:.2f} transactions/job, {handoffs:.0f} "
+                f"handoffs (idle per handoff: quartiles {quartiles[0]:.2f}/{quartiles[1]:.2f}/"
+                f"{quartiles[2]:.2f} ms, max {gaps[-1] * 1e3:.1f} ms), "
+                f"held {lock.get('held_s', 0.0) / lock['span_s']:.0%} of the elapsed time"
+                + (
+                    f" (intervals overlapping by {lock['overlap_s'] * 1e3:.1f} ms in all: releases "
+                    "timestamped late)"
+                    if lock.get("overlap_s")
+                    else ""
+                )
+            )
+        if r["wal_bytes_runs"][0] is not None:
+            print(f"    -wal file at the end, KiB per repetition: {[b // 1024 for b in r['wal_bytes_runs']]}")
+        print("    top functions by own time (us/job):")
+        for name, seconds in profile["top_own"].most_common(6):
+            print(f"      {us(seconds)}  {name}")
+
+
+def versions() -> dict[str, str]:
+    try:
+        here = os.path.dirname(os.path.abspath(__file__))
+        git = subprocess.run(
+            ["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        git = ""
+    env = {
+        "git": git or "unknown",
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "sqlalchemy": sqlalchemy.__version__,
+        "fencing": fencing.__version__,
+        "platform": platform.platform(),
+        "cpus": str(os.cpu_count()),
+    }
+    for dist in ("psycopg", "PyMySQL"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            env[dist.lower()] = metadata.version(dist)
+    return env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument(
+        "--backends",
+        default=",".join(BACKENDS),
+        type=lambda s: [b for b in BACKENDS if b in {x.strip() for x in s.split(",")}],
+        help="comma-separated: sqlite,postgresql,mariadb (default all three)",
+    )
+    parser.add_argument(
+        "--processes",
+        default="1,4",
+        type=lambda s: sorted({int(p) for p in s.split(",")}),
+        help="comma-separated worker process counts (default 1,4)",
+    )
+    parser.add_argument(
+        "--modes", default="single,batched", type=lambda s: [m for m in MODES if m in s.split(",")]
+    )
+    parser.add_argument("--repeat", type=int, default=3, help="repetitions; medians reported (default 3)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds per repetition: N/rounds jobs per configuration, alternating (default 3)",
+    )
+    parser.add_argument("--single-jobs", type=int, help="N for single (default 3000 SQLite, 2000 servers)")
+    parser.add_argument("--batched-jobs", type=int, help="N for batched (default 20000)")
+    parser.add_argument("--dir", help="where the SQLite files go (default: a temporary dir under the cwd)")
+    parser.add_argument("--postgresql-url", default=URLS["postgresql"])
+    parser.add_argument("--mariadb-url", default=URLS["mariadb"])
+    parser.add_argument("--profile", action="store_true", help="cProfile the workers; time driver calls")
+    parser.add_argument("--json", metavar="FILE", help="write the figures here")
+    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    args = parser.parse_args(argv)
+    if not args.backends or not args.modes or min(args.processes) < 1 or min(args.repeat, args.rounds) < 1:
+        parser.error("need a backend, a mode, processes >= 1, --repeat >= 1 and --rounds >= 1")
+
+    env = versions()
+    print(
+        f"claim_next -> complete cycle, R={args.repeat}, processes {','.join(map(str, args.processes))}; "
+        f"python {env['python']}, SQLite {env['sqlite']}, SQLAlchemy {env['sqlalchemy']}, "
+        f"{env['cpus']} CPUs, git {env['git']}{'; PROFILING (slower)' if args.profile else ''}",
+        flush=True,
+    )
+    workdir = tempfile.mkdtemp(prefix="bench-cycle-", dir=args.dir or os.getcwd())
+    backends: dict[str, Backend] = {}
+    workers = None
+    started = time.perf_counter()
+    try:
+        for name in args.backends:
+            backends[name] = Backend(name, args, workdir)
+            info = backends[name].info()
+            details = ", ".join(f"{k}={v}" for k, v in info.items() if k != "version")
+            modes = ", ".join(f"{m} N={jobs_for(args, name, m)}" for m in args.modes)
+            print(f"  {name}: {info['version']} ({details}); {modes}", flush=True)
+        workers = Workers(args.processes, args.profile)
+        configs = [(mode, parties) for mode in args.modes for parties in args.processes]
+        runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+        for rep in range(args.repeat):
+            names = list(backends)
+            names = names[rep % len(names) :] + names[: rep % len(names)]
+            for name in names:
+                rounds: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
+                for k in range(args.rounds):
+                    shift = (rep * args.rounds + k) % len(configs)
+                    for mode, parties in configs[shift:] + configs[:shift]:
+                        total = jobs_for(args, name, mode)
+                        n = total * (k + 1) // args.rounds - total * k // args.rounds
+                        rounds[mode, parties].append(measure(workers, backends[name], mode, parties, n))
+                for (mode, parties), parts in rounds.items():
+                    runs.setdefault((name, mode, parties), []).append(combine(parts))
+            print(
+                f"  repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+    finally:
+        if workers is not None:
+            workers.close()
+        for backend in backends.values():
+            backend.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    rows = summarize_runs(runs, args.processes)
+    print_table(rows, args.processes)
+    print(
+        f"\njobs/s: median of {args.repeat}; ratios: median (range) of per-repetition ratios. "
+        f"errors: exceptions that reached the workers; retries: lock races the library absorbed. "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    misses = check_targets(rows, args.processes)
+    for line in misses:
+        print(f"MISSED: {line}")
+    if args.profile:
+        print_profiles(rows)
+    if args.json:
+        figures = {
+            "benchmark": "claim_next -> complete(_many) cycle, jobs/s",
+            "repeat": args.repeat,
+            "processes": args.processes,
+            "jobs": {f"{b}/{m}": jobs_for(args, b, m) for b in args.backends for m in args.modes},
+            "ttl": TTL,
+            "targets": {"batched_vs_single": TARGET_BATCHED_VS_SINGLE, "4p_vs_1p": TARGET_4P_VS_1P},
+            "environment": env,
+            "rows": rows,
+            "misses": misses,
+            "profiled": args.profile,
+        }
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(figures, f, indent=2, default=repr)
+        print(f"figures written to {args.json}")
+    return 1 if args.check and misses else 0
+
+
+def check_targets(rows: list[dict[str, Any]], processes: list[int]) -> list[str]:
+    """The SQLite targets that were missed, as sentences."""
+    misses = []
+    for r in rows:
+        if r["backend"] != "sqlite":
+            continue
+        where = f"sqlite {r['processes']}p {r['mode']}"
+        if "batched_vs_single" in r and statistics.median(r["batched_vs_single"]) < TARGET_BATCHED_VS_SINGLE:
+            misses.append(f"{where}: batched {statistics.median(r['batched_vs_single']):.2f}x single")
+        if "vs_fewest_processes" in r and statistics.median(r["vs_fewest_processes"]) < TARGET_4P_VS_1P:
+            misses.append(
+                f"{where}: {statistics.median(r['vs_fewest_processes']):.2f}x of {min(processes)} process(es)"
+            )
+        if r["locked_errors"]:
+            misses.append(f"{where}: {r['locked_errors']} 'database is locked'/DatabaseBusy reached callers")
+    return misses
+
+
+if __name__ == "__main__":
+    sys.exit(main())
