@@ -244,23 +244,27 @@ class DriverPath:
             finally:
                 self._checkin(conn, reusable)
 
-    def read(self, stmt: Executable, params: Mapping[str, Any]) -> list[Any]:
-        """The rows of one read statement: the hot path of ``state()``.
+    def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
+        """The first row (or ``None``) of one read statement: the hot path of ``state()``.
 
         On SQLite it runs outside any explicit transaction: one SELECT is its own snapshot
         and takes no write lock. Anything unusual goes to :meth:`run`.
         """
         if self.begin_sql is None:
-            return self.run(lambda x: list(x.rows(stmt, params)))
+            rows = self.run(lambda x: x.rows(stmt, params))
+            return rows[0] if rows else None
         compiled = self._compiled_for(stmt)
         conn = self._checkout()
         try:
-            rows: list[Any] = conn.execute(compiled.sql, compiled.args(params)).fetchall()
+            row = conn.execute(compiled.sql, compiled.args(params)).fetchone()
         except self.errors:
             self._checkin(conn, self._rollback(conn))
-            return self.run(lambda x: list(x.rows(stmt, params)), write=False)
+            rows = self.run(lambda x: x.rows(stmt, params), write=False)
+            return rows[0] if rows else None
         self._checkin(conn, True)
-        return rows if compiled.convert is None else compiled.convert(rows)
+        if row is None or compiled.convert is None:
+            return row
+        return compiled.convert([row])[0]
 
     def _rollback(self, conn: Any) -> bool:
         """Roll back whatever the failed unit left open; False if the connection is unusable."""

@@ -237,10 +237,10 @@ class JobStore:
         if conn is None and self._driver is not None:
             # one SELECT is its own snapshot: no transaction, no write lock
             try:
-                rows = self._driver.read(stmt, params)
+                row = self._driver.read_row(stmt, params)
             except self._errors as exc:
                 self._fail(exc)
-            return JobState.from_row(rows[0]) if rows else None
+            return None if row is None else JobState.from_row(row)
 
         def unit(x: Executor) -> JobState | None:
             rows = x.rows(stmt, params)

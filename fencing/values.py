@@ -39,7 +39,8 @@ class JobState(NamedTuple):
     @classmethod
     def from_row(cls, row: Any) -> JobState:
         job_id, owner, until, fence, result, done = row
-        return cls(job_id, owner, float(until), int(fence), result, bool(done))
+        # tuple.__new__ directly: the generated NamedTuple __new__ costs a call on a hot path
+        return tuple.__new__(cls, (job_id, owner, float(until), int(fence), result, bool(done)))
 
     def as_dict(self) -> dict[str, Any]:
         """The row in the contract's shape: keys ``id, owner, until, fence, result, done``."""
