@@ -88,6 +88,10 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=NEWEST)
 def bench(session: nox.Session) -> None:
-    """Ops/second of the store and service.py against raw sqlite3, side by side."""
-    _install(session)
-    session.run("python", "benchmarks/ops.py", *session.posargs)
+    """The benchmarks: per-op on SQLite, the servers' claim/complete cycle, the worker cycle.
+
+    ``nox -s bench -- ops`` (or ``servers``, ``cycle``) runs one of them.
+    """
+    _install(session, *filter(None, DATABASES.values()))
+    for name in session.posargs or ["ops", "servers", "cycle"]:
+        session.run("python", f"benchmarks/{name}.py")
