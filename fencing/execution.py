@@ -29,7 +29,7 @@ from sqlalchemy.sql import Executable
 from .dberrors import DB_ERRORS, is_transient
 from .errors import DatabaseBusy, DatabaseError
 
-__all__ = ["FORK_GENERATION", "CoreExecutor", "DriverPath", "Executor"]
+__all__ = ["FORK_GENERATION", "CoreExecutor", "DriverPath", "Executor", "in_own_transaction"]
 
 T = TypeVar("T")
 
@@ -56,6 +56,26 @@ _BACKOFF_CAP = 0.05
 def backoff(attempt: int) -> None:
     """Sleep a little, jittered, longer each attempt (at most 50 ms)."""
     time.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)))
+
+
+def in_own_transaction(
+    engine: Engine, errors: tuple[type[BaseException], ...], work: Callable[[Connection], T]
+) -> T:
+    """``work`` in a transaction of its own on a Connection from ``engine``, retried while
+    the database rolls it back whole for a lock race (deadlock, lock timeout, busy)."""
+    for attempt in range(TRANSIENT_RETRIES + 1):
+        try:
+            with engine.begin() as conn:
+                return work(conn)
+        except errors as exc:
+            if not is_transient(exc):
+                raise
+            if attempt == TRANSIENT_RETRIES:
+                raise DatabaseBusy(
+                    f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
+                ) from exc
+            backoff(attempt + 1)
+    raise AssertionError("unreachable")
 
 
 class Executor(Protocol):

@@ -25,8 +25,6 @@ and released first.
 
 from __future__ import annotations
 
-import random
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -38,7 +36,6 @@ from sqlalchemy import (
     Engine,
     MetaData,
     Table,
-    Text,
     bindparam,
     insert,
     select,
@@ -55,13 +52,13 @@ from .clock import database_now
 from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, wrap_database_error
 from .errors import (
     ConfigurationError,
-    DatabaseBusy,
     FencingError,
     InvalidArgument,
     InvalidArgumentType,
     TableMissing,
 )
-from .schema import ID_MAX_BYTES, Utf8Key
+from .execution import in_own_transaction
+from .schema import ID_MAX_BYTES, KEY_TYPE
 
 __all__ = [
     "FenceMarks",
@@ -74,13 +71,8 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: retries of a transaction the database rolled back for a lock race (the JobStore's budget)
-TRANSIENT_RETRIES = 20
 #: the dialects FenceMarks has statements for
 SUPPORTED_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb")
-
-# exact keys everywhere: MariaDB/MySQL text collations would merge 'a', 'A' and 'a '
-_KEY = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
 
 
 def fence_marks_table(metadata: MetaData, name: str = "fence_marks", *, schema: str | None = None) -> Table:
@@ -88,7 +80,7 @@ def fence_marks_table(metadata: MetaData, name: str = "fence_marks", *, schema: 
     return Table(
         name,
         metadata,
-        Column("resource", _KEY, primary_key=True, nullable=False),
+        Column("resource", KEY_TYPE, primary_key=True, nullable=False),
         Column("fence", BigInteger, nullable=False),
         schema=schema,
         mysql_charset="utf8mb4",
@@ -103,7 +95,7 @@ def idempotency_keys_table(
     return Table(
         name,
         metadata,
-        Column("key", _KEY, primary_key=True, nullable=False),
+        Column("key", KEY_TYPE, primary_key=True, nullable=False),
         Column("fence", BigInteger, nullable=True),
         # seconds since the epoch on the database server's clock
         Column("recorded_at", Double, nullable=True),
@@ -224,25 +216,9 @@ class FenceMarks:
         try:
             if conn is not None:
                 return unit(conn)
-            return self._in_own_transaction(unit)
+            return in_own_transaction(self.engine, DB_ERRORS, unit)
         except DB_ERRORS as exc:
             raise self._wrap(exc, table) from exc
-
-    def _in_own_transaction(self, unit: Callable[[Connection], T]) -> T:
-        # a deadlock, lock timeout or busy database rolled the whole unit back: run it again
-        for attempt in range(TRANSIENT_RETRIES + 1):
-            try:
-                with self.engine.begin() as own:
-                    return unit(own)
-            except DB_ERRORS as exc:
-                if not is_transient(exc):
-                    raise
-                if attempt == TRANSIENT_RETRIES:
-                    raise DatabaseBusy(
-                        f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
-                    ) from exc
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-        raise AssertionError("unreachable")
 
     def _wrap(self, exc: BaseException, table: Table) -> FencingError:
         wrapped = wrap_database_error(exc, table.name)

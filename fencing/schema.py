@@ -68,7 +68,9 @@ class Utf8Blob(_Utf8Bytes):
     impl = mysql.LONGBLOB
 
 
-_ID = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+#: an exact text key on every backend (job ids here; resources and idempotency keys too)
+KEY_TYPE = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+_ID = KEY_TYPE
 _OWNER = Text().with_variant(Utf8Blob(), "mysql", "mariadb")
 _RESULT = Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
 _UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")

@@ -31,8 +31,8 @@ from .checks import (
     fence_can_match,
 )
 from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
-from .errors import ConfigurationError, DatabaseBusy, InvalidArgument, InvalidArgumentType, LeaseLost
-from .execution import TRANSIENT_RETRIES, CoreExecutor, DriverPath, Executor, backoff
+from .errors import ConfigurationError, InvalidArgument, InvalidArgumentType, LeaseLost
+from .execution import CoreExecutor, DriverPath, Executor, in_own_transaction
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import Statements
 from .values import JobState, Lease
@@ -111,20 +111,7 @@ class JobStore:
         raise wrap_database_error(exc, self.table.name) from sqlalchemy_error(exc, self.engine.dialect)
 
     def _in_own_transaction(self, unit: Callable[[Executor], T]) -> T:
-        # a deadlock or lock timeout rolled the whole unit back: running it again is safe
-        for attempt in range(TRANSIENT_RETRIES + 1):
-            try:
-                with self.engine.begin() as own:
-                    return unit(CoreExecutor(own))
-            except self._errors as exc:
-                if not is_transient(exc):
-                    raise
-                if attempt == TRANSIENT_RETRIES:
-                    raise DatabaseBusy(
-                        f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
-                    ) from exc
-                backoff(attempt + 1)
-        raise AssertionError("unreachable")
+        return in_own_transaction(self.engine, self._errors, lambda conn: unit(CoreExecutor(conn)))
 
     def dispose(self) -> None:
         """Close the connections the store holds (the engine's pool is the caller's)."""
