@@ -19,7 +19,9 @@ nox.options.sessions = ["tests", "lint", "typecheck", "demo"]
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 NEWEST = PYTHONS[-1]
-SQLALCHEMY = {"lowest": "sqlalchemy==2.0.36", "latest": "sqlalchemy>=2.1"}
+#: "latest" is the newest release the session's python can install: SQLAlchemy 2.1 needs
+#: Python 3.11, so on 3.10 it resolves to the newest 2.0.x
+SQLALCHEMY = {"lowest": "sqlalchemy==2.0.36", "latest": "sqlalchemy"}
 #: database alias -> the extra with its driver (psycopg 3, pymysql)
 DATABASES = {"sqlite": None, "postgresql": "postgresql", "mariadb": "mysql"}
 
@@ -43,7 +45,7 @@ def _matrix() -> list[nox.param]:
 
 def _install(session: nox.Session, *extras: str, sqlalchemy: str = "latest") -> None:
     names = ",".join(e for e in extras if e)
-    session.install("-e", f".[{names}]" if names else ".", SQLALCHEMY[sqlalchemy])
+    session.install("--upgrade", "-e", f".[{names}]" if names else ".", SQLALCHEMY[sqlalchemy])
 
 
 @nox.session
