@@ -133,13 +133,15 @@ class StoreCache:
                 with database_errors(), store.engine.connect():
                     pass
                 identity = _identity(key)
+            self._make_room()
             self._entries[key] = _Entry(store, identity)
-            self._evict()
             return store
 
-    def _evict(self) -> None:
-        """Least recently used first, approximately: a used entry gets a second chance."""
-        while len(self._entries) > self.maxsize:
+    def _make_room(self) -> None:
+        """Evict until one more entry fits (so the size never exceeds ``maxsize``, not even
+        for a moment): least recently used first, approximately, as a used entry gets a
+        second chance."""
+        while len(self._entries) >= self.maxsize:
             key, entry = next(iter(self._entries.items()))
             if entry.used:
                 entry.used = False

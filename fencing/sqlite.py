@@ -51,12 +51,17 @@ class _Settings:
     def on_connect(self, dbapi_connection: Any, connection_record: ConnectionPoolEntry) -> None:
         # hand transaction control to the begin listener (and to the store's driver path)
         dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
         try:
-            for pragma in self.pragmas:
-                cursor.execute(pragma)
-        finally:
-            cursor.close()
+            cursor = dbapi_connection.cursor()
+            try:
+                for pragma in self.pragmas:
+                    cursor.execute(pragma)
+            finally:
+                cursor.close()
+        except BaseException:
+            # e.g. "file is not a database": the pool drops the connection without closing it
+            dbapi_connection.close()
+            raise
 
     def on_begin(self, conn: sqlalchemy.Connection) -> None:
         conn.exec_driver_sql(self.begin_sql)

@@ -210,7 +210,13 @@ ACTIONS = st.lists(
     st.one_of(
         st.tuples(st.just("claim"), OWNERS, STEP, DURATION),
         st.tuples(st.just("renew"), st.integers(0, 20), STEP, DURATION),
-        st.tuples(st.just("complete"), st.integers(0, 20), STEP, st.text(max_size=3)),
+        # no NUL: PostgreSQL text cannot hold it (the store refuses it there, tested elsewhere)
+        st.tuples(
+            st.just("complete"),
+            st.integers(0, 20),
+            STEP,
+            st.text(st.characters(exclude_characters="\x00"), max_size=3),
+        ),
         st.tuples(st.just("release"), st.integers(0, 20)),
         st.tuples(st.just("enqueue")),
     ),
