@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 import numbers
 
+from sqlalchemy import MetaData
+
 from .errors import InvalidArgument, InvalidArgumentType
 
 __all__ = [
     "FENCE_MAX",
     "check_fence",
+    "check_new_table",
     "check_now",
     "check_result",
     "check_text",
@@ -115,3 +118,22 @@ def check_fence(value: object) -> int:
 def fence_can_match(fence: int) -> bool:
     """Fences are handed out from 1 upward and stored as signed 64-bit integers."""
     return 1 <= fence <= FENCE_MAX
+
+
+def check_new_table(metadata: object, name: object, schema: object) -> None:
+    """The arguments of a table factory (``jobs_table`` and the like): a ``MetaData`` that
+    does not hold a table of that name yet, a non-empty ``name``, a ``schema`` or ``None``."""
+    if not isinstance(metadata, MetaData):
+        raise InvalidArgumentType(f"metadata must be a sqlalchemy MetaData, got {type(metadata).__name__}")
+    if not isinstance(name, str):
+        raise InvalidArgumentType(f"name must be a str, got {type(name).__name__} {_show(name)}")
+    if not name:
+        raise InvalidArgument("name must not be empty")
+    if schema is not None and not isinstance(schema, str):
+        raise InvalidArgumentType(
+            f"schema must be a str or None, got {type(schema).__name__} {_show(schema)}"
+        )
+    key = f"{schema}.{name}" if schema else name
+    if key in metadata.tables:
+        # SQLAlchemy would raise its own InvalidRequestError; a second definition is a bug
+        raise InvalidArgument(f"metadata already holds a table {key!r}; pass another name or MetaData")

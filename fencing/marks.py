@@ -47,7 +47,7 @@ from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
 from . import sqlite as sqlite_glue
-from .checks import FENCE_MAX, check_fence, check_text
+from .checks import FENCE_MAX, check_fence, check_new_table, check_text
 from .clock import database_now
 from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, wrap_database_error
 from .errors import (
@@ -77,6 +77,7 @@ SUPPORTED_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb")
 
 def fence_marks_table(metadata: MetaData, name: str = "fence_marks", *, schema: str | None = None) -> Table:
     """The highest fence accepted per ``resource``, in ``metadata``."""
+    check_new_table(metadata, name, schema)
     return Table(
         name,
         metadata,
@@ -92,6 +93,7 @@ def idempotency_keys_table(
     metadata: MetaData, name: str = "idempotency_keys", *, schema: str | None = None
 ) -> Table:
     """Recorded idempotency keys, in ``metadata``; ``fence`` and ``recorded_at`` are informational."""
+    check_new_table(metadata, name, schema)
     return Table(
         name,
         metadata,
