@@ -24,7 +24,7 @@ from sqlalchemy import make_url
 from sqlalchemy.exc import ArgumentError
 
 from .dberrors import database_errors
-from .errors import DatabaseMissing, InvalidArgument, InvalidArgumentType
+from .errors import DatabaseError, DatabaseMissing, InvalidArgument, InvalidArgumentType
 from .execution import FORK_GENERATION
 from .sqlite import create_engine
 from .store import JobStore
@@ -116,6 +116,9 @@ class StoreCache:
             return entry.store
         if identity is None and not create:
             raise DatabaseMissing(f"no database file at {key!r}; call init_db() to create it")
+        if kind == "file" and identity is not None and os.path.isdir(key):
+            # SQLite would only say "unable to open database file"
+            raise InvalidArgument(f"path is a directory, not a database file: {key!r}")
         with self._lock:
             if self._generation != FORK_GENERATION[0]:
                 self._forget_parent()
@@ -130,8 +133,12 @@ class StoreCache:
             store = _open(kind, key)
             if identity is None:
                 # open (and so create) the file now, so the identity we keep is the one in use
-                with database_errors(), store.engine.connect():
-                    pass
+                try:
+                    with database_errors(), store.engine.connect():
+                        pass
+                except DatabaseError as exc:
+                    _dispose(store)
+                    raise _creation_error(key, exc) from exc.__cause__
                 identity = _identity(key)
             self._make_room()
             self._entries[key] = _Entry(store, identity)
@@ -179,6 +186,16 @@ def _open(kind: str, key: str) -> JobStore:
         return JobStore(sqlalchemy.create_engine(key, pool_pre_ping=True))
     except (ArgumentError, ImportError) as exc:
         raise InvalidArgument(f"cannot use database URL {key!r}: {exc}") from exc
+
+
+def _creation_error(path: str, exc: DatabaseError) -> DatabaseError:
+    """Why a new database file could not be created, when SQLite's own message is only
+    "unable to open database file"."""
+    parent = os.path.dirname(path)
+    if os.path.isdir(parent):
+        return exc
+    why = "is not a directory" if os.path.exists(parent) else "does not exist"
+    return DatabaseError(f"cannot create database file {path!r}: its directory {parent!r} {why}")
 
 
 def _dispose(store: JobStore) -> None:
