@@ -24,8 +24,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
 
-from .checks import check_ttl
-from .errors import DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
+from .checks import check_time, check_ttl
+from .errors import DatabaseError, FencingError, InvalidArgument, InvalidArgumentType, LeaseLost
 from .values import Lease
 
 __all__ = ["Heartbeat", "LeaseKeeper", "LeaseLost"]
@@ -273,7 +273,8 @@ class Heartbeat:
     # -- helpers -------------------------------------------------------------------------------
 
     def _now(self) -> float | None:
-        return self._clock() if self._clock is not None else None
+        # a clock that returns nan would make "now >= until" false forever: refuse it, by name
+        return None if self._clock is None else check_time("clock()", self._clock())
 
     def _held_locked(self, now: float | None) -> bool:
         if self._lost.is_set() or self._released or self._deadline == -math.inf:
@@ -320,7 +321,10 @@ class Heartbeat:
         return f"the lease ({token}) is not held: {reason}"
 
     def _release_quietly(self) -> None:
-        now = self._now()
+        try:
+            now = self._now()
+        except FencingError:
+            now = None  # a broken clock must not hide the block's outcome; the deadline still counts
         with self._lock:
             if not self._held_locked(now):
                 return
