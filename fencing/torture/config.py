@@ -1,0 +1,94 @@
+"""What a torture run does: one picklable value, checked once, handed to every process."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ..errors import InvalidArgument, InvalidArgumentType
+
+__all__ = ["FINISH_MODES", "TortureConfig"]
+
+#: how a worker finishes a job: in a fenced block with the application's own write, by a
+#: plain complete(), or by complete_many() over its batch; "mixed" picks one per job
+FINISH_MODES = ("mixed", "fenced", "plain", "batch")
+
+
+@dataclass(frozen=True)
+class TortureConfig:
+    """One run of the harness. Times are real seconds; every fault is drawn from ``seed``.
+
+    ``url``: a SQLAlchemy URL, or a SQLite file path. The harness owns only tables named
+    ``<prefix>...`` in that database and drops them first, so it never touches the
+    application's own ``jobs`` table.
+    """
+
+    url: str
+    workers: int = 8
+    jobs: int = 2000
+    seconds: float = 60.0
+    seed: int = 1
+    ttl: float = 0.5
+    #: the longest simulated work per job, outside any transaction
+    work: float = 0.01
+    finish: str = "mixed"
+    #: the largest claim_next batch a worker asks for
+    batch: int = 8
+    #: the mean time between two faults injected by the controller
+    fault_every: float = 0.25
+    #: a worker checks its heartbeat before writing this often (the rest of the time the
+    #: store alone must refuse a late write)
+    check_heartbeat: float = 0.5
+    #: a worker gives a job back with a random delay (a retry with backoff) this often
+    release_rate: float = 0.03
+    #: after the fault phase: how long the workers get to finish every job, no faults
+    drain: float = 30.0
+    prefix: str = "fencing_torture_"
+    #: "module:callable" building the store from (engine, table): a store to put on trial
+    store_factory: str = "fencing:JobStore"
+    journal_dir: str | None = None
+    keep_tables: bool = False
+    #: the kinds of fault to inject (all by default)
+    faults: tuple[str, ...] = field(default=("stop", "kill", "kill-in-transaction", "revoke"))
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "jobs", "seed", "batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__}")
+        if not isinstance(self.url, str) or not self.url:
+            raise InvalidArgumentType("url must be a non-empty str")
+        if not 1 <= self.workers <= 256:
+            raise InvalidArgument(f"workers must be between 1 and 256, got {self.workers}")
+        if not 1 <= self.jobs <= 10_000_000:
+            raise InvalidArgument(f"jobs must be between 1 and 10,000,000, got {self.jobs}")
+        if not 1 <= self.batch <= 1000:
+            raise InvalidArgument(f"batch must be between 1 and 1000, got {self.batch}")
+        for name, low in (
+            ("seconds", 0.0),
+            ("ttl", 0.05),
+            ("work", 0.0),
+            ("fault_every", 0.01),
+            ("drain", 1.0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
+            if value < low:
+                raise InvalidArgument(f"{name} must be at least {low:g} s, got {value!r}")
+        for name in ("check_heartbeat", "release_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise InvalidArgument(f"{name} must be a probability in [0, 1], got {value!r}")
+        if self.finish not in FINISH_MODES:
+            raise InvalidArgument(f"finish must be one of {', '.join(FINISH_MODES)}, got {self.finish!r}")
+        unknown = set(self.faults) - set(FAULT_KINDS)
+        if unknown:
+            raise InvalidArgument(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        if ":" not in self.store_factory:
+            raise InvalidArgument(f"store_factory must be 'module:callable', got {self.store_factory!r}")
+
+
+#: SIGSTOP past the TTL then SIGCONT (the late writer); SIGKILL anywhere, or while the
+#: worker is inside a write transaction, then a restart; revoke a held lease
+FAULT_KINDS = ("stop", "kill", "kill-in-transaction", "revoke")

@@ -1,0 +1,327 @@
+"""A torture run: set up, start the workers, inject faults, drain, take the verdict.
+
+The controller is the only process that decides faults, from one RNG seeded with
+``config.seed``. The faults:
+
+* ``stop``: SIGSTOP a worker while it holds a lease, for 1.5-3 TTLs, then SIGCONT: the
+  late writer. Its heartbeat thread is frozen with it, like in a GC pause or a suspended VM;
+* ``kill``: SIGKILL a worker wherever it is, then start a new incarnation in its place;
+* ``kill-in-transaction``: SIGKILL a worker while it is inside a write transaction (its
+  shared state says so), then restart it;
+* ``revoke``: :meth:`fencing.JobStore.revoke` a job some worker holds.
+
+Workers also give jobs back with a delay (``release_rate``), which the journals count.
+After ``seconds`` (or once every job is done) the faults stop, stopped workers go on,
+and the workers get ``drain`` seconds to finish every job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import random
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, func, select, text
+
+from ..store import JobStore
+from .config import TortureConfig
+from .connect import open_engine, open_store
+from .journal import Journal, read_journals
+from .tables import TortureTables
+from .verdict import DatabaseState, Verdict, judge
+from .worker import HOLDING, IN_TRANSACTION, run_worker
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+
+__all__ = ["Run", "run_torture"]
+
+#: how long a fault waits for a worker in the state it targets before giving up
+TARGET_WAIT = 0.5
+#: enqueued per transaction while setting up
+ENQUEUE_CHUNK = 500
+
+
+@dataclass
+class Run:
+    """What a run did and what the verdict found."""
+
+    config: TortureConfig
+    verdict: Verdict
+    elapsed: float
+    fault_phase: float
+    journal_dir: Path
+    jobs_done: int
+
+    @property
+    def violations(self) -> int:
+        return self.verdict.total
+
+
+class _Pool:
+    """The worker processes, by index; a killed one is replaced by its next incarnation."""
+
+    def __init__(self, config: TortureConfig, journal_dir: Path) -> None:
+        self.config = config
+        self.journal_dir = journal_dir
+        self.ctx = multiprocessing.get_context("spawn")
+        self.states: Any = self.ctx.Array("i", config.workers, lock=False)
+        self.stop = self.ctx.Event()
+        self.procs: list[SpawnProcess] = []
+        self.incarnations = [0] * config.workers
+        #: frozen workers and the timers that thaw them: on their own thread, so a controller
+        #: blocked on a row lock the frozen worker holds cannot keep it frozen forever
+        self.stopped: dict[int, threading.Timer] = {}
+        self._lock = threading.Lock()
+
+    def start(self, index: int) -> None:
+        proc = self.ctx.Process(
+            target=run_worker,
+            args=(
+                self.config,
+                index,
+                self.incarnations[index],
+                self.states,
+                self.stop,
+                str(self.journal_dir),
+            ),
+            name=f"torture-worker-{index}",
+            daemon=True,
+        )
+        proc.start()
+        if index < len(self.procs):
+            self.procs[index] = proc
+        else:
+            self.procs.append(proc)
+
+    def restart(self, index: int) -> None:
+        self.procs[index].join()
+        self.states[index] = 0
+        self.incarnations[index] += 1
+        self.start(index)
+
+    def running(self) -> list[int]:
+        """Workers alive and not frozen."""
+        return [i for i, p in enumerate(self.procs) if p.is_alive() and i not in self.stopped]
+
+    def wait_for(self, state: int, rng: random.Random) -> int | None:
+        deadline = time.monotonic() + TARGET_WAIT
+        while time.monotonic() < deadline:
+            ready = [i for i in self.running() if self.states[i] == state]
+            if ready:
+                return rng.choice(ready)
+            time.sleep(0.0005)
+        return None
+
+    def signal(self, index: int, signum: int) -> None:
+        pid = self.procs[index].pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                os.kill(pid, signum)
+
+    def freeze(self, index: int, pause: float) -> None:
+        """SIGSTOP worker ``index`` and SIGCONT it ``pause`` seconds later."""
+        timer = threading.Timer(pause, self.thaw, args=(index,))
+        timer.daemon = True
+        with self._lock:
+            self.signal(index, signal.SIGSTOP)
+            self.stopped[index] = timer
+        timer.start()
+
+    def thaw(self, index: int) -> None:
+        with self._lock:
+            timer = self.stopped.pop(index, None)
+            if timer is not None:
+                timer.cancel()
+                self.signal(index, signal.SIGCONT)
+
+    def thaw_all(self) -> None:
+        for index in list(self.stopped):
+            self.thaw(index)
+
+    def shutdown(self, timeout: float) -> list[int]:
+        """Ask every worker to stop; the indexes of those that had to be killed."""
+        self.thaw_all()
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        stuck = []
+        for index, proc in enumerate(self.procs):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                stuck.append(index)
+                proc.kill()
+                proc.join()
+        return stuck
+
+
+def run_torture(config: TortureConfig) -> Run:
+    """One whole run; the returned :class:`Run` holds the verdict (``violations == 0`` is a pass)."""
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fencing-torture-") as scratch:
+        journal_dir = Path(config.journal_dir or scratch)
+        journal_dir.mkdir(parents=True, exist_ok=True)
+        for old in journal_dir.glob("*.jsonl"):
+            old.unlink()
+        tables = TortureTables.named(config.prefix)
+        engine = open_engine(config.url)
+        try:
+            open_store(config.store_factory, engine, tables.jobs).dispose()  # fails here, not in every worker
+            tables.recreate(engine)
+            store = JobStore(engine, tables.jobs)
+            _enqueue(engine, store, config.jobs)
+            journal = Journal(journal_dir / "controller.jsonl")
+            try:
+                fault_phase = _drive(config, engine, store, tables, journal, journal_dir)
+            finally:
+                journal.close()
+            state = _database_state(engine, tables)
+            verdict = judge(config, read_journals(journal_dir), state)
+            done = sum(1 for row in state.jobs if row[5] == 1)
+            if not config.keep_tables:
+                store.dispose()
+                tables.drop(engine)
+        finally:
+            engine.dispose()
+        return Run(config, verdict, time.monotonic() - started, fault_phase, journal_dir, done)
+
+
+def _enqueue(engine: Engine, store: JobStore, jobs: int) -> None:
+    for first in range(0, jobs, ENQUEUE_CHUNK):
+        with engine.begin() as conn:
+            for n in range(first, min(first + ENQUEUE_CHUNK, jobs)):
+                store.enqueue(f"job-{n:07d}", conn=conn)
+
+
+def _open_jobs(engine: Engine, tables: TortureTables) -> int:
+    jobs = tables.jobs
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(jobs).where(jobs.c.done == 0)).scalar_one())
+
+
+def _drive(
+    config: TortureConfig,
+    engine: Engine,
+    store: JobStore,
+    tables: TortureTables,
+    journal: Journal,
+    journal_dir: Path,
+) -> float:
+    """Run the workers through the fault phase and the drain; the fault phase's length."""
+    rng = random.Random(config.seed)
+    pool = _Pool(config, journal_dir)
+    for index in range(config.workers):
+        pool.start(index)
+    begun = time.monotonic()
+    try:
+        next_fault = begun + rng.expovariate(1.0 / config.fault_every)
+        next_count = begun
+        while time.monotonic() - begun < config.seconds:
+            now = time.monotonic()
+            _restart_the_dead(pool, journal)
+            if now >= next_count:
+                if _open_jobs(engine, tables) == 0:
+                    break
+                next_count = now + 0.25
+            if now >= next_fault and config.faults:
+                _inject(rng.choice(config.faults), config, rng, pool, engine, store, tables, journal)
+                next_fault = time.monotonic() + rng.expovariate(1.0 / config.fault_every)
+            time.sleep(0.002)
+        fault_phase = time.monotonic() - begun
+        pool.thaw_all()
+        drain_until = time.monotonic() + config.drain
+        while time.monotonic() < drain_until and _open_jobs(engine, tables) > 0:
+            _restart_the_dead(pool, journal)
+            time.sleep(0.05)
+    finally:
+        for index in pool.shutdown(timeout=30.0):
+            journal.record("fault", kind="stuck-at-shutdown", worker=index, t0=time.time(), t1=time.time())
+    return fault_phase
+
+
+def _restart_the_dead(pool: _Pool, journal: Journal) -> None:
+    """A worker that died without being killed by us: its journal says why; replace it."""
+    for index, proc in enumerate(pool.procs):
+        if proc.exitcode is not None and index not in pool.stopped:
+            journal.record("died", worker=index, exitcode=proc.exitcode, t=time.time())
+            pool.restart(index)
+
+
+def _inject(
+    kind: str,
+    config: TortureConfig,
+    rng: random.Random,
+    pool: _Pool,
+    engine: Engine,
+    store: JobStore,
+    tables: TortureTables,
+    journal: Journal,
+) -> None:
+    if kind == "revoke":
+        jobs = tables.jobs
+        with engine.connect() as conn:
+            held = (
+                conn.execute(select(jobs.c.id).where(jobs.c.done == 0, jobs.c.owner.is_not(None)).limit(50))
+                .scalars()
+                .all()
+            )
+        if not held:
+            return
+        job = rng.choice(held)
+        t0 = time.time()
+        ok = store.revoke(job)
+        journal.record("fault", kind="revoke", job=job, ok=ok, t0=t0, t1=time.time())
+        return
+    if kind == "stop":
+        if len(pool.running()) <= 1:
+            return  # someone must stay awake to take the jobs over
+        index = pool.wait_for(HOLDING, rng)
+        if index is None:
+            return
+        pause = config.ttl * rng.uniform(1.5, 3.0)
+        pool.freeze(index, pause)
+        journal.record("fault", kind="stop", worker=index, pause=pause, t0=time.time(), t1=time.time())
+        return
+    if kind == "kill-in-transaction":
+        index = pool.wait_for(IN_TRANSACTION, rng)
+    else:
+        running = pool.running()
+        index = rng.choice(running) if running else None
+    if index is None:
+        return
+    in_transaction = pool.states[index] == IN_TRANSACTION
+    pool.signal(index, signal.SIGKILL)
+    journal.record(
+        "fault",
+        kind="kill-in-transaction" if in_transaction else "kill",
+        worker=index,
+        t0=time.time(),
+        t1=time.time(),
+    )
+    pool.restart(index)
+
+
+def _database_state(engine: Engine, tables: TortureTables) -> DatabaseState:
+    j, r, e, m = tables.jobs, tables.results, tables.external, tables.marks
+    with engine.connect() as conn:
+        jobs = [
+            tuple(row)
+            for row in conn.execute(select(j.c.id, j.c.owner, j.c.until, j.c.fence, j.c.result, j.c.done))
+        ]
+        results = [tuple(row) for row in conn.execute(select(r.c.seq, r.c.job_id, r.c.owner, r.c.fence))]
+        external = [
+            tuple(row)
+            for row in conn.execute(select(e.c.seq, e.c.resource, e.c.owner, e.c.fence).order_by(e.c.seq))
+        ]
+        marks = {res: int(fence) for res, fence in conn.execute(select(m.c.resource, m.c.fence))}
+        integrity = None
+        if engine.dialect.name == "sqlite":
+            integrity = "; ".join(str(row[0]) for row in conn.execute(text("PRAGMA integrity_check")))
+    return DatabaseState(jobs=jobs, results=results, external=external, marks=marks, integrity=integrity)

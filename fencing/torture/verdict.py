@@ -1,0 +1,257 @@
+"""The checks at the end of a run: what the journals and the database say, against the rules.
+
+Two sources, each checked on its own:
+
+* the database is the ground truth of what committed (rows survive a killed worker whose
+  journal line never got written);
+* the journals say *when* each call was made and what it returned, so an accepted write
+  can be set against the claims, revocations, releases and lease expiries around it.
+
+Every rule is stated so that it is certain, not merely likely: a write that *started*
+after a newer fence was handed out, after a revoke or release *returned*, or after the
+latest ``until`` any renewal could have given, must have been refused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import TortureConfig
+from .worker import finish_mode
+
+__all__ = ["CLOCK_TOLERANCE", "DatabaseState", "Verdict", "judge"]
+
+#: the database clock and ``time.time()`` are the same clock here; SQLite's ``'now'`` has
+#: millisecond resolution, a server's a few µs: anything this close is not a finding
+CLOCK_TOLERANCE = 0.01
+#: at most this many violations of one rule are listed (all are counted)
+LISTED_PER_RULE = 5
+
+Event = dict[str, Any]
+LeaseKey = tuple[str, int, str]  # job, fence, owner
+
+
+@dataclass(frozen=True)
+class DatabaseState:
+    """What committed: rows as plain tuples."""
+
+    #: (id, owner, until, fence, result, done)
+    jobs: Sequence[tuple[Any, ...]]
+    #: (seq, job_id, owner, fence)
+    results: Sequence[tuple[Any, ...]]
+    #: (seq, resource, owner, fence), in seq order
+    external: Sequence[tuple[Any, ...]]
+    #: resource -> highest fence accepted
+    marks: dict[str, int]
+    #: ``PRAGMA integrity_check`` on SQLite, else None
+    integrity: str | None = None
+
+
+@dataclass
+class Verdict:
+    #: rule -> the first few violations of it, described
+    violations: dict[str, list[str]] = field(default_factory=dict)
+    #: rule -> how many times it was violated
+    counts: Counter[str] = field(default_factory=Counter)
+    #: what happened, by kind and outcome: ("claim",), ("write", "refused", "plain"), ...
+    tallies: Counter[tuple[str, ...]] = field(default_factory=Counter)
+
+    def flag(self, rule: str, message: str) -> None:
+        self.counts[rule] += 1
+        listed = self.violations.setdefault(rule, [])
+        if len(listed) < LISTED_PER_RULE:
+            listed.append(message)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> Verdict:
+    verdict = Verdict()
+    by_kind: dict[str, list[Event]] = defaultdict(list)
+    for event in events:
+        by_kind[event["k"]].append(event)
+    _tally(verdict.tallies, by_kind)
+    _fences_issued_once(verdict, by_kind["claim"])
+    _accepted_writes_were_current(verdict, by_kind)
+    _done_exactly_once(verdict, config, by_kind["write"], db)
+    _external_tokens_never_went_back(verdict, db)
+    for crash in by_kind["crash"]:
+        verdict.flag("worker crashed", f"{crash['type']}: {crash['message']}")
+    if db.integrity is not None and db.integrity != "ok":
+        verdict.flag("integrity", f"PRAGMA integrity_check: {db.integrity[:300]}")
+    return verdict
+
+
+def _tally(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -> None:
+    for kind in ("claim", "skip", "error", "crash", "died"):
+        tallies[(kind,)] = len(by_kind[kind])
+    for renew in by_kind["renew"]:
+        tallies[("renew",)] += 1
+        if renew["until"] is None:
+            tallies[("renew", "refused")] += 1
+    for write in by_kind["write"]:
+        tallies[("write", "accepted") if write["ok"] else ("write", "refused", write["how"])] += 1
+    for external in by_kind["external"]:
+        tallies[("external", "accepted" if external["ok"] else "refused")] += 1
+    for release in by_kind["release"]:
+        if release["ok"] and "delay" in release:
+            tallies[("release-delayed",)] += 1
+    for fault in by_kind["fault"]:
+        tallies[("fault", fault["kind"])] += 1
+
+
+def _fences_issued_once(verdict: Verdict, claims: list[Event]) -> None:
+    by_fence: dict[tuple[str, int], list[Event]] = defaultdict(list)
+    by_job: dict[str, list[Event]] = defaultdict(list)
+    for claim in claims:
+        by_fence[claim["job"], claim["fence"]].append(claim)
+        by_job[claim["job"]].append(claim)
+    for (job, fence), same in by_fence.items():
+        if len(same) > 1:
+            owners = ", ".join(sorted(c["owner"] for c in same))
+            verdict.flag("fence issued twice", f"{job}: fence {fence} went to {owners}")
+    for job, job_claims in by_job.items():
+        job_claims.sort(key=lambda c: c["t0"])
+        latest: Event | None = None  # the claim with the highest fence among those already returned
+        for claim in job_claims:
+            if latest is not None and latest["t1"] < claim["t0"] and claim["fence"] <= latest["fence"]:
+                verdict.flag(
+                    "fence went backwards",
+                    f"{job}: fence {claim['fence']} to {claim['owner']} after fence {latest['fence']} "
+                    f"to {latest['owner']} had been handed out",
+                )
+            if latest is None or claim["fence"] > latest["fence"]:
+                latest = claim
+
+
+def _accepted_writes_were_current(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
+    claims: dict[str, list[Event]] = defaultdict(list)
+    claim_of: dict[LeaseKey, Event] = {}
+    for claim in by_kind["claim"]:
+        claims[claim["job"]].append(claim)
+        claim_of[claim["job"], claim["fence"], claim["owner"]] = claim
+    renewals: dict[LeaseKey, list[Event]] = defaultdict(list)
+    for renew in by_kind["renew"]:
+        renewals[renew["job"], renew["fence"], renew["owner"]].append(renew)
+    renewed_from: dict[LeaseKey, set[float]] = defaultdict(set)
+    for renew in by_kind["renew"]:
+        renewed_from[renew["job"], renew["fence"], renew["owner"]].add(renew["t0"])
+    unfinished: dict[LeaseKey, list[float]] = defaultdict(list)  # renewals whose outcome is not known
+    for start in by_kind["renew-start"]:
+        key = (start["job"], start["fence"], start["owner"])
+        if start["t0"] not in renewed_from[key]:
+            unfinished[key].append(start["t0"])
+    revokes: dict[str, list[Event]] = defaultdict(list)
+    for fault in by_kind["fault"]:
+        if fault["kind"] == "revoke" and fault.get("ok"):
+            revokes[fault["job"]].append(fault)
+    releases: dict[LeaseKey, list[Event]] = defaultdict(list)
+    for release in by_kind["release"]:
+        if release["ok"]:
+            releases[release["job"], release["fence"], release["owner"]].append(release)
+
+    for write in by_kind["write"]:
+        if not write["ok"]:
+            continue
+        job, fence, owner = key = (write["job"], write["fence"], write["owner"])
+        what = f"{write['how']} write of {job} by {owner} (fence {fence})"
+        for claim in claims[job]:
+            if claim["fence"] > fence and claim["t1"] < write["t0"]:
+                verdict.flag(
+                    "stale fence accepted",
+                    f"{what} accepted after fence {claim['fence']} had been handed to {claim['owner']}",
+                )
+                break
+        mine = claim_of.get(key)
+        if mine is None:
+            continue
+        for revoke in revokes[job]:
+            if mine["t1"] < revoke["t0"] and revoke["t1"] < write["t0"]:
+                verdict.flag("revoked lease accepted", f"{what} accepted after the lease was revoked")
+                break
+        for release in releases[key]:
+            if release["t1"] < write["t0"]:
+                verdict.flag("released lease accepted", f"{what} accepted after the lease was released")
+                break
+        if any(t0 < write["t1"] for t0 in unfinished[key]):
+            continue  # a renewal with no known outcome may have extended the lease
+        until = max(
+            [mine["until"]]
+            + [r["until"] for r in renewals[key] if r["until"] is not None and r["t0"] < write["t1"]]
+        )
+        if write["t0"] > until + CLOCK_TOLERANCE:
+            verdict.flag(
+                "expired lease accepted",
+                f"{what} accepted; it started {write['t0'] - until:.3f} s after the lease expired",
+            )
+
+
+def _done_exactly_once(
+    verdict: Verdict, config: TortureConfig, writes: list[Event], db: DatabaseState
+) -> None:
+    accepted = Counter(w["job"] for w in writes if w["ok"])
+    for job, n in accepted.items():
+        if n > 1:
+            verdict.flag("completed twice", f"{job}: {n} completions were accepted")
+    results: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for row in db.results:
+        results[row[1]].append(row)
+    if len(db.jobs) != config.jobs:
+        verdict.flag("job lost", f"{len(db.jobs)} job rows, {config.jobs} enqueued")
+    for job, owner, until, fence, result, done in db.jobs:
+        if done != 1:
+            verdict.flag(
+                "job not done", f"{job} is not done at the end (owner {owner}, fence {fence}, until {until})"
+            )
+            continue
+        if result != f"{owner}#{fence}":
+            verdict.flag(
+                "result from a stale lease",
+                f"{job} holds {result!r}, not from its last lease (owner {owner}, fence {fence})",
+            )
+        rows = results.pop(job, [])
+        if finish_mode(config, job) == "fenced":
+            if len(rows) != 1:
+                verdict.flag(
+                    "fenced write not exactly once", f"{job} has {len(rows)} rows of its fenced write"
+                )
+            elif (rows[0][2], rows[0][3]) != (owner, fence):
+                verdict.flag(
+                    "fenced write torn from its completion",
+                    f"{job}: the row written by {rows[0][2]} (fence {rows[0][3]}) but completed by {owner} "
+                    f"(fence {fence})",
+                )
+        elif rows:
+            verdict.flag(
+                "fenced write without completion", f"{job} ({finish_mode(config, job)}) has {len(rows)} rows"
+            )
+    for job, rows in results.items():
+        verdict.flag("fenced write without completion", f"{len(rows)} rows for {job}, which is not a job")
+
+
+def _external_tokens_never_went_back(verdict: Verdict, db: DatabaseState) -> None:
+    highest: dict[str, tuple[int, str]] = {}
+    fences = {job: fence for job, _owner, _until, fence, _result, _done in db.jobs}
+    for _seq, resource, owner, fence in db.external:
+        before = highest.get(resource)
+        if before is not None and fence < before[0]:
+            verdict.flag(
+                "external token went backwards",
+                f"{resource}: fence {fence} from {owner} accepted after fence {before[0]} from {before[1]}",
+            )
+        if before is None or fence > before[0]:
+            highest[resource] = (fence, owner)
+        job = resource.removeprefix("job:")
+        if job in fences and fence > fences[job]:
+            verdict.flag(
+                "external token never issued", f"{resource}: fence {fence} was accepted, never issued"
+            )
+    for resource, (fence, _owner) in highest.items():
+        mark = db.marks.get(resource)
+        if mark is None or mark < fence:
+            verdict.flag("external mark behind", f"{resource}: mark {mark}, but fence {fence} was accepted")

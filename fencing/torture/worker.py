@@ -1,0 +1,315 @@
+"""One worker process of a torture run, built only from the public API.
+
+The cycle: ``claim_next`` (a batch) → per lease a :class:`fencing.Heartbeat` → simulated work
+→ sometimes a write to an "external" resource guarded by :meth:`fencing.FenceMarks.accept`
+→ finish the job: a fenced block that writes the application's own row and completes,
+a plain ``complete``, or ``complete_many`` over the batch. Sometimes the job is given back
+with a delay instead (a retry). Every call's outcome goes to the worker's journal.
+
+The worker publishes where it is (idle, holding a lease, inside a write transaction) in a
+shared array, so the controller can freeze or kill it at the moment that hurts most.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import random
+import signal
+import sys
+import time
+import traceback
+import zlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection
+from sqlalchemy.sql import Executable
+
+from ..errors import FencingError, LeaseLost
+from ..heartbeat import Heartbeat
+from ..marks import FenceMarks
+from ..store import JobStore
+from ..values import Lease
+from .config import TortureConfig
+from .connect import open_engine, open_store
+from .journal import Journal
+from .tables import TortureTables
+
+if TYPE_CHECKING:
+    from multiprocessing.sharedctypes import SynchronizedArray
+    from multiprocessing.synchronize import Event
+
+__all__ = ["HOLDING", "IDLE", "IN_TRANSACTION", "finish_mode", "result_of", "run_worker"]
+
+IDLE, HOLDING, IN_TRANSACTION = 0, 1, 2
+#: prctl(2): the signal a process gets when its parent dies
+PR_SET_PDEATHSIG = 1
+
+
+def finish_mode(config: TortureConfig, job_id: str) -> str:
+    """How ``job_id`` is finished: fixed by the seed, so the checker knows it too."""
+    if config.finish != "mixed":
+        return config.finish
+    return ("fenced", "plain", "batch")[zlib.crc32(f"{config.seed}:{job_id}".encode()) % 3]
+
+
+def result_of(lease: Lease) -> str:
+    """The result a lease writes: the checker compares it with the row's owner and fence."""
+    return f"{lease.owner}#{lease.fence}"
+
+
+class _JournaledKeeper:
+    """The store as the heartbeat sees it: every renewal and release is journaled."""
+
+    def __init__(self, store: JobStore, journal: Journal) -> None:
+        self._store = store
+        self._journal = journal
+
+    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None:
+        t0 = time.time()
+        self._journal.record("renew-start", job=lease.job_id, fence=lease.fence, owner=lease.owner, t0=t0)
+        renewed = self._store.renew(lease, ttl=ttl, now=now)
+        self._journal.record(
+            "renew",
+            job=lease.job_id,
+            fence=lease.fence,
+            owner=lease.owner,
+            until=None if renewed is None else renewed.until,
+            t0=t0,
+            t1=time.time(),
+        )
+        return renewed
+
+    def release(self, lease: Lease) -> bool:
+        t0 = time.time()
+        released = self._store.release(lease)
+        self._journal.record(
+            "release",
+            job=lease.job_id,
+            fence=lease.fence,
+            owner=lease.owner,
+            ok=released,
+            t0=t0,
+            t1=time.time(),
+        )
+        return released
+
+
+class _Worker:
+    def __init__(
+        self,
+        config: TortureConfig,
+        index: int,
+        incarnation: int,
+        states: SynchronizedArray[Any],
+        journal: Journal,
+    ) -> None:
+        self.config = config
+        self.index = index
+        self.owner = f"w{index}.{incarnation}"
+        self.rng = random.Random(f"{config.seed}/{index}/{incarnation}")
+        self.states = states
+        self.journal = journal
+        self.tables = TortureTables.named(config.prefix)
+        self.engine = open_engine(config.url)
+        self.store = open_store(config.store_factory, self.engine, self.tables.jobs)
+        self.marks = FenceMarks(self.engine, self.tables.marks, self.tables.keys)
+        self.keeper = _JournaledKeeper(self.store, self.journal)
+
+    def at(self, state: int) -> None:
+        self.states[self.index] = state
+
+    def close(self) -> None:
+        self.store.dispose()
+        self.engine.dispose()
+
+    # -- the cycle ----------------------------------------------------------------------------
+
+    def run(self, stop: Event) -> None:
+        while not stop.is_set():
+            try:
+                if not self.one_batch():
+                    time.sleep(self.rng.uniform(0.002, 0.02))
+            except FencingError as exc:
+                # reported (a busy database is not a violation), never fatal: go on
+                self.journal.record("error", type=type(exc).__name__, message=str(exc)[:300], t=time.time())
+                self.at(IDLE)
+                time.sleep(0.01)
+
+    def one_batch(self) -> bool:
+        t0 = time.time()
+        leases = self.store.claim_next(
+            self.owner, ttl=self.config.ttl, limit=self.rng.randint(1, self.config.batch)
+        )
+        t1 = time.time()
+        for lease in leases:
+            self.journal.record(
+                "claim",
+                job=lease.job_id,
+                fence=lease.fence,
+                owner=self.owner,
+                until=lease.until,
+                t0=t0,
+                t1=t1,
+            )
+        batched: list[Lease] = []
+        for lease in leases:
+            self.at(HOLDING)
+            self.work_on(lease, batched)
+        if batched:
+            self.finish_batch(batched)
+        self.at(IDLE)
+        return bool(leases)
+
+    def work_on(self, lease: Lease, batched: list[Lease]) -> None:
+        try:
+            self.keep_and_finish(lease, batched)
+        except LeaseLost:  # only the heartbeat's first renewal raises it: expired while queued in the batch
+            self.journal.record("lost", job=lease.job_id, fence=lease.fence, where="start", t=time.time())
+
+    def keep_and_finish(self, lease: Lease, batched: list[Lease]) -> None:
+        config, rng = self.config, self.rng
+        with Heartbeat(self.keeper, lease, config.ttl) as heartbeat:
+            time.sleep(rng.uniform(0.0, config.work))
+            if rng.random() < config.release_rate:
+                self.release_later(heartbeat)
+                return
+            if rng.random() < 0.5 and self.checked(heartbeat, "external"):
+                self.write_external(heartbeat.lease)
+            heartbeat.stop()  # a renewal racing the completion would be refused and look like a loss
+            mode = finish_mode(config, lease.job_id)
+            if mode == "batch":
+                batched.append(heartbeat.lease)
+            elif self.checked(heartbeat, mode):
+                self.finish(heartbeat.lease, mode)
+
+    def checked(self, heartbeat: Heartbeat, before: str) -> bool:
+        """Sometimes look before writing; otherwise leave the refusal to the store."""
+        if self.rng.random() >= self.config.check_heartbeat or heartbeat.held:
+            return True
+        lease = heartbeat.lease
+        self.journal.record("skip", job=lease.job_id, fence=lease.fence, before=before, t=time.time())
+        return False
+
+    def release_later(self, heartbeat: Heartbeat) -> None:
+        heartbeat.stop()
+        lease = heartbeat.lease
+        delay = self.rng.uniform(0.0, self.config.ttl)
+        t0 = time.time()
+        released = self.store.release(lease, delay=delay)
+        self.journal.record(
+            "release",
+            job=lease.job_id,
+            fence=lease.fence,
+            owner=lease.owner,
+            ok=released,
+            delay=delay,
+            t0=t0,
+            t1=time.time(),
+        )
+
+    def in_transaction(self, conn: Connection, write: Executable) -> None:
+        """The application's own work inside a write transaction: where a kill hurts most."""
+        self.at(IN_TRANSACTION)
+        conn.execute(write)
+        time.sleep(self.rng.uniform(0.0, self.config.work / 4))
+
+    def write_external(self, lease: Lease) -> None:
+        resource = f"job:{lease.job_id}"
+        external = self.tables.external
+        t0 = time.time()
+        with self.engine.begin() as conn:
+            accepted = self.marks.accept(resource, lease.fence, conn=conn)
+            if accepted:
+                row = {"resource": resource, "owner": lease.owner, "fence": lease.fence}
+                self.in_transaction(conn, external.insert().values(row))
+        self.at(HOLDING)
+        self.journal.record(
+            "external",
+            job=lease.job_id,
+            fence=lease.fence,
+            owner=lease.owner,
+            ok=accepted,
+            t0=t0,
+            t1=time.time(),
+        )
+
+    def finish(self, lease: Lease, mode: str) -> None:
+        t0 = time.time()
+        if mode == "fenced":
+            row = {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence}
+            results = self.tables.results
+            try:
+                with self.store.fenced(lease, complete=True, result=result_of(lease)) as conn:
+                    self.in_transaction(conn, results.insert().values(row))
+                accepted = True
+            except LeaseLost:
+                accepted = False
+        else:
+            accepted = self.store.complete(lease, result_of(lease))
+        self.at(HOLDING)
+        self.journal.record(
+            "write",
+            how=mode,
+            job=lease.job_id,
+            fence=lease.fence,
+            owner=lease.owner,
+            ok=accepted,
+            t0=t0,
+            t1=time.time(),
+        )
+
+    def finish_batch(self, leases: list[Lease]) -> None:
+        t0 = time.time()
+        accepted = self.store.complete_many([(lease, result_of(lease)) for lease in leases])
+        t1 = time.time()
+        for lease, ok in zip(leases, accepted, strict=True):
+            self.journal.record(
+                "write",
+                how="batch",
+                job=lease.job_id,
+                fence=lease.fence,
+                owner=lease.owner,
+                ok=ok,
+                t0=t0,
+                t1=t1,
+            )
+
+
+def _die_with_parent() -> None:
+    """On Linux, a worker is SIGKILLed if the controller dies (frozen workers included):
+    an interrupted run must not leave processes holding locks in the user's database."""
+    if sys.platform != "linux":
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+
+
+def run_worker(
+    config: TortureConfig,
+    index: int,
+    incarnation: int,
+    states: SynchronizedArray[Any],
+    stop: Event,
+    journal_dir: str,
+) -> None:
+    """The target of a worker process."""
+    _die_with_parent()
+    journal = Journal(Path(journal_dir) / f"worker-{index:03d}.{incarnation:04d}.jsonl")
+    worker = None
+    try:
+        worker = _Worker(config, index, incarnation, states, journal)
+        worker.run(stop)
+    except BaseException as exc:
+        # anything not in the library's family is a finding: the controller reports it
+        journal.record(
+            "crash", type=type(exc).__name__, message=str(exc)[:300], trace=traceback.format_exc()[-2000:]
+        )
+        raise
+    finally:
+        if worker is not None:
+            worker.close()
+        journal.close()

@@ -1,0 +1,243 @@
+"""The torture harness: real workers under real faults find no violation in the real store,
+and do find them in stores broken on purpose; every rule of the verdict can fire."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from fencing.torture import TortureConfig, run_torture, summary
+from fencing.torture.verdict import DatabaseState, judge
+
+#: a short run that still injects every kind of fault several times
+SHORT = {"workers": 4, "jobs": 250, "seconds": 8.0, "fault_every": 0.1, "drain": 60.0}
+
+
+def test_real_store_survives_every_fault(target: str) -> None:
+    run = run_torture(TortureConfig(url=target, seed=11, **SHORT))  # type: ignore[arg-type]
+    report = summary(run)
+    assert run.violations == 0, report
+    assert run.jobs_done == SHORT["jobs"], report
+    tally = run.verdict.tallies
+    for kind in ("stop", "kill", "revoke"):
+        assert tally[("fault", kind)] >= 1, f"no {kind} fault was injected\n{report}"
+    assert tally[("claim",)] >= SHORT["jobs"], report
+    # the late writers were there, and were refused (by the store or their heartbeat)
+    refused = sum(n for key, n in tally.items() if "refused" in key) + tally[("skip",)]
+    assert refused >= 1, report
+
+
+@pytest.mark.parametrize(
+    ("broken", "finish", "rules"),
+    [
+        (
+            "AckById",
+            "plain",
+            {
+                "result from a stale lease",
+                "stale fence accepted",
+                "expired lease accepted",
+                "revoked lease accepted",
+            },
+        ),
+        ("ReadThenClaim", "mixed", {"fence issued twice"}),
+    ],
+)
+def test_harness_finds_the_violations_of_a_broken_store(
+    target: str, broken: str, finish: str, rules: set[str]
+) -> None:
+    config = TortureConfig(
+        url=target,
+        seed=5,
+        store_factory=f"tests.torture_broken:{broken}",
+        finish=finish,
+        check_heartbeat=0.0,  # leave the late writes to the store: this one lets them in
+        faults=("stop", "revoke"),
+        **SHORT,  # type: ignore[arg-type]
+    )
+    run = run_torture(config)
+    report = summary(run)
+    assert run.violations > 0, f"the harness missed a broken store ({broken})\n{report}"
+    assert rules & set(run.verdict.counts), report
+    assert "VIOLATION" in report
+
+
+@pytest.mark.backend("sqlite")
+def test_command_line_runs_and_reports(tmp_path: Any) -> None:
+    argv = [sys.executable, "-m", "fencing", "torture", "--url", str(tmp_path / "t.db")]
+    args = [
+        "--workers",
+        "2",
+        "--jobs",
+        "60",
+        "--seconds",
+        "3",
+        "--seed",
+        "3",
+        "--journal",
+        str(tmp_path / "j"),
+    ]
+    done = subprocess.run(argv + args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "seed 3" in done.stdout
+    assert done.stdout.rstrip().endswith("violations" + " " * (len(done.stdout.splitlines()[-1]) - 11) + "0")
+    assert list((tmp_path / "j").glob("worker-*.jsonl")), "the journals were not kept"
+
+
+@pytest.mark.backend("sqlite")
+def test_command_line_exits_1_on_a_violation(tmp_path: Any) -> None:
+    argv = [sys.executable, "-m", "fencing", "torture", "--url", str(tmp_path / "t.db"), "--seed", "5"]
+    args = [
+        "--workers",
+        "3",
+        "--jobs",
+        "150",
+        "--seconds",
+        "6",
+        "--fault-every",
+        "0.1",
+        "--faults",
+        "stop,revoke",
+    ]
+    args += ["--store", "tests.torture_broken:ReadThenClaim", "--check-heartbeat", "0"]
+    done = subprocess.run(argv + args, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "VIOLATION fence issued twice" in done.stdout
+
+
+@pytest.mark.backend("sqlite")
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--workers", "0"], "must be between 1 and 256, got 0"),
+        (["--seconds", "nan"], "must be at least 0 seconds, got 'nan'"),
+        (["--ttl", "0.01"], "must be at least 0.05 seconds"),
+        (["--faults", "stop,flood"], "unknown fault kinds ['flood']"),
+        (["--store", "no.such.module:Store"], "cannot load the store factory 'no.such.module:Store'"),
+        (["--check-heartbeat", "2"], "must be between 0 and 1"),
+    ],
+)
+def test_command_line_refuses_bad_arguments(tmp_path: Any, args: list[str], message: str) -> None:
+    argv = [sys.executable, "-m", "fencing", "torture", "--url", str(tmp_path / "t.db"), "--seconds", "1"]
+    done = subprocess.run(argv + args, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr
+
+
+# -- the verdict's rules, each shown to fire on a made-up history --------------------------
+
+CONFIG = TortureConfig(url="unused.db", jobs=1, finish="plain")
+
+
+def _claim(fence: int, owner: str, t0: float, until: float) -> dict[str, Any]:
+    return {
+        "k": "claim",
+        "job": "j",
+        "fence": fence,
+        "owner": owner,
+        "until": until,
+        "t0": t0,
+        "t1": t0 + 0.001,
+    }
+
+
+def _write(fence: int, owner: str, t0: float, ok: bool = True) -> dict[str, Any]:
+    return {
+        "k": "write",
+        "how": "plain",
+        "job": "j",
+        "fence": fence,
+        "owner": owner,
+        "ok": ok,
+        "t0": t0,
+        "t1": t0 + 0.001,
+    }
+
+
+def _db(owner: str = "b", fence: int = 2, **kw: Any) -> DatabaseState:
+    jobs = kw.pop("jobs", [("j", owner, 0.0, fence, f"{owner}#{fence}", 1)])
+    return DatabaseState(
+        jobs=jobs,
+        results=kw.pop("results", []),
+        external=kw.pop("external", []),
+        marks=kw.pop("marks", {}),
+        **kw,
+    )
+
+
+def test_verdict_passes_an_honest_history() -> None:
+    events = [
+        _claim(1, "a", 0.0, 1.0),
+        _write(1, "a", 2.0, ok=False),
+        _claim(2, "b", 1.5, 2.5),
+        _write(2, "b", 2.1),
+    ]
+    verdict = judge(CONFIG, events, _db())
+    assert verdict.total == 0, verdict.violations
+
+
+@pytest.mark.parametrize(
+    ("events", "db", "rule"),
+    [
+        ([_claim(2, "a", 0.0, 1.0), _claim(2, "b", 0.5, 1.5)], _db(), "fence issued twice"),
+        ([_claim(3, "a", 0.0, 1.0), _claim(2, "b", 0.5, 1.5)], _db(), "fence went backwards"),
+        (
+            [_claim(1, "a", 0.0, 9.0), _claim(2, "b", 1.0, 9.0), _write(1, "a", 2.0)],
+            _db(),
+            "stale fence accepted",
+        ),
+        ([_claim(2, "b", 0.0, 1.0), _write(2, "b", 1.5)], _db(), "expired lease accepted"),
+        (
+            [
+                _claim(2, "b", 0.0, 9.0),
+                {"k": "fault", "kind": "revoke", "job": "j", "ok": True, "t0": 1.0, "t1": 1.1},
+                _write(2, "b", 2.0),
+            ],
+            _db(),
+            "revoked lease accepted",
+        ),
+        (
+            [
+                _claim(2, "b", 0.0, 9.0),
+                {"k": "release", "job": "j", "fence": 2, "owner": "b", "ok": True, "t0": 1.0, "t1": 1.1},
+                _write(2, "b", 2.0),
+            ],
+            _db(),
+            "released lease accepted",
+        ),
+        ([_write(2, "b", 1.0), _write(2, "b", 2.0)], _db(), "completed twice"),
+        ([], _db(jobs=[("j", "b", 0.0, 2, "a#1", 1)]), "result from a stale lease"),
+        ([], _db(jobs=[("j", "b", 9.0, 2, None, 0)]), "job not done"),
+        ([], _db(jobs=[]), "job lost"),
+        (
+            [],
+            _db(external=[(1, "job:j", "b", 2), (2, "job:j", "a", 1)], marks={"job:j": 2}),
+            "external token went backwards",
+        ),
+        ([], _db(external=[(1, "job:j", "b", 2)], marks={"job:j": 1}), "external mark behind"),
+        ([], _db(external=[(1, "job:j", "c", 3)], marks={"job:j": 3}), "external token never issued"),
+        ([], _db(results=[(1, "j", "b", 2)]), "fenced write without completion"),
+        ([], _db(integrity="*** in database main ***\nPage 3 is never used"), "integrity"),
+        ([{"k": "crash", "type": "KeyError", "message": "boom"}], _db(), "worker crashed"),
+    ],
+)
+def test_verdict_rule_fires(events: list[dict[str, Any]], db: DatabaseState, rule: str) -> None:
+    verdict = judge(CONFIG, events, db)
+    assert rule in verdict.counts, verdict.violations
+
+
+def test_verdict_checks_the_fenced_write_against_the_completion() -> None:
+    fenced = TortureConfig(url="unused.db", jobs=1, finish="fenced")
+    assert judge(fenced, [], _db(results=[(1, "j", "b", 2)])).total == 0
+    assert "fenced write not exactly once" in judge(fenced, [], _db()).counts
+    torn = judge(fenced, [], _db(results=[(1, "j", "a", 1)]))
+    assert "fenced write torn from its completion" in torn.counts
+
+
+def test_verdict_allows_for_a_renewal_that_extended_the_lease() -> None:
+    renewed = {"k": "renew", "job": "j", "fence": 2, "owner": "b", "until": 3.0, "t0": 0.8, "t1": 0.81}
+    events = [_claim(2, "b", 0.0, 1.0), renewed, _write(2, "b", 1.5)]
+    assert judge(CONFIG, events, _db()).total == 0

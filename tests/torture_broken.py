@@ -1,0 +1,67 @@
+"""Deliberately broken stores, for proving that the torture harness finds what it must.
+
+Each breaks one guarantee the way real systems do; the harness loads them in its worker
+processes through ``--store tests.torture_broken:NAME``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from sqlalchemy import Connection, select, update
+
+from fencing import JobStore, Lease
+
+#: the gap a GC pause or a network round trip leaves between a read and the write after it
+READ_WRITE_GAP = 0.002
+
+
+class AckById(JobStore):
+    """Completes by job id alone (the job is merely not done yet), as job queues that do not
+    fence their acknowledgements do: a late worker's result lands."""
+
+    def complete(
+        self, lease: Lease, result: str | None, *, now: float | None = None, conn: Connection | None = None
+    ) -> bool:
+        t = self.table
+        with self.engine.begin() as c:
+            done = update(t).where(t.c.id == lease.job_id, t.c.done == 0).values(result=result, done=1)
+            return c.execute(done).rowcount == 1
+
+    def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: Connection | None = None,
+    ) -> list[bool]:
+        return [self.complete(lease, result) for lease, result in completions]
+
+
+class ReadThenClaim(JobStore):
+    """Picks ready jobs in one transaction and claims them in another, from the fence it
+    read: two workers can take the same job with the same fence."""
+
+    def claim_next(
+        self,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: Connection | None = None,
+    ) -> list[Lease]:
+        t = self.table
+        with self.engine.begin() as c:
+            ready = t.c.done == 0, t.c.until <= time.time()
+            picked = c.execute(select(t.c.id, t.c.fence).where(*ready).order_by(t.c.until).limit(limit)).all()
+        time.sleep(READ_WRITE_GAP)
+        leases = []
+        for job_id, fence in picked:
+            until = time.time() + ttl
+            with self.engine.begin() as c:
+                c.execute(update(t).where(t.c.id == job_id).values(owner=owner, fence=fence + 1, until=until))
+            leases.append(Lease(job_id, owner, fence + 1, until))
+        return leases
