@@ -296,7 +296,7 @@ class Worker:
         complete = self.rng.random() < 0.6 or mutant == "torn-fenced"
         payload = self.tag("c" if complete else "w")
         resource = f"res:{lease.job_id}" if self.rng.random() < 0.5 else None
-        sleep = self.rng.choice([0.0, 0.0, self.rng.uniform(0, 0.02), self.rng.uniform(0, 0.08)])
+        sleep = self.rng.choice([0.0, 0.0, self.rng.uniform(0.005, 0.03), self.rng.uniform(0.01, 0.08)])
         seq = self.seq + 1
 
         row = writes.insert().values(

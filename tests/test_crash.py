@@ -45,17 +45,29 @@ from tests import crash_worker
 from tests.backends import engine_for
 from tests.crash_worker import Burst, app_metadata, writes
 
+#: the default run: up to ROUNDS kills, stopping after BUDGET seconds once MIN_ROUNDS are done
 ROUNDS = 40
-SLOW_ROUNDS = 300
+MIN_ROUNDS = 20
+BUDGET = 12.0
+SLOW_ROUNDS = 200
+#: a broken worker must be caught well within this many rounds (usually in the first few)
+MUTANT_ROUNDS = 150
+#: every AIM_EVERY-th kill is aimed inside a fenced transaction
+AIM_EVERY = 4
 #: how long the killed process may keep locks: the server notices the closed socket on its own
 LOCK_GRACE = 1.0
 READY_TIMEOUT = 30.0
+#: an aimed kill waits this long at most for the burst to sleep inside a fenced transaction
+AIM_TIMEOUT = 2.0
 JOBS = 60
 #: imported once by the fork server, so a burst process starts in milliseconds, not 0.5 s
+#: (a driver that is not installed is skipped by the server)
 PRELOAD = [
     "tests.crash_worker",
     "sqlalchemy.dialects.postgresql.psycopg",
     "sqlalchemy.dialects.mysql.pymysql",
+    "psycopg",
+    "pymysql",
 ]
 
 marks_table = fence_marks_table(MetaData())
@@ -516,11 +528,15 @@ class CrashRun:
         finally:
             engine.dispose()
 
-    def rounds(self, count: int) -> None:
+    def rounds(self, count: int, *, budget: float | None = None, at_least: int = 0) -> None:
+        """``count`` kills; with a ``budget`` (seconds), stop early once ``at_least`` are done."""
         rng = random.Random(self.seed)
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(PRELOAD)
+        stop = None if budget is None else time.monotonic() + budget
         for r in range(count):
+            if stop is not None and r >= at_least and time.monotonic() > stop:
+                break
             burst = Burst(
                 target=self.target,
                 ack_path=str(self.logs / f"acks-{r}.log"),
@@ -531,9 +547,11 @@ class CrashRun:
                 jobs=JOBS,
                 stale=tuple((t.job, t.owner, t.fence, t.until) for t in self.stale[-30:]),
             )
-            delay = rng.choice([0.0, rng.uniform(0, 0.01), rng.uniform(0, 0.1), rng.uniform(0, 0.3)])
+            # a random moment: at once, early, mid-burst; or aimed inside a fenced transaction
+            delay = rng.choice([0.0, rng.uniform(0, 0.02), rng.uniform(0.02, 0.2), rng.uniform(0.1, 0.4)])
+            aimed = r % AIM_EVERY == AIM_EVERY - 1
             try:
-                self.kill_one(ctx, burst, delay)
+                self.kill_one(ctx, burst, delay, aimed)
                 self.check_after_kill(Path(burst.ack_path))
             except Violation as exc:
                 raise Violation(
@@ -542,14 +560,18 @@ class CrashRun:
                 ) from None
             self.stats["rounds"] += 1
 
-    def kill_one(self, ctx: Any, burst: Burst, delay: float) -> None:
+    def kill_one(self, ctx: Any, burst: Burst, delay: float, aimed: bool) -> None:
+        """Start a burst, SIGKILL it after ``delay`` (``aimed``: as soon as it says it is
+        inside a fenced transaction, or after at most ``AIM_TIMEOUT``)."""
         receive, send = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=crash_worker.main, args=(burst, send), daemon=True)
         proc.start()
         send.close()
         try:
             ready = receive.poll(READY_TIMEOUT)
-            if ready:
+            if ready and aimed:
+                wait_for_fenced_sleep(Path(burst.ack_path), time.monotonic() + AIM_TIMEOUT)
+            elif ready:
                 time.sleep(delay)
             proc.kill()
             proc.join(READY_TIMEOUT)
@@ -627,6 +649,14 @@ def leases_in(intent: dict[str, Any], ret: Any) -> list[list[Any]]:
     return [ret] if intent["op"] in ("claim", "renew") and ret is not None else []
 
 
+def wait_for_fenced_sleep(path: Path, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with path.open("rb") as log:
+            if b'"t":"n"' in log.read():
+                return
+        time.sleep(0.002)
+
+
 def tail(path: Path, lines: int = 12) -> str:
     return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else "(no log)"
 
@@ -638,10 +668,12 @@ def seed() -> int:
     return value
 
 
-def crash_run(target: str, tmp_path: Path, seed: int, rounds: int, durability: str = "full") -> CrashRun:
+def crash_run(
+    target: str, tmp_path: Path, seed: int, rounds: int, durability: str = "full", budget: float | None = None
+) -> CrashRun:
     run = CrashRun(target, tmp_path, seed, durability)
     run.setup()
-    run.rounds(rounds)
+    run.rounds(rounds, budget=budget, at_least=MIN_ROUNDS)
     print(f"crash rounds ({durability}):", dict(sorted(run.stats.items())))
     # the kills must land where it matters, or the run proved little
     assert run.stats["killed mid-call"] > 0, run.stats
@@ -654,7 +686,7 @@ def crash_run(target: str, tmp_path: Path, seed: int, rounds: int, durability: s
 def test_kill_mid_burst_loses_nothing_acknowledged_and_tears_nothing(
     target: str, tmp_path: Path, seed: int
 ) -> None:
-    crash_run(target, tmp_path, seed, ROUNDS)
+    crash_run(target, tmp_path, seed, ROUNDS, budget=BUDGET)
 
 
 @pytest.mark.backend("sqlite")
@@ -662,7 +694,7 @@ def test_kill_mid_burst_at_normal_durability_loses_nothing_acknowledged(
     target: str, tmp_path: Path, seed: int
 ) -> None:
     # synchronous=NORMAL skips the fsync per commit: a power loss may lose commits, a process crash may not
-    crash_run(target, tmp_path, seed, ROUNDS, durability="normal")
+    crash_run(target, tmp_path, seed, ROUNDS, durability="normal", budget=BUDGET)
 
 
 @pytest.mark.slow
@@ -690,5 +722,5 @@ def test_the_checker_catches_a_broken_worker(
     run = CrashRun(target, tmp_path, seed, mutant=mutant)
     run.setup()
     with pytest.raises(Violation, match=finding):
-        run.rounds(ROUNDS)
+        run.rounds(MUTANT_ROUNDS)
     print(f"{mutant}: caught after {run.stats['rounds']} clean rounds")
