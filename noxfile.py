@@ -15,7 +15,7 @@ import nox
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "lint", "typecheck", "demo"]
+nox.options.sessions = ["tests", "torture", "lint", "typecheck", "demo"]
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 NEWEST = PYTHONS[-1]
@@ -54,11 +54,34 @@ def tests(session: nox.Session, sqlalchemy: str, db: str) -> None:
     """The whole suite for one python, one SQLAlchemy line and one database."""
     # every driver, also for SQLite: a few tests build engines of each dialect offline
     _install(session, "test", *filter(None, DATABASES.values()), sqlalchemy=sqlalchemy)
+    _require_server(session, db)
+    session.run("pytest", "-n", "auto", "--db", db, *session.posargs)
+
+
+def _require_server(session: nox.Session, db: str) -> None:
+    """Skip a server's session, with the reason, when it does not answer (outside CI)."""
     if db != "sqlite" and not _in_ci():
         why = session.run("python", "-m", "tests.backends", db, silent=True, success_codes=[0, 1])
         if why and why.strip():
-            session.skip(f"{db} tests skipped: {why.strip()}")
-    session.run("pytest", "-n", "auto", "--db", db, *session.posargs)
+            session.skip(f"{db} sessions skipped: {why.strip()}")
+
+
+#: the bounded run of CI: well under 60 s per database, the seed fixed so a failure replays
+TORTURE = ["--workers", "8", "--jobs", "800", "--seconds", "30", "--drain", "25", "--seed", "20261129"]
+
+
+@nox.session(python=NEWEST, tags=["torture"])
+@nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
+def torture(session: nox.Session, db: str) -> None:
+    """``python -m fencing torture`` on one database: exit 1 on any violation."""
+    _install(session, "test", *filter(None, DATABASES.values()))
+    _require_server(session, db)
+    url = (
+        []
+        if db == "sqlite"
+        else ["--url", session.run("python", "-m", "tests.backends", "--url", db, silent=True).strip()]
+    )
+    session.run("python", "-m", "fencing", "torture", *url, *(session.posargs or TORTURE))
 
 
 def _in_ci() -> bool:

@@ -143,4 +143,7 @@ def _probe(name: str) -> int:
 if __name__ == "__main__":
     import sys
 
+    if sys.argv[1] == "--url":  # python -m tests.backends --url NAME: the alias's URL
+        print(choose(sys.argv[2], None).url or "")
+        raise SystemExit(0)
     raise SystemExit(_probe(sys.argv[1]))
