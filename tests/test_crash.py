@@ -55,7 +55,7 @@ MUTANT_ROUNDS = 150
 #: every AIM_EVERY-th kill is aimed inside a fenced transaction
 AIM_EVERY = 4
 #: how long the killed process may keep locks: the server notices the closed socket on its own
-LOCK_GRACE = 1.0
+LOCK_GRACE = 2.0
 READY_TIMEOUT = 30.0
 #: an aimed kill waits this long at most for the burst to sleep inside a fenced transaction
 AIM_TIMEOUT = 2.0
@@ -460,9 +460,9 @@ def read_log(path: Path) -> Log:
 # -- locks --------------------------------------------------------------------------------------
 
 
-def lock_wait(target: str, engine: Engine) -> tuple[float, int]:
+def lock_wait(target: str, engine: Engine, grace: float = LOCK_GRACE) -> tuple[float, int]:
     """Seconds until every row (SQLite: the write lock) could be locked without waiting,
-    and how many tries found a lock still held."""
+    and how many tries found a lock still held; a lock held past ``grace`` is a violation."""
     start = time.monotonic()
     held = 0
     while True:
@@ -482,19 +482,22 @@ def lock_wait(target: str, engine: Engine) -> tuple[float, int]:
         except (sqlalchemy.exc.DBAPIError, sqlite3.OperationalError) as exc:
             held += 1
             waited = time.monotonic() - start
-            if waited > LOCK_GRACE:
+            if waited > grace:
                 raise Violation(f"a lock outlived the killed process by {waited:.2f} s: {exc}") from exc
             time.sleep(0.005)
 
 
 def sqlite_checks(engine: Engine) -> list[str]:
     problems = []
-    with engine.connect() as conn:
-        for pragma in ("integrity_check", "quick_check"):
-            answer = [row[0] for row in conn.exec_driver_sql(f"PRAGMA {pragma}")]
-            if answer != ["ok"]:
-                problems.append(f"PRAGMA {pragma}: {answer[:10]}")
-        conn.rollback()
+    for pragma in ("integrity_check", "quick_check"):
+        try:
+            with engine.connect() as conn:
+                answer = [row[0] for row in conn.exec_driver_sql(f"PRAGMA {pragma}")]
+                conn.rollback()
+        except sqlalchemy.exc.DBAPIError as exc:  # "database disk image is malformed"
+            answer = [str(exc.orig)]
+        if answer != ["ok"]:
+            problems.append(f"PRAGMA {pragma}: {answer[:10]}")
     return problems
 
 
@@ -724,3 +727,54 @@ def test_the_checker_catches_a_broken_worker(
     with pytest.raises(Violation, match=finding):
         run.rounds(MUTANT_ROUNDS)
     print(f"{mutant}: caught after {run.stats['rounds']} clean rounds")
+
+
+# -- the checks themselves can fail ----------------------------------------------------------
+
+
+def test_the_lock_probe_sees_a_lock_still_held(target: str, engine: Engine) -> None:
+    """What a killed process must not leave behind, held by a live one on purpose."""
+    store = JobStore(engine)
+    store.create_table()
+    store.dispose()
+    FenceMarks(engine).create_tables()
+    app_metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(jobs.insert().values(id="j000"))
+    if "://" in target:
+        holder = engine.connect()
+        holder.execute(select(jobs.c.id).with_for_update()).all()
+        release = holder.close
+    else:
+        raw = sqlite3.connect(target, isolation_level=None)
+        raw.execute("BEGIN IMMEDIATE")
+        release = raw.close
+    try:
+        with pytest.raises(Violation, match="a lock outlived the killed process"):
+            lock_wait(target, engine, grace=0.2)
+    finally:
+        release()
+    assert lock_wait(target, engine, grace=0.2)[1] == 0
+
+
+@pytest.mark.backend("sqlite")
+def test_the_integrity_checks_see_a_corrupted_page(target: str) -> None:
+    engine = engine_for(target)
+    try:
+        store = JobStore(engine)
+        store.create_table()
+        for n in range(300):
+            store.enqueue(f"job-{n:04d}-" + "x" * 100)
+        store.dispose()
+        assert sqlite_checks(engine) == []
+    finally:
+        engine.dispose()  # the last connection checkpoints the WAL into the file
+    with open(target, "r+b") as db:
+        db.seek(4096 * 3)  # the header of a b-tree page (not the file header on page 1)
+        db.write(b"\xff" * 64)
+    engine = engine_for(target)
+    try:
+        problems = sqlite_checks(engine)
+    finally:
+        engine.dispose()
+    assert [p.split(":")[0] for p in problems] == ["PRAGMA integrity_check", "PRAGMA quick_check"], problems
