@@ -24,7 +24,7 @@ from multiprocessing.connection import Connection as Pipe
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, String, Table
+from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, String, Table, event
 
 import fencing
 from fencing import FenceMarks, JobStore, Lease, LeaseLost
@@ -75,6 +75,8 @@ class Burst:
     ttl: tuple[float, float] = (0.2, 0.5)
     #: a backstop: the parent kills long before this
     max_seconds: float = 60.0
+    #: SQLite: checkpoint the WAL every this many pages (SQLite's default is 1000)
+    checkpoint_pages: int | None = None
     #: a deliberately broken worker, to show the checker catches it: "ack-inside" (acks a
     #: fenced block before it commits) or "torn-fenced" (commits the app write on its own)
     mutant: str | None = None
@@ -84,10 +86,16 @@ def job_ids(count: int) -> list[str]:
     return [f"j{n:03d}" for n in range(count)]
 
 
-def open_engine(target: str, durability: str = "full") -> Engine:
+def open_engine(target: str, durability: str = "full", checkpoint_pages: int | None = None) -> Engine:
     if "://" in target:
         return sqlalchemy.create_engine(target)
-    return fencing.create_sqlite_engine(target, durability=durability)  # type: ignore[arg-type]
+    engine = fencing.create_sqlite_engine(target, durability=durability)  # type: ignore[arg-type]
+    if checkpoint_pages is not None:
+        # the application's own tuning: checkpoint the WAL into the file every few pages,
+        # so kills also land while the database file itself is being rewritten
+        pragma = f"PRAGMA wal_autocheckpoint = {checkpoint_pages}"
+        event.listen(engine, "connect", lambda dbapi, _record: dbapi.execute(pragma))
+    return engine
 
 
 def lease_json(lease: Lease | None) -> list[Any] | None:
@@ -354,7 +362,7 @@ def main(burst: Burst, ready: Pipe) -> None:
     """The child's entry point: connect, say ready, then work until killed."""
     log = AckLog(burst.ack_path)
     try:
-        engine = open_engine(burst.target, burst.durability)
+        engine = open_engine(burst.target, burst.durability, burst.checkpoint_pages)
         store = JobStore(engine)
         marks = FenceMarks(engine)
         store.state("j000")  # connected before the parent starts timing the kill

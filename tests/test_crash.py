@@ -547,6 +547,7 @@ class CrashRun:
                 seed=rng.randrange(2**63),
                 durability=self.durability,
                 mutant=self.mutant,
+                checkpoint_pages=rng.choice([None, 4]),
                 jobs=JOBS,
                 stale=tuple((t.job, t.owner, t.fence, t.until) for t in self.stale[-30:]),
             )
