@@ -32,7 +32,7 @@ def init_db(path: Any) -> None:
 
 def enqueue(path: Any, job_id: str) -> bool:
     """Insert ``job_id`` unclaimed: ``True``; ``False`` (nothing changed) if it exists."""
-    return _stores.get(path).enqueue(job_id)
+    return _stores.get(path).enqueue(job_id, ready_at=0.0)  # the contract's row: until = 0
 
 
 def state(path: Any, job_id: str) -> dict[str, Any] | None:

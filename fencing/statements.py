@@ -7,11 +7,14 @@ and decided in Python.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import ColumnElement, Double, Table, and_, bindparam, literal_column, null, select, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from .clock import database_now
 
@@ -28,6 +31,27 @@ _TOMBSTONE: ColumnElement[int] = literal_column(str(TOMBSTONE))
 
 #: whose clock decides whether a lease is live: the caller's ``now`` or the database's
 Clock = Literal["caller", "database"]
+
+
+class insertion_order(FunctionElement[Any]):
+    """The tie-break among jobs ready at the same instant: SQLite's ``rowid``, which grows
+    with every insert (the library never deletes rows), so equal ``until`` comes out in
+    enqueue order; elsewhere the job id, for a deterministic order (their µs clocks already
+    set separate enqueues apart)."""
+
+    inherit_cache = True
+    name = "insertion_order"
+
+
+@compiles(insertion_order)
+def _by_id(element: insertion_order, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(insertion_order, "sqlite")
+def _by_rowid(element: insertion_order, compiler: SQLCompiler, **kw: Any) -> str:
+    # the index on (done, until) carries the rowid: ordering by it needs no sort
+    return "rowid"
 
 
 class Statements:
@@ -127,13 +151,14 @@ class Statements:
         # -- the next ready jobs --------------------------------------------------------------
         #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
         ready = and_(t.c.done == _ZERO, t.c.until <= now, t.c.fence < bindparam("max_fence"))
-        #: longest ready first: by enqueue time, lease expiry or retry time. SKIP LOCKED: a
-        #: worker never waits for rows another worker is claiming (ignored on SQLite, where
-        #: BEGIN IMMEDIATE serializes claims)
+        #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie)
+        #: insertion order. SKIP LOCKED: a worker never waits for rows another worker is
+        #: claiming (ignored on SQLite, where BEGIN IMMEDIATE serializes claims)
+        longest_ready = (t.c.until, insertion_order(t.c.id))
         self.pick_ready = (
             select(t.c.id)
             .where(ready)
-            .order_by(t.c.until)
+            .order_by(*longest_ready)
             .limit(bindparam("limit"))
             .with_for_update(skip_locked=True)
         )
@@ -153,7 +178,7 @@ class Statements:
         self.poisoned: Executable = (
             select(*row)
             .where(t.c.done == _ZERO, t.c.fence >= bindparam("max_fence"), t.c.until <= now)
-            .order_by(t.c.until)
+            .order_by(*longest_ready)
         )
 
     def claim_ids(self, count: int) -> tuple[Executable, Executable]:

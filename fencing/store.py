@@ -199,13 +199,19 @@ class JobStore:
 
         return plain
 
-    def enqueue(self, job_id: str, *, ready_at: float | None = 0.0, conn: Connection | None = None) -> bool:
+    def enqueue(self, job_id: str, *, ready_at: float | None = None, conn: Connection | None = None) -> bool:
         """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists.
 
-        ``ready_at``: not claimable before this time (the default 0 is "at once", the
-        contract's default row); ``None`` stamps the database's now. :meth:`claim_next`
-        takes the jobs that have been ready longest first. A :meth:`delete`-d id comes
-        back with its fence kept, so it never hands out an old token again.
+        ``ready_at``: not claimable before this time on the caller's clock. The default
+        ``None`` stamps the database's now, which :meth:`claim_next` (``now=None``) can
+        claim at once and which makes it first-come first-served: it takes the jobs that
+        have been ready longest first, and jobs ready at the same instant in the order they
+        were enqueued on SQLite (the row's ``rowid``), by id on the servers (whose clocks
+        count microseconds, so separate enqueues rarely tie). ``ready_at=0`` is the
+        contract's row (``service.enqueue``): ready at once on any clock. A
+        :meth:`delete`-d id comes back with its fence kept, so it never hands out an old
+        token again; on SQLite it keeps its old ``rowid`` too, so among jobs ready at the
+        same instant it sits where it was first enqueued.
         """
         job_id = self._key("job_id", job_id)
         params: dict[str, Any]
@@ -418,9 +424,12 @@ class JobStore:
 
         Ready: not done, lease expired or never taken, not deferred, and (with
         ``max_attempts``) claimed fewer than that many times, the fence being the attempt
-        count. Jobs that have been ready longest come first. On PostgreSQL and MariaDB
-        workers skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on
-        SQLite ``BEGIN IMMEDIATE`` serializes claims.
+        count. The jobs that have been ready longest come first (by ``until``: enqueue
+        time, lease expiry or retry time; with :meth:`enqueue`'s default that is first-come
+        first-served), ties in insertion order on SQLite and by id on the servers; the
+        order of the returned list is the database's. On PostgreSQL and MariaDB workers
+        skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
+        ``BEGIN IMMEDIATE`` serializes claims.
         """
         owner = self._key("owner", owner)
         limit = _positive_int("limit", limit)

@@ -50,7 +50,7 @@ def _make_database(path: str | Path, jobs: tuple[str, ...] = ()) -> None:
     try:
         store.create_table()
         for job in jobs:
-            store.enqueue(job)
+            store.enqueue(job, ready_at=0.0)
     finally:
         store.dispose()
         engine.dispose()
@@ -381,7 +381,7 @@ def test_threads_survive_evictions_of_stores_they_are_using(tmp_path: Path) -> N
     cache = StoreCache(maxsize=2)  # fewer than the files: stores are evicted while in use
 
     def life_cycle(path: str, job: str, owner: str, k: int) -> dict[str, Any] | None:
-        assert cache.get(path).enqueue(job)
+        assert cache.get(path).enqueue(job, ready_at=0.0)
         lease = cache.get(path).claim(job, owner, now=float(k), ttl=10.0)
         assert lease is not None
         assert lease.fence == 1

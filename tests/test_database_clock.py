@@ -25,7 +25,7 @@ def test_database_clock_claim_sets_until_from_server_time(store: JobStore) -> No
 
 
 def test_database_clock_ignores_a_skewed_caller(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)  # the contract's row: ready at any clock
     # a caller whose clock runs a day behind takes a lease that, by the server, expired long ago
     stale = store.claim("j", "slow-clock", now=time.time() - SKEW, ttl=60.0)
     assert stale is not None

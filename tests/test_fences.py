@@ -71,7 +71,7 @@ def test_fence_survives_service_restart(db: str) -> None:
 
 
 def test_fence_survives_a_new_store_on_a_new_engine(store: JobStore, target: str) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     first = store.claim("j", "a", now=0.0, ttl=TTL)
     assert first is not None
     store.dispose()
@@ -81,7 +81,7 @@ def test_fence_survives_a_new_store_on_a_new_engine(store: JobStore, target: str
     fresh = JobStore(engine)
     try:
         fresh.create_table()
-        assert fresh.enqueue("j") is False
+        assert fresh.enqueue("j", ready_at=0.0) is False
         second = fresh.claim("j", "a", now=TTL, ttl=TTL)
         assert second == Lease("j", "a", first.fence + 1, 2 * TTL)
         assert fresh.complete(first, "stale", now=TTL + 1) is False
@@ -92,7 +92,7 @@ def test_fence_survives_a_new_store_on_a_new_engine(store: JobStore, target: str
 
 
 def test_200_claim_expire_cycles_give_fences_1_to_200(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     fences = []
     for generation in range(200):
         lease = store.claim("j", f"w{generation % 3}", now=generation * TTL, ttl=TTL)
@@ -120,7 +120,7 @@ def test_many_generations_through_the_service_strictly_increase(db: str) -> None
 
 @pytest.mark.parametrize("generations", [1, 2, 7])
 def test_stale_fence_can_never_act_after_a_newer_generation_exists(store: JobStore, generations: int) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     stale: list[Lease] = []
     for g in range(generations):
         lease = store.claim("j", "w", now=g * TTL, ttl=TTL)
@@ -173,8 +173,8 @@ def test_stale_fence_through_the_service_cannot_renew_complete_or_release(db: st
 
 
 def test_fence_is_per_job(store: JobStore) -> None:
-    store.enqueue("a")
-    store.enqueue("b")
+    store.enqueue("a", ready_at=0.0)
+    store.enqueue("b", ready_at=0.0)
     for g in range(3):
         assert store.claim("a", "w", now=g * TTL, ttl=TTL) is not None
     lease_b = store.claim("b", "w", now=0.0, ttl=TTL)
@@ -236,7 +236,7 @@ def test_random_histories_never_reuse_a_fence_and_match_the_contract(
 ) -> None:
     with engine.begin() as conn:
         conn.execute(store.table.delete())
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     model = Model()
     now = 0.0
     handed_out: list[Lease] = []
@@ -276,7 +276,7 @@ def test_random_histories_never_reuse_a_fence_and_match_the_contract(
             if expected:
                 model.owner, model.until = None, 0.0
         elif kind == "enqueue":
-            assert store.enqueue("j") is False
+            assert store.enqueue("j", ready_at=0.0) is False
         assert store.state("j") == JobState(
             "j", model.owner, model.until, model.fence, model.result, model.done
         )

@@ -79,7 +79,7 @@ def spy(store: JobStore) -> Spy:
 
 
 def claimed(store: JobStore, ttl: float, now: float | None = None, job_id: str = "j") -> Lease:
-    store.enqueue(job_id)
+    store.enqueue(job_id, ready_at=0.0)
     lease = store.claim(job_id, "a", ttl=ttl, now=now)
     assert lease is not None
     return lease

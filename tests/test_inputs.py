@@ -421,12 +421,12 @@ def test_arbitrary_text_ids_owners_and_results_round_trip(
     result = data.draw(st.none() | text, "result")
     with engine.begin() as conn:
         conn.execute(store.table.delete())
-    assert store.enqueue(job_id) is True
+    assert store.enqueue(job_id, ready_at=0.0) is True
     lease = store.claim(job_id, owner, now=1.0, ttl=1.0)
     assert lease == Lease(job_id, owner, 1, 2.0)
     assert store.complete(lease, result, now=1.5) is True
     assert store.state(job_id) == JobState(job_id, owner, 2.0, 1, result, True)
-    assert store.enqueue(job_id) is False
+    assert store.enqueue(job_id, ready_at=0.0) is False
 
 
 @FEW
@@ -437,7 +437,7 @@ def test_a_different_owner_string_never_matches(store: JobStore, engine: Engine,
     other = data.draw(text.filter(lambda s: s != owner), "other")
     with engine.begin() as conn:
         conn.execute(store.table.delete())
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", owner, now=1.0, ttl=1.0)
     assert lease is not None
     intruder = Lease("j", other, lease.fence)

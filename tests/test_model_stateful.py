@@ -297,7 +297,7 @@ class StoreMachine(ContractMachine):
         return None if state is None else state.as_dict()
 
     def do_enqueue(self, job: str, tx: str) -> bool:
-        return self._call(tx, job, lambda conn: self.store.enqueue(job, conn=conn))
+        return self._call(tx, job, lambda conn: self.store.enqueue(job, ready_at=0.0, conn=conn))
 
     def do_claim(self, job: str, owner: str, ttl: float, tx: str) -> int | None:
         lease = self._call(

@@ -62,7 +62,7 @@ def _in_lockstep(threads: int, rounds: int, body: Callable[[int, int], Any]) -> 
 
 
 def test_threads_claiming_at_the_same_now_have_exactly_one_winner(store: JobStore) -> None:
-    store.enqueue("contended")
+    store.enqueue("contended", ready_at=0.0)
 
     def claim(thread: int, r: int) -> Lease | None:
         # every round starts exactly when the previous lease ends: now == until is claimable
@@ -192,8 +192,8 @@ def _claim_rounds_in_a_process(target: str, name: str, rounds: int, barrier: Any
 @pytest.mark.slow
 def test_processes_claiming_together_each_job_has_one_winner(store: JobStore, target: str) -> None:
     for r in range(PROCESS_ROUNDS):
-        store.enqueue(f"job-{r}")
-    store.enqueue("shared")
+        store.enqueue(f"job-{r}", ready_at=0.0)
+    store.enqueue("shared", ready_at=0.0)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     out = ctx.Queue()
@@ -244,7 +244,7 @@ def test_late_writers_racing_the_new_owner_never_store_anything(store: JobStore)
     jobs = [f"job-{r}" for r in range(LATE_ROUNDS)]
     tokens: list[tuple[Lease, Lease]] = []
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
         stale = store.claim(job, "A", now=0.0, ttl=10.0)  # A takes the job and stalls
         current = store.claim(job, "B", now=10.0, ttl=10.0)  # A's lease ended at 10: B takes over
         assert stale is not None

@@ -44,7 +44,7 @@ def audit_rows(engine: Engine, table: Table) -> list[tuple[Any, ...]]:
 
 
 def held(store: JobStore, job_id: str = "j", owner: str = "w") -> Lease:
-    store.enqueue(job_id)
+    store.enqueue(job_id, ready_at=0.0)
     lease = store.claim(job_id, owner, now=NOW, ttl=TTL)
     assert lease is not None
     return lease
@@ -75,7 +75,7 @@ def test_job_state_is_frozen(store: JobStore) -> None:
 
 
 def test_claim_returns_lease_with_job_owner_fence_and_until(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "w", now=NOW, ttl=TTL)
     assert lease == Lease("j", "w", 1, NOW + TTL)
     assert type(lease.fence) is int
@@ -83,7 +83,7 @@ def test_claim_returns_lease_with_job_owner_fence_and_until(store: JobStore) -> 
 
 
 def test_claim_with_integer_clock_returns_float_until(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "w", now=7, ttl=3)
     assert lease == Lease("j", "w", 1, 10.0)
     assert type(lease.until) is float
@@ -154,7 +154,7 @@ def test_complete_and_release_return_bool(store: JobStore) -> None:
 
 
 def test_claim_many_returns_leases_in_input_order(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     owners = [f"o{i}" for i in range(6)]
     leases = store.claim_many("j", owners, now=NOW, ttl=TTL)
     winners = [(i, lease) for i, lease in enumerate(leases) if lease is not None]
@@ -167,7 +167,7 @@ def test_claim_many_returns_leases_in_input_order(store: JobStore) -> None:
 
 
 def test_claim_many_accepts_any_iterable_of_owners(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     leases = store.claim_many("j", (f"o{i}" for i in range(3)), now=NOW, ttl=TTL)
     assert len(leases) == 3
     assert sum(lease is not None for lease in leases) == 1
@@ -181,7 +181,7 @@ def test_conn_writes_commit_together_with_callers_own(store: JobStore, engine: E
     with engine.begin() as conn:
         conn.execute(audit.insert().values(n=1, note="finished j"))
         assert store.complete(lease, "r", now=NOW + 1, conn=conn) is True
-        assert store.enqueue("next", conn=conn) is True
+        assert store.enqueue("next", ready_at=0.0, conn=conn) is True
     assert audit_rows(engine, audit) == [(1, "finished j")]
     assert store.state("j") == JobState("j", "w", NOW + TTL, 1, "r", True)
     assert store.state("next") == JobState("next", None, 0.0, 0, None, False)
@@ -191,12 +191,12 @@ def test_caller_rollback_undoes_both_and_commits_nothing_of_ours(
     store: JobStore, engine: Engine, audit: Table
 ) -> None:
     lease = held(store)
-    store.enqueue("free")
+    store.enqueue("free", ready_at=0.0)
     with engine.connect() as conn:
         trans = conn.begin()
         conn.execute(audit.insert().values(n=1, note="finished j"))
         assert store.complete(lease, "r", now=NOW + 1, conn=conn) is True
-        assert store.enqueue("new", conn=conn) is True
+        assert store.enqueue("new", ready_at=0.0, conn=conn) is True
         other = store.claim("free", "x", now=NOW, ttl=TTL, conn=conn)
         assert other == Lease("free", "x", 1, NOW + TTL)
         # inside the transaction the caller sees our writes
@@ -232,7 +232,7 @@ def test_exception_in_callers_block_rolls_back_our_write(
 
 
 CONN_OPERATIONS: dict[str, Callable[[JobStore, Any], Any]] = {
-    "enqueue": lambda s, c: s.enqueue("j", conn=c),
+    "enqueue": lambda s, c: s.enqueue("j", ready_at=0.0, conn=c),
     "state": lambda s, c: s.state("j", conn=c),
     "claim": lambda s, c: s.claim("j", "w", now=NOW, ttl=TTL, conn=c),
     "renew": lambda s, c: s.renew(Lease("j", "w", 1), now=NOW, ttl=TTL, conn=c),
@@ -244,7 +244,7 @@ CONN_OPERATIONS: dict[str, Callable[[JobStore, Any], Any]] = {
 @pytest.mark.parametrize("operation", list(CONN_OPERATIONS.values()), ids=list(CONN_OPERATIONS))
 @pytest.mark.parametrize("bad", ["conn", object(), 1], ids=["str", "object", "int"])
 def test_conn_must_be_a_connection(store: JobStore, operation: Callable[..., Any], bad: Any) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     before = store.state("j")
     with pytest.raises(InvalidArgumentType, match="conn") as excinfo:
         operation(store, bad)
@@ -298,7 +298,7 @@ def test_store_requires_an_engine() -> None:
 
 @pytest.mark.parametrize("lease", [("j", "w", 1), {"job_id": "j"}, None], ids=["tuple", "dict", "none"])
 def test_lease_must_be_a_lease(store: JobStore, lease: Any) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     for call in (
         lambda: store.renew(lease, now=NOW, ttl=TTL),
         lambda: store.complete(lease, "r", now=NOW),
@@ -311,7 +311,7 @@ def test_lease_must_be_a_lease(store: JobStore, lease: Any) -> None:
 # -- database errors ----------------------------------------------------------------------
 
 MISSING_TABLE_OPERATIONS: dict[str, Callable[[JobStore], Any]] = {
-    "enqueue": lambda s: s.enqueue("j"),
+    "enqueue": lambda s: s.enqueue("j", ready_at=0.0),
     "state": lambda s: s.state("j"),
     "claim": lambda s: s.claim("j", "w", now=NOW, ttl=TTL),
     "renew": lambda s: s.renew(Lease("j", "w", 1), now=NOW, ttl=TTL),
@@ -348,7 +348,7 @@ def test_table_missing_names_a_custom_table_and_works_with_conn(engine: Engine) 
         with engine.connect() as conn, pytest.raises(TableMissing, match="'leases'"):
             store.state("j", conn=conn)
         with pytest.raises(TableMissing, match="'leases'"):
-            store.enqueue("j")
+            store.enqueue("j", ready_at=0.0)
     finally:
         store.dispose()
 
@@ -360,7 +360,7 @@ def test_database_refusal_is_wrapped_as_database_error(engine: Engine) -> None:
     store = JobStore(engine, table)
     try:
         store.create_table()
-        store.enqueue("j")
+        store.enqueue("j", ready_at=0.0)
         with pytest.raises(DatabaseError) as excinfo:
             store.claim("j", "forbidden", now=NOW, ttl=TTL)
         assert type(excinfo.value) is DatabaseError
@@ -381,7 +381,7 @@ def test_file_that_is_not_a_database_raises_database_error(tmp_path: Path) -> No
     engine = fencing.create_sqlite_engine(path)
     store = JobStore(engine)
     try:
-        for call in (store.create_table, lambda: store.state("j"), lambda: store.enqueue("j")):
+        for call in (store.create_table, lambda: store.state("j"), lambda: store.enqueue("j", ready_at=0.0)):
             with pytest.raises(DatabaseError) as excinfo:
                 call()
             assert type(excinfo.value) is DatabaseError
@@ -411,7 +411,7 @@ def test_locked_database_raises_database_busy_and_changes_nothing(tmp_path: Path
     store = JobStore(engine)
     try:
         store.create_table()
-        store.enqueue("j")
+        store.enqueue("j", ready_at=0.0)
         with write_locked(path):
             with pytest.raises(DatabaseBusy) as excinfo:
                 store.claim("j", "w", now=NOW, ttl=TTL)

@@ -119,7 +119,7 @@ def test_columns_keep_their_meaning_on_every_backend(store: JobStore, engine: En
 def test_until_keeps_double_precision(store: JobStore) -> None:
     # a single-precision column would round this to ~1.23456794e9
     now = 1234567890.123456
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "w", now=now, ttl=0.000001)
     assert lease is not None
     state = store.state("j")
@@ -129,7 +129,7 @@ def test_until_keeps_double_precision(store: JobStore) -> None:
 
 
 def test_fence_is_64_bit(store: JobStore, engine: Engine) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     big = 2**62
     with engine.begin() as conn:
         conn.execute(fencing.jobs.update().values(fence=big))
@@ -142,7 +142,7 @@ def test_fence_is_64_bit(store: JobStore, engine: Engine) -> None:
 
 
 def test_enqueue_stores_the_column_defaults(store: JobStore, engine: Engine) -> None:
-    assert store.enqueue("j")
+    assert store.enqueue("j", ready_at=0.0)
     with engine.connect() as conn:
         row = conn.execute(select(fencing.jobs)).one()
     assert tuple(row) == ("j", None, 0.0, 0, None, 0)
@@ -165,7 +165,7 @@ def test_jobs_table_in_callers_metadata_under_another_name_is_independent(engine
     try:
         mine.create_table()
         assert "jobs" not in inspect(engine).get_table_names()
-        assert mine.enqueue("a")
+        assert mine.enqueue("a", ready_at=0.0)
         lease = mine.claim("a", "w", now=1.0, ttl=10.0)
         assert lease is not None
         assert lease.fence == 1
@@ -173,10 +173,10 @@ def test_jobs_table_in_callers_metadata_under_another_name_is_independent(engine
 
         default.create_table()
         assert default.state("a") is None
-        assert default.enqueue("b")
+        assert default.enqueue("b", ready_at=0.0)
         assert mine.state("b") is None
         # the same id lives separately in each table
-        assert default.enqueue("a")
+        assert default.enqueue("a", ready_at=0.0)
         assert default.claim("a", "x", now=1.0, ttl=10.0) == fencing.Lease("a", "x", 1, 11.0)
         mine_a = mine.state("a")
         assert mine_a is not None
@@ -198,8 +198,8 @@ def test_jobs_table_twice_in_separate_metadata_gives_separate_tables() -> None:
 
 
 def test_create_table_is_idempotent_and_keeps_rows(store: JobStore, engine: Engine) -> None:
-    store.enqueue("j")
-    store.enqueue("k")
+    store.enqueue("j", ready_at=0.0)
+    store.enqueue("k", ready_at=0.0)
     lease = store.claim("j", "w", now=5.0, ttl=10.0)
     assert lease is not None
     before = rows_of(engine, "jobs")
@@ -499,7 +499,7 @@ def test_configure_equips_a_user_made_engine(tmp_path: Path) -> None:
         store = JobStore(engine)
         try:
             store.create_table()
-            assert store.enqueue("j")
+            assert store.enqueue("j", ready_at=0.0)
             assert store.claim("j", "w", now=1.0, ttl=1.0) == fencing.Lease("j", "w", 1, 2.0)
         finally:
             store.dispose()

@@ -13,7 +13,7 @@ EPOCH_WITH_MICROS = [1_700_000_000.123456, 1_799_999_999.999999, 4_102_444_800.0
 
 @pytest.mark.parametrize("now", EPOCH_WITH_MICROS)
 def test_until_round_trips_epoch_scale_values_exactly(store: JobStore, now: float) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "a", now=now, ttl=0.000001)
     assert lease is not None
     assert lease.until == now + 0.000001
@@ -25,7 +25,7 @@ def test_until_round_trips_epoch_scale_values_exactly(store: JobStore, now: floa
 
 
 def test_fence_past_2_pow_31_keeps_increasing(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     table = store.table
     with store.engine.begin() as conn:
         conn.execute(update(table).where(table.c.id == "j").values(fence=2**31 - 1))
@@ -38,7 +38,7 @@ def test_fence_past_2_pow_31_keeps_increasing(store: JobStore) -> None:
 
 
 def test_fence_near_2_pow_62_keeps_increasing(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     table = store.table
     with store.engine.begin() as conn:
         conn.execute(update(table).where(table.c.id == "j").values(fence=2**62))
@@ -50,8 +50,8 @@ def test_fence_near_2_pow_62_keeps_increasing(store: JobStore) -> None:
 
 def test_ids_differing_only_in_case_or_trailing_space_are_distinct(store: JobStore) -> None:
     for job_id in ("job", "JOB", "job ", "jöb", "job\t"):
-        assert store.enqueue(job_id) is True
-    assert store.enqueue("job") is False
+        assert store.enqueue(job_id, ready_at=0.0) is True
+    assert store.enqueue("job", ready_at=0.0) is False
     lease = store.claim("job ", "a", now=0.0, ttl=5.0)
     assert lease is not None
     assert store.complete(lease, "space", now=1.0) is True
@@ -61,7 +61,7 @@ def test_ids_differing_only_in_case_or_trailing_space_are_distinct(store: JobSto
 
 
 def test_owner_compare_is_exact(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "Worker", now=0.0, ttl=5.0)
     assert lease is not None
     assert store.complete(Lease("j", "worker", lease.fence), "x", now=1.0) is False
@@ -72,7 +72,7 @@ def test_owner_compare_is_exact(store: JobStore) -> None:
 def test_longest_id_the_backend_keys_on_round_trips(store: JobStore) -> None:
     limit = ID_MAX_BYTES.get(store.engine.dialect.name) or 100_000
     job_id = "é" * (limit // 2)  # two UTF-8 bytes each: exactly at the limit
-    assert store.enqueue(job_id) is True
+    assert store.enqueue(job_id, ready_at=0.0) is True
     lease = store.claim(job_id, "a", now=0.0, ttl=5.0)
     assert lease is not None and store.complete(lease, "ok", now=1.0)
     assert store.state(job_id).job_id == job_id  # type: ignore[union-attr]
@@ -84,14 +84,14 @@ def test_id_longer_than_the_backend_can_key_is_refused_not_truncated(store: JobS
     assert limit is not None
     too_long = "x" * (limit + 1)
     with pytest.raises(InvalidArgument, match=r"job_id is .* bytes"):
-        store.enqueue(too_long)
+        store.enqueue(too_long, ready_at=0.0)
     assert store.state(too_long[:limit]) is None  # nothing truncated and stored
     with store.engine.connect() as conn:
         assert conn.execute(store.table.select()).all() == []
 
 
 def test_long_results_and_owners_round_trip(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     owner = "o" * 70_000  # past MySQL's 64 KiB TEXT
     lease = store.claim("j", owner, now=0.0, ttl=5.0)
     assert lease is not None

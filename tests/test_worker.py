@@ -140,8 +140,8 @@ def test_claim_next_takes_the_longest_ready_first(store: JobStore) -> None:
 
 def test_claim_next_counts_an_expired_lease_or_a_retry_from_when_it_became_ready(store: JobStore) -> None:
     store.enqueue("fresh", ready_at=T0 + 30.0)
-    store.enqueue("expired")
-    store.enqueue("retried")
+    store.enqueue("expired", ready_at=0.0)
+    store.enqueue("retried", ready_at=0.0)
     claimed(store, "expired", now=T0 + 10.0, ttl=10.0)  # ready again at T0 + 20
     assert store.release(claimed(store, "retried", now=T0), delay=40.0, now=T0)  # ready at T0 + 40
     store.enqueue("oldest", ready_at=T0 + 1.0)
@@ -152,7 +152,7 @@ def test_claim_next_counts_an_expired_lease_or_a_retry_from_when_it_became_ready
 def test_claim_next_claims_at_most_limit_jobs(store: JobStore) -> None:
     jobs = [f"j{n}" for n in range(10)]
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     for limit in (1, 3):
         before = snapshot(store, jobs)
         leases = store.claim_next(f"w{limit}", ttl=TTL, now=T0, limit=limit)
@@ -172,7 +172,7 @@ def test_claim_next_claims_a_whole_batch_with_the_next_fences(store: JobStore) -
     jobs = [f"job-{n:03d}" for n in range(150)]
     for n, job in enumerate(jobs):
         if n % 3 == 0:
-            store.enqueue(job)
+            store.enqueue(job, ready_at=0.0)
             claimed(store, job, now=T0 + n - TTL)  # fence 1, expired at T0 + n: ready again
         else:
             store.enqueue(job, ready_at=T0 + n)
@@ -209,7 +209,7 @@ def test_claim_next_batch_is_all_or_nothing(store: JobStore, engine: Engine) -> 
 
 
 def test_claim_next_reclaims_an_expired_lease_with_a_higher_fence(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     first = claim_one(store, "a", ttl=10.0, now=T0)
     assert (first.fence, first.until) == (1, T0 + 10.0)
     assert store.claim_next("b", ttl=10.0, now=T0 + 9.999) == []
@@ -243,7 +243,7 @@ def test_claim_next_reclaims_an_expired_lease_with_a_higher_fence(store: JobStor
 def test_claim_next_rejects_bad_arguments_and_changes_nothing(
     store: JobStore, kwargs: dict[str, Any], error: type[Exception]
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     before = snapshot(store, ["j"])
     call: dict[str, Any] = {"owner": "w", "ttl": TTL, "now": T0, "limit": 5, **kwargs}
     owner = call.pop("owner")
@@ -279,7 +279,7 @@ def _claim_until_empty(target: str, name: str, out: Any, barrier: Any) -> None:
 def test_claim_next_hands_each_job_to_exactly_one_process(store: JobStore, target: str) -> None:
     jobs = [f"p{n:03d}" for n in range(PROCESS_JOBS)]
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     barrier = ctx.Barrier(PROCESSES)
@@ -316,7 +316,7 @@ def test_claim_next_hands_each_job_to_exactly_one_process(store: JobStore, targe
 def test_claim_next_hands_each_job_to_exactly_one_thread(store: JobStore) -> None:
     jobs = [f"t{n:03d}" for n in range(THREAD_JOBS)]
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     barrier = threading.Barrier(THREADS)
     seen: list[list[tuple[str, int]]] = [[] for _ in range(THREADS)]
 
@@ -334,7 +334,7 @@ def test_claim_next_never_hands_one_fence_twice_while_leases_expire(store: JobSt
     """Threads claim, sometimes stall past the lease, and complete: database clock."""
     jobs = [f"e{n:03d}" for n in range(THREAD_JOBS)]
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     barrier = threading.Barrier(THREADS)
     claims: list[list[tuple[str, int]]] = [[] for _ in range(THREADS)]
     accepted: list[list[tuple[str, int]]] = [[] for _ in range(THREADS)]
@@ -458,7 +458,7 @@ def test_complete_many_gives_a_verdict_per_item_in_input_order(store: JobStore) 
     results = ["plain", "", "naïve ✓ 🚀", "Trailing ", None, "x" * 70_000]
     jobs = [f"c{n}" for n in range(len(results))]
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     leases = [claimed(store, job) for job in jobs]
     stale = leases[2]
     assert store.revoke(stale.job_id)
@@ -478,7 +478,7 @@ def test_complete_many_gives_a_verdict_per_item_in_input_order(store: JobStore) 
 
 
 def test_complete_many_completes_a_job_listed_twice_once(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
     assert store.complete_many([(lease, "first"), (lease, "second")], now=T0) == [True, False]
     assert state(store, "j").result == "first"
@@ -486,7 +486,7 @@ def test_complete_many_completes_a_job_listed_twice_once(store: JobStore) -> Non
 
 def test_complete_many_refuses_expired_leases(store: JobStore) -> None:
     for job in ["a", "b"]:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     a = claimed(store, "a", now=T0, ttl=10.0)
     b = claimed(store, "b", now=T0 + 5.0, ttl=10.0)
     # at T0 + 10 the lease on "a" has just expired; "b" is live
@@ -498,7 +498,7 @@ def test_complete_many_refuses_expired_leases(store: JobStore) -> None:
 def test_complete_many_is_one_transaction(store: JobStore, engine: Engine) -> None:
     jobs = ["a", "b", "c", "d"]
     for job in jobs:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     leases = [claimed(store, job) for job in jobs]
     make_updates_fail(engine, "result", "boom")
     with pytest.raises(DatabaseError):
@@ -514,7 +514,7 @@ def test_complete_many_with_nothing_returns_an_empty_list(store: JobStore) -> No
 
 
 def test_complete_many_checks_every_item_before_writing_any(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
     with pytest.raises(InvalidArgumentType):
         store.complete_many([(lease, "ok"), (lease, 42)], now=T0)  # type: ignore[list-item]
@@ -560,7 +560,7 @@ def invoice_rows(engine: Engine, table: Table) -> list[tuple[Any, ...]]:
 def test_fenced_commits_the_applications_write_with_the_completion(
     store: JobStore, engine: Engine, invoices: Table
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
     with store.fenced(lease, now=T0 + 1.0, complete=True, result="paid") as conn:
         conn.execute(invoices.insert().values(job="j", total=99))
@@ -572,7 +572,7 @@ def test_fenced_commits_the_applications_write_with_the_completion(
 def test_fenced_without_complete_commits_and_keeps_the_lease(
     store: JobStore, engine: Engine, invoices: Table
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
     before = state(store, "j")
     with store.fenced(lease, now=T0 + 1.0) as conn:
@@ -586,7 +586,7 @@ def test_fenced_without_complete_commits_and_keeps_the_lease(
 def test_fenced_with_a_stale_lease_raises_lease_lost_and_commits_nothing(
     store: JobStore, engine: Engine, invoices: Table, how: str
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j", now=T0, ttl=TTL)
     now = T0 + 1.0
     if how == "revoked":
@@ -620,7 +620,7 @@ def test_fenced_block_that_raises_commits_nothing_and_keeps_the_lease(
     class Boom(Exception):
         pass
 
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
     before = state(store, "j")
 
@@ -638,7 +638,7 @@ def test_fenced_block_that_raises_commits_nothing_and_keeps_the_lease(
 def test_fenced_write_of_a_stalled_worker_is_rolled_back(
     store: JobStore, engine: Engine, invoices: Table, complete: bool
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "slow", ttl=0.3)  # database clock
     assert lease is not None
     # the lease expires on the database's clock before the block ends
@@ -655,7 +655,7 @@ def test_fenced_write_of_a_stalled_worker_is_rolled_back(
 def test_fenced_block_holds_off_claimers_until_commit(
     store: JobStore, engine: Engine, invoices: Table
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j", now=T0, ttl=TTL)
     outcome: list[Lease | None] = []
     with store.fenced(lease, now=T0 + 1.0, complete=True, result="paid") as conn:
@@ -679,7 +679,7 @@ def test_fenced_block_holds_off_claimers_until_commit(
 def test_revoke_makes_the_holders_token_stale_for_every_later_write(
     store: JobStore, engine: Engine, invoices: Table
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j", now=T0, ttl=TTL)
     assert store.revoke("j") is True
     row = state(store, "j")
@@ -696,8 +696,8 @@ def test_revoke_makes_the_holders_token_stale_for_every_later_write(
 
 
 def test_revoked_job_is_claimable_again_two_fences_on(store: JobStore) -> None:
-    store.enqueue("a")
-    store.enqueue("b")
+    store.enqueue("a", ready_at=0.0)
+    store.enqueue("b", ready_at=0.0)
     a = claimed(store, "a", now=T0, ttl=TTL)
     b = claimed(store, "b", now=T0, ttl=TTL)
     assert store.revoke("a") and store.revoke("b")
@@ -708,9 +708,9 @@ def test_revoked_job_is_claimable_again_two_fences_on(store: JobStore) -> None:
 
 
 def test_revoke_of_a_done_missing_or_deleted_job_returns_false_and_changes_nothing(store: JobStore) -> None:
-    store.enqueue("done")
+    store.enqueue("done", ready_at=0.0)
     assert store.complete(claimed(store, "done"), "r", now=T0)
-    store.enqueue("deleted")
+    store.enqueue("deleted", ready_at=0.0)
     assert store.delete("deleted")
     before = snapshot(store, ["done", "deleted", "missing"])
     assert store.revoke("done") is False
@@ -724,7 +724,7 @@ def test_revoke_of_a_done_missing_or_deleted_job_returns_false_and_changes_nothi
 
 
 def test_delete_and_enqueue_again_never_reissues_an_old_fence(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     seen = [claimed(store, "j", now=T0, ttl=TTL).fence]
     seen.append(claimed(store, "j", now=T0 + TTL, ttl=TTL).fence)  # the first lease expired
     assert store.revoke("j")
@@ -734,7 +734,7 @@ def test_delete_and_enqueue_again_never_reissues_an_old_fence(store: JobStore) -
     assert store.complete(last, "r", now=T0 + 3 * TTL)
     for generation in range(3):
         assert store.delete("j") is True
-        assert store.enqueue("j") is True
+        assert store.enqueue("j", ready_at=0.0) is True
         row = state(store, "j")
         assert (row.owner, row.result, row.done) == (None, None, False)
         lease = claimed(store, "j", now=T0 + 10 * TTL * (generation + 1))
@@ -745,7 +745,7 @@ def test_delete_and_enqueue_again_never_reissues_an_old_fence(store: JobStore) -
 
 def test_deleted_job_has_no_state_and_is_never_claimed(store: JobStore) -> None:
     for job in ["unclaimed", "held", "done"]:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
     held = claimed(store, "held")
     assert store.complete(claimed(store, "done"), "r", now=T0)
     for job in ["unclaimed", "held", "done"]:
@@ -763,7 +763,7 @@ def test_deleted_job_has_no_state_and_is_never_claimed(store: JobStore) -> None:
 def test_delete_of_a_missing_or_deleted_job_returns_false(store: JobStore) -> None:
     assert store.delete("missing") is False
     assert store.state("missing") is None
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     assert store.delete("j") is True
     assert store.delete("j") is False
 
@@ -778,14 +778,14 @@ def test_enqueue_of_an_existing_job_returns_false_and_changes_nothing(store: Job
     elif how == "done":
         assert store.complete(claimed(store, "j"), "r", now=T0)
     before = state(store, "j")
-    assert store.enqueue("j") is False
+    assert store.enqueue("j", ready_at=0.0) is False
     assert store.enqueue("j", ready_at=T0 + 500.0) is False
     assert store.enqueue("j", ready_at=None) is False
     assert state(store, "j") == before
 
 
 def test_reenqueued_job_is_ready_at_its_new_time(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     claimed(store, "j")
     assert store.delete("j")
     assert store.enqueue("j", ready_at=T0 + 50.0) is True
@@ -798,7 +798,7 @@ def test_reenqueued_job_is_ready_at_its_new_time(store: JobStore) -> None:
 
 
 def test_release_with_delay_defers_the_job_and_keeps_the_fence(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j", now=T0, ttl=TTL)
     assert store.release(lease, delay=5.0, now=T0 + 1.0) is True
     row = state(store, "j")
@@ -811,7 +811,7 @@ def test_release_with_delay_defers_the_job_and_keeps_the_fence(store: JobStore) 
 
 
 def test_release_with_delay_is_claimable_by_claim_at_the_boundary(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j", now=T0, ttl=TTL)
     assert store.release(lease, delay=2.5, now=T0 + 1.0)
     assert store.claim("j", "b", now=T0 + 3.4, ttl=TTL) is None
@@ -820,7 +820,7 @@ def test_release_with_delay_is_claimable_by_claim_at_the_boundary(store: JobStor
 
 
 def test_release_without_delay_is_claimable_at_once(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j", now=T0, ttl=TTL)
     assert store.release(lease)
     [again] = store.claim_next("b", ttl=TTL, now=T0 + 0.001)
@@ -828,7 +828,7 @@ def test_release_without_delay_is_claimable_at_once(store: JobStore) -> None:
 
 
 def test_release_with_delay_by_a_stale_lease_changes_nothing(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     old = claimed(store, "j", now=T0, ttl=TTL)
     new = claimed(store, "j", "b", now=T0 + TTL, ttl=TTL)
     before = state(store, "j")
@@ -843,7 +843,7 @@ def test_release_with_delay_by_a_stale_lease_changes_nothing(store: JobStore) ->
 def test_release_rejects_a_bad_delay_and_changes_nothing(
     store: JobStore, delay: Any, error: type[Exception]
 ) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
     before = state(store, "j")
     with pytest.raises(error):
@@ -866,10 +866,10 @@ def _claim_and_expire(store: JobStore, job_id: str, times: int, start: float) ->
 
 
 def test_job_claimed_max_attempts_times_is_skipped_and_listed_as_poisoned(store: JobStore) -> None:
-    store.enqueue("p")
+    store.enqueue("p", ready_at=0.0)
     expired_at = _claim_and_expire(store, "p", 3, T0)
     assert state(store, "p").fence == 3
-    store.enqueue("healthy")
+    store.enqueue("healthy", ready_at=0.0)
     now = expired_at + 1.0
     [lease] = store.claim_next("w", ttl=TTL, now=now, limit=10, max_attempts=3)
     assert lease.job_id == "healthy"
@@ -883,7 +883,7 @@ def test_job_claimed_max_attempts_times_is_skipped_and_listed_as_poisoned(store:
 
 
 def test_job_claimed_fewer_times_than_max_attempts_is_not_poisoned(store: JobStore) -> None:
-    store.enqueue("p")
+    store.enqueue("p", ready_at=0.0)
     expired_at = _claim_and_expire(store, "p", 2, T0)
     assert store.poisoned(3, now=expired_at) == []
     [lease] = store.claim_next("w", ttl=TTL, now=expired_at, max_attempts=3)
@@ -892,7 +892,7 @@ def test_job_claimed_fewer_times_than_max_attempts_is_not_poisoned(store: JobSto
 
 def test_poisoned_lists_neither_done_nor_held_nor_deleted_jobs(store: JobStore) -> None:
     for job in ["done", "held", "deleted", "listed"]:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
         for attempt in range(3):
             lease = claimed(store, job, now=T0 + attempt * TTL)
         if job == "done":
@@ -912,7 +912,7 @@ def test_poisoned_lists_neither_done_nor_held_nor_deleted_jobs(store: JobStore) 
 
 def test_poisoned_lists_the_longest_ready_first(store: JobStore) -> None:
     for job, start in [("b", T0 + 5.0), ("a", T0)]:
-        store.enqueue(job)
+        store.enqueue(job, ready_at=0.0)
         for attempt in range(2):
             claimed(store, job, now=start + attempt * TTL)
     now = T0 + 100.0
@@ -949,7 +949,7 @@ def test_claim_next_on_the_database_clock(store: JobStore) -> None:
 
 
 def test_claim_next_on_the_database_clock_reclaims_an_expired_lease(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     first = claim_one(store, "a", ttl=0.3)
     assert store.claim_next("b", ttl=30.0) == []
     time.sleep(0.4)
@@ -960,7 +960,7 @@ def test_claim_next_on_the_database_clock_reclaims_an_expired_lease(store: JobSt
 
 
 def test_release_with_delay_on_the_database_clock(store: JobStore) -> None:
-    store.enqueue("j")
+    store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "a", ttl=30.0)
     assert lease is not None
     released_at = time.time()
@@ -975,7 +975,7 @@ def test_release_with_delay_on_the_database_clock(store: JobStore) -> None:
 
 
 def test_poisoned_on_the_database_clock(store: JobStore) -> None:
-    store.enqueue("p")
+    store.enqueue("p", ready_at=0.0)
     for _ in range(3):
         lease = store.claim("p", "w", ttl=30.0)
         assert lease is not None
