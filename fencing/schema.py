@@ -31,6 +31,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.schema import CreateIndex, CreateTable
 
+from .checks import check_new_table
 from .errors import SchemaMismatch
 
 __all__ = ["ID_MAX_BYTES", "Utf8Key", "ensure_jobs_table", "jobs", "jobs_table", "metadata"]
@@ -79,6 +80,7 @@ _FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
 
 def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = None) -> Table:
     """The jobs table in ``metadata`` (under another ``name`` or ``schema`` if you must)."""
+    check_new_table(metadata, name, schema)
     return Table(
         name,
         metadata,

@@ -529,8 +529,6 @@ ROWS: list[Row] = [
         InvalidArgumentType,
         "metadata must be a sqlalchemy MetaData, got NoneType",
         setup="none",
-        today="AttributeError: 'NoneType' object has no attribute 'schema' "
-        "(fix pending in fencing/schema.py)",
     ),
     Row(
         "jobs_table",
@@ -539,8 +537,6 @@ ROWS: list[Row] = [
         InvalidArgument,
         "metadata already holds a table 'jobs'; pass another name or MetaData",
         setup="none",
-        today="sqlalchemy.exc.InvalidRequestError: Table 'jobs' is already defined for this MetaData "
-        "instance... (fix pending in fencing/schema.py)",
     ),
     Row(
         "fence_marks_table",
