@@ -46,9 +46,9 @@ from tests.backends import engine_for
 from tests.crash_worker import Burst, app_metadata, writes
 
 #: the default run: up to ROUNDS kills, stopping after BUDGET seconds once MIN_ROUNDS are done
-ROUNDS = 40
-MIN_ROUNDS = 20
-BUDGET = 12.0
+ROUNDS = 50
+MIN_ROUNDS = 30
+BUDGET = 10.0
 SLOW_ROUNDS = 200
 #: a broken worker must be caught well within this many rounds (usually in the first few)
 MUTANT_ROUNDS = 150
@@ -518,6 +518,7 @@ class CrashRun:
     orphaned: dict[str, int] = field(default_factory=dict)
     stale: list[Token] = field(default_factory=list)
     stats: Counter[str] = field(default_factory=Counter)
+    seconds: dict[str, float] = field(default_factory=lambda: {"bursts": 0.0, "checks": 0.0})
 
     def setup(self) -> None:
         engine = engine_for(self.target)
@@ -555,8 +556,12 @@ class CrashRun:
             delay = rng.choice([0.0, rng.uniform(0, 0.02), rng.uniform(0.02, 0.2), rng.uniform(0.1, 0.4)])
             aimed = r % AIM_EVERY == AIM_EVERY - 1
             try:
+                started = time.monotonic()
                 self.kill_one(ctx, burst, delay, aimed)
+                checking = time.monotonic()
                 self.check_after_kill(Path(burst.ack_path))
+                self.seconds["bursts"] += checking - started
+                self.seconds["checks"] += time.monotonic() - checking
             except Violation as exc:
                 raise Violation(
                     f"seed {self.seed}, round {r} ({self.durability}); rerun with "
@@ -679,6 +684,7 @@ def crash_run(
     run.setup()
     run.rounds(rounds, budget=budget, at_least=MIN_ROUNDS)
     print(f"crash rounds ({durability}):", dict(sorted(run.stats.items())))
+    print("seconds:", {k: round(v, 1) for k, v in run.seconds.items()})
     # the kills must land where it matters, or the run proved little
     assert run.stats["killed mid-call"] > 0, run.stats
     assert run.stats["killed inside a fenced transaction"] > 0, run.stats
