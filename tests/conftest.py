@@ -30,6 +30,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=f"database alias: one of {sorted(backends.ALIASES)} (default sqlite)",
     )
     group.addoption("--dburi", default=None, help="a SQLAlchemy URL of a server database to test against")
+    group.addoption("--long", action="store_true", help="also run the tests marked long (minutes each)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -49,9 +50,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     backend: backends.Backend = config._fencing_backend  # type: ignore[attr-defined]
     keep, drop = [], []
+    long = config.getoption("--long")
     for item in items:
         marker = item.get_closest_marker("backend")
-        (keep if marker is None or backend.dialect in marker.args else drop).append(item)
+        wanted = marker is None or backend.dialect in marker.args
+        (keep if wanted and (long or item.get_closest_marker("long") is None) else drop).append(item)
     if drop:
         # deselected, not skipped: they run in the pass for their own backend
         config.hook.pytest_deselected(items=drop)

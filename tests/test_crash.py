@@ -707,7 +707,7 @@ def test_kill_mid_burst_at_normal_durability_loses_nothing_acknowledged(
     crash_run(target, tmp_path, seed, ROUNDS, durability="normal", budget=BUDGET)
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_hundreds_of_kills_in_a_row(target: str, tmp_path: Path, seed: int) -> None:
     crash_run(target, tmp_path, seed, SLOW_ROUNDS)
 
