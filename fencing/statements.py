@@ -7,18 +7,34 @@ and decided in Python.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
-from sqlalchemy import ColumnElement, Double, Table, and_, bindparam, literal_column, null, select, update
+from sqlalchemy import (
+    ColumnElement,
+    Double,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    column,
+    literal_column,
+    null,
+    select,
+    union_all,
+    update,
+    values,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import FromClause, Update
 from sqlalchemy.sql.functions import FunctionElement
 
 from .clock import database_now
 
-__all__ = ["TOMBSTONE", "Clock", "Statements"]
+__all__ = ["COMPLETE_CHUNK", "TOMBSTONE", "Clock", "Statements", "batch_size"]
 
 # constants are written into the SQL, not bound: fewer parameters per call, and a
 # partial index on "done = 0" can match them
@@ -31,6 +47,16 @@ _TOMBSTONE: ColumnElement[int] = literal_column(str(TOMBSTONE))
 
 #: whose clock decides whether a lease is live: the caller's ``now`` or the database's
 Clock = Literal["caller", "database"]
+
+#: the most completions one batch statement carries: 5 bind parameters each, far below
+#: psycopg's 65535; bigger batches run as several statements in the same transaction
+COMPLETE_CHUNK = 1024
+
+
+def batch_size(count: int) -> int:
+    """The statement size a batch of ``count`` (<= COMPLETE_CHUNK) is padded to: a power of
+    two, so a store holds at most 11 shapes (and psycopg prepares each one once)."""
+    return 1 << (count - 1).bit_length()
 
 
 class insertion_order(FunctionElement[Any]):
@@ -180,6 +206,9 @@ class Statements:
             .where(t.c.done == _ZERO, t.c.fence >= bindparam("max_fence"), t.c.until <= now)
             .order_by(*longest_ready)
         )
+        self._now = now
+        self._lease_live = lease_live
+        self._batches: dict[tuple[str, int], Executable] = {}
 
     def claim_ids(self, count: int) -> tuple[Executable, Executable]:
         """For databases without ``UPDATE ... RETURNING``: claim ``count`` picked ids
@@ -193,3 +222,84 @@ class Statements:
             read = select(t.c.id, t.c.fence, t.c.until).where(ids, t.c.owner == bindparam("holder"))
             self._by_count[count] = (claim, read)
             return claim, read
+
+    # -- a batch of completions in one statement (servers: one round trip, not one each) ---
+
+    def _batch(self, kind: str, size: int, build: Callable[[], Executable]) -> Executable:
+        key = (kind, size)
+        stmt = self._batches.get(key)
+        if stmt is None:
+            stmt = self._batches[key] = build()
+        return stmt
+
+    def _completions(self, size: int) -> list[tuple[ColumnElement[Any], ...]]:
+        """Bind parameters for ``size`` completions: ``n_i`` (the position in the batch),
+        ``id_i``, ``holder_i``, ``token_i``, ``result_i``, typed like the columns."""
+        t = self.table
+        return [
+            (
+                bindparam(f"n_{i}", type_=Integer()),
+                bindparam(f"id_{i}", type_=t.c.id.type),
+                bindparam(f"holder_{i}", type_=t.c.owner.type),
+                bindparam(f"token_{i}", type_=t.c.fence.type),
+                bindparam(f"result_{i}", type_=t.c.result.type),
+            )
+            for i in range(size)
+        ]
+
+    def _complete_joined(self, v: FromClause) -> Update:
+        """complete's guard, per completion: the job of ``v.id`` held by ``v.holder`` under
+        ``v.token``, not done, lease live; then its result and done = 1."""
+        t = self.table
+        current = and_(t.c.id == v.c.id, t.c.owner == v.c.holder, t.c.fence == v.c.token, t.c.done == _ZERO)
+        return update(t).where(current, self._lease_live).values(result=v.c.result, done=_ONE)
+
+    def complete_batch_returning(self, size: int) -> Executable:
+        """``size`` completions in one ``UPDATE ... FROM (VALUES ...)``, returning the
+        positions (``n``) of the accepted ones (PostgreSQL). Each row of the VALUES list
+        meets the guard on its own; a padding row of NULLs matches nothing."""
+
+        def build() -> Executable:
+            t = self.table
+            names = ("n", "id", "holder", "token", "result")
+            types = (Integer(), t.c.id.type, t.c.owner.type, t.c.fence.type, t.c.result.type)
+            v = values(*(column(n, ty) for n, ty in zip(names, types, strict=True)), name="v")
+            v = v.data(self._completions(size))
+            return self._complete_joined(v).returning(v.c.n)
+
+        return self._batch("complete_returning", size, build)
+
+    def lock_live(self, size: int) -> Executable:
+        """For databases without ``UPDATE ... RETURNING``: lock the rows of ``size`` job ids
+        (binds ``id_i``) and read each one's holder, fence, whether it is current (not done,
+        lease live) and the ``now`` that was judged at (the store binds it into
+        :meth:`complete_batch_joined`, so both statements judge by one instant). The WHERE
+        names only ids, so the lock is taken through the primary key on these rows alone:
+        a range on the ready index would lock every live lease in it."""
+
+        def build() -> Executable:
+            t = self.table
+            ids = t.c.id.in_([bindparam(f"id_{i}", type_=t.c.id.type) for i in range(size)])
+            current = and_(t.c.done == _ZERO, self._lease_live).label("is_current")
+            return (
+                select(t.c.id, t.c.owner, t.c.fence, current, self._now.label("judged_at"))
+                .where(ids)
+                .with_for_update()
+            )
+
+        return self._batch("lock_live", size, build)
+
+    def complete_batch_joined(self, size: int) -> Executable:
+        """``size`` completions in one ``UPDATE`` joined to a derived table of ``SELECT ...
+        UNION ALL SELECT ...`` (MariaDB/MySQL, which have no ``VALUES`` with column names)."""
+
+        def build() -> Executable:
+            names = ("id", "holder", "token", "result")
+            rows = [
+                select(*(b.label(n) for b, n in zip(row[1:], names, strict=True)))
+                for row in self._completions(size)
+            ]
+            v = (union_all(*rows) if size > 1 else rows[0]).subquery("v")
+            return self._complete_joined(v)
+
+        return self._batch("complete_joined", size, build)

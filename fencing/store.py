@@ -10,6 +10,7 @@ read inside the same statement (see :mod:`fencing.clock`).
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,10 +32,10 @@ from .checks import (
     fence_can_match,
 )
 from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
-from .errors import ConfigurationError, InvalidArgument, InvalidArgumentType, LeaseLost
+from .errors import ConfigurationError, DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
 from .execution import CoreExecutor, DriverPath, Executor, in_own_transaction
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
-from .statements import Statements
+from .statements import COMPLETE_CHUNK, Statements, batch_size
 from .values import JobState, Lease
 
 __all__ = ["JobStore"]
@@ -86,6 +87,12 @@ class JobStore:
             DriverPath(engine, begin_sql, self._errors) if dialect.driver in DRIVER_PATH_DRIVERS else None
         )
         self._enqueue = self._enqueue_unit(dialect.name)
+        #: how complete_many reaches the database: one UPDATE ... FROM (VALUES ...) RETURNING
+        #: (PostgreSQL), a locking read and one joined UPDATE (MariaDB/MySQL, no RETURNING),
+        #: or an UPDATE per completion (SQLite, where a statement costs no round trip)
+        self._batch_completion = {"postgresql": "returning", "mysql": "locking", "mariadb": "locking"}.get(
+            dialect.name, "each"
+        )
         if self._driver is not None:
             # close the store's own connections when it is collected or at exit
             weakref.finalize(self, self._driver.close)
@@ -462,26 +469,96 @@ class JobStore:
     ) -> list[bool]:
         """:meth:`complete` for each ``(lease, result)``, all in one transaction.
 
-        Each completion is checked on its own (a stale one is refused, the others stored);
-        the list says which were accepted, in input order.
+        Each completion is checked on its own (owner, fence, not done, lease live at
+        ``now``): a stale one is refused, the others stored; the list says which were
+        accepted, in input order. The same lease twice: only the first can be accepted
+        (it makes the job done). Every item is checked before anything runs, so a bad one
+        raises and changes nothing. On PostgreSQL a batch is one ``UPDATE`` (per
+        :data:`~fencing.statements.COMPLETE_CHUNK` completions), on MariaDB/MySQL a read
+        that locks the batch's rows and one ``UPDATE``, on SQLite one ``UPDATE`` each (no
+        round trips there). With ``now=None`` the servers judge a whole chunk at one
+        instant of their clock, SQLite each completion at its own statement's.
         """
         s, clock = self._clock(now)
-        batch = []
+        batch: list[_Completion] = []
         for item in completions:
             if not (isinstance(item, tuple) and len(item) == 2):
                 raise InvalidArgumentType(f"completions must hold (lease, result) pairs, got {item!r:.80}")
             lease, result = item
             job_id, owner, fence = self._lease(lease)
-            result = self._result(result)
-            batch.append(
-                ({"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}, fence)
-            )
-        stmt = s.complete
+            batch.append((job_id, owner, fence, self._result(result)))
+        # what goes to the database: the first of identical leases, with a fence that can match
+        first: dict[tuple[str, str, int], int] = {}
+        todo = [
+            i
+            for i, (job_id, owner, fence, _) in enumerate(batch)
+            if fence_can_match(fence) and first.setdefault((job_id, owner, fence), i) == i
+        ]
+        accepted = self._run(self._complete_many(s, clock, batch, todo), conn) if todo else set()
+        return [i in accepted for i in range(len(batch))]
 
-        def unit(x: Executor) -> list[bool]:
-            return [fence_can_match(fence) and x.count(stmt, p) == 1 for p, fence in batch]
+    def _complete_many(
+        self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+    ) -> Callable[[Executor], set[int]]:
+        """The unit that stores the completions at positions ``todo``: the accepted ones."""
+        if self._batch_completion == "each":
 
-        return self._run(unit, conn) if batch else []
+            def each(x: Executor) -> set[int]:
+                stmt = s.complete
+                accepted = set()
+                for i in todo:
+                    job_id, owner, fence, result = batch[i]
+                    params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result}
+                    if x.count(stmt, {**params, **clock}) == 1:
+                        accepted.add(i)
+                return accepted
+
+            return each
+
+        chunks = _chunks(batch, todo)
+        if self._batch_completion == "returning":
+
+            def returning(x: Executor) -> set[int]:
+                accepted: set[int] = set()
+                for chunk in chunks:
+                    size = batch_size(len(chunk))
+                    rows = x.rows(
+                        s.complete_batch_returning(size), {**_completion_params(batch, chunk, size), **clock}
+                    )
+                    accepted.update(int(row[0]) for row in rows)
+                return accepted
+
+            return returning
+
+        by_caller = self._by_caller
+
+        def locking(x: Executor) -> set[int]:
+            accepted: set[int] = set()
+            for chunk in chunks:
+                job_ids = list(dict.fromkeys(batch[i][0] for i in chunk))
+                size = batch_size(len(job_ids))
+                ids = {f"id_{k}": job_ids[k] if k < len(job_ids) else None for k in range(size)}
+                rows = x.rows(s.lock_live(size), {**ids, **clock})
+                # the rows stay locked until commit: what is current now is current at the UPDATE
+                live = {(job_id, owner, int(fence)) for job_id, owner, fence, ok, _ in rows if ok}
+                current = [i for i in chunk if batch[i][:3] in live]
+                if not current:
+                    continue
+                size = batch_size(len(current))
+                at = clock["now"] if "now" in clock else float(rows[0][4])
+                stored = x.count(
+                    by_caller.complete_batch_joined(size),
+                    {**_completion_params(batch, current, size), "now": at},
+                )
+                if stored != len(current):
+                    raise DatabaseError(
+                        f"complete_many: {stored} of {len(current)} locked, current leases were "
+                        "stored; the transaction is rolled back"
+                    )
+                accepted.update(current)
+            return accepted
+
+        return locking
 
     def poisoned(
         self, max_attempts: int, *, now: float | None = None, conn: Connection | None = None
@@ -515,6 +592,46 @@ class JobStore:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fencing-claim") as pool:
             futures = [pool.submit(self._run, unit, None) for unit in units]
             return [f.result() for f in futures]
+
+
+#: job_id, owner, fence, result: one checked item of complete_many
+_Completion = tuple[str, str, int, "str | None"]
+#: result characters per batch statement: a statement stays far below MariaDB's packet limit
+COMPLETE_CHUNK_CHARS = 1 << 20
+
+
+def _chunks(batch: list[_Completion], todo: list[int]) -> list[list[int]]:
+    """``todo`` cut into chunks of at most COMPLETE_CHUNK completions and (past the first
+    completion) COMPLETE_CHUNK_CHARS result characters."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    chars = 0
+    for i in todo:
+        size = len(batch[i][3] or "")
+        if chunk and (len(chunk) == COMPLETE_CHUNK or chars + size > COMPLETE_CHUNK_CHARS):
+            chunks.append(chunk)
+            chunk, chars = [], 0
+        chunk.append(i)
+        chars += size
+    chunks.append(chunk)
+    return chunks
+
+
+def _completion_params(batch: list[_Completion], chunk: list[int], size: int) -> dict[str, Any]:
+    """The bind parameters of a batch statement of ``size`` for the completions at ``chunk``;
+    the rows past them are NULLs, which match no job."""
+    params: dict[str, Any] = {}
+    padding = (None, None, None, None, None)
+    for k, names in enumerate(_completion_binds(size)):
+        row = (chunk[k], *batch[chunk[k]]) if k < len(chunk) else padding
+        params.update(zip(names, row, strict=True))
+    return params
+
+
+@functools.lru_cache(maxsize=16)
+def _completion_binds(size: int) -> tuple[tuple[str, str, str, str, str], ...]:
+    """The names :meth:`Statements.complete_batch_returning` and friends bind, per row."""
+    return tuple((f"n_{k}", f"id_{k}", f"holder_{k}", f"token_{k}", f"result_{k}") for k in range(size))
 
 
 def _connection(conn: object) -> Connection:
