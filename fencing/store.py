@@ -395,6 +395,9 @@ class JobStore:
                 conn.execute(invoices.insert().values(job=lease.job_id, total=99))
         """
         job_id, owner, fence = self._lease(lease)
+        if not isinstance(complete, bool):
+            kind = type(complete).__name__
+            raise InvalidArgumentType(f"complete must be a bool, got {kind} {complete!r:.80}")
         s, clock = self._clock(now)
         checked = self._result(result)
         params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": checked, **clock}
@@ -479,6 +482,11 @@ class JobStore:
         round trips there). With ``now=None`` the servers judge a whole chunk at one
         instant of their clock, SQLite each completion at its own statement's.
         """
+        if isinstance(completions, (str, bytes)) or not isinstance(completions, Iterable):
+            raise InvalidArgumentType(
+                "completions must be an iterable of (lease, result) pairs, "
+                f"got {type(completions).__name__} {completions!r:.80}"
+            )
         s, clock = self._clock(now)
         batch: list[_Completion] = []
         for item in completions:

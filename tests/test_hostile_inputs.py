@@ -326,7 +326,6 @@ ROWS: list[Row] = [
         'with store.fenced(lease, now=110.0, complete="no", result="paid"): pass',
         InvalidArgumentType,
         "complete must be a bool, got str 'no'",
-        today="completes the job: any truthy value counts (fix pending in fencing/store.py)",
     ),
     Row(
         "JobStore.claim_next",
@@ -349,7 +348,6 @@ ROWS: list[Row] = [
         "store.complete_many(None, now=110.0)",
         InvalidArgumentType,
         "completions must be an iterable of (lease, result) pairs, got NoneType None",
-        today="TypeError: 'NoneType' object is not iterable (fix pending in fencing/store.py)",
     ),
     Row(
         "JobStore.poisoned",
