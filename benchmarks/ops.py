@@ -217,7 +217,7 @@ def store_call(store: fencing.JobStore, op: str, job_id: str, a: Args) -> object
         return store.complete(fencing.Lease(job_id, a.owner, a.fence), a.result, now=a.now)
     if op == "state":
         return store.state(job_id)
-    return store.enqueue(job_id)
+    return store.enqueue(job_id, ready_at=0.0)  # the row service.enqueue makes
 
 
 # a step of a recorded transaction: SQL, its arguments as roles/constants, the fetch after it
@@ -428,7 +428,7 @@ def store_loop(store: fencing.JobStore, op: str) -> Loop:
 
         def enqueue() -> None:
             for job_id in ids:
-                store.enqueue(job_id)
+                store.enqueue(job_id, ready_at=0.0)
 
         return {"claim": claim, "renew": renew, "complete": complete, "state": state, "enqueue": enqueue}[op]
 

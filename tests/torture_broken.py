@@ -14,7 +14,7 @@ from sqlalchemy import Connection, select, update
 from fencing import JobStore, Lease
 
 #: the gap a GC pause or a network round trip leaves between a read and the write after it
-READ_WRITE_GAP = 0.002
+READ_WRITE_GAP = 0.02
 
 
 class AckById(JobStore):
