@@ -58,6 +58,13 @@ def result_of(lease: Lease) -> str:
     return f"{lease.owner}#{lease.fence}"
 
 
+def _record(journal: Journal, event: str, lease: Lease, t0: float, **fields: object) -> None:
+    """One call on ``lease`` that started at ``t0`` and has just returned."""
+    journal.record(
+        event, job=lease.job_id, fence=lease.fence, owner=lease.owner, t0=t0, t1=time.time(), **fields
+    )
+
+
 class _JournaledKeeper:
     """The store as the heartbeat sees it: every renewal and release is journaled."""
 
@@ -69,29 +76,16 @@ class _JournaledKeeper:
         t0 = time.time()
         self._journal.record("renew-start", job=lease.job_id, fence=lease.fence, owner=lease.owner, t0=t0)
         renewed = self._store.renew(lease, ttl=ttl, now=now)
-        self._journal.record(
-            "renew",
-            job=lease.job_id,
-            fence=lease.fence,
-            owner=lease.owner,
-            until=None if renewed is None else renewed.until,
-            t0=t0,
-            t1=time.time(),
-        )
+        _record(self._journal, "renew", lease, t0, until=None if renewed is None else renewed.until)
         return renewed
 
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease, *, delay: float | None = None) -> bool:
         t0 = time.time()
-        released = self._store.release(lease)
-        self._journal.record(
-            "release",
-            job=lease.job_id,
-            fence=lease.fence,
-            owner=lease.owner,
-            ok=released,
-            t0=t0,
-            t1=time.time(),
-        )
+        released = self._store.release(lease, delay=delay)
+        if delay is None:
+            _record(self._journal, "release", lease, t0, ok=released)
+        else:
+            _record(self._journal, "release", lease, t0, ok=released, delay=delay)
         return released
 
 
@@ -195,18 +189,7 @@ class _Worker:
         heartbeat.stop()
         lease = heartbeat.lease
         delay = self.rng.uniform(0.0, self.config.ttl)
-        t0 = time.time()
-        released = self.store.release(lease, delay=delay)
-        self.journal.record(
-            "release",
-            job=lease.job_id,
-            fence=lease.fence,
-            owner=lease.owner,
-            ok=released,
-            delay=delay,
-            t0=t0,
-            t1=time.time(),
-        )
+        self.keeper.release(lease, delay=delay)
 
     def in_transaction(self, conn: Connection, write: Executable) -> None:
         """The application's own work inside a write transaction: where a kill hurts most."""
@@ -224,15 +207,7 @@ class _Worker:
                 row = {"resource": resource, "owner": lease.owner, "fence": lease.fence}
                 self.in_transaction(conn, external.insert().values(row))
         self.at(HOLDING)
-        self.journal.record(
-            "external",
-            job=lease.job_id,
-            fence=lease.fence,
-            owner=lease.owner,
-            ok=accepted,
-            t0=t0,
-            t1=time.time(),
-        )
+        _record(self.journal, "external", lease, t0, ok=accepted)
 
     def finish(self, lease: Lease, mode: str) -> None:
         t0 = time.time()
@@ -248,32 +223,13 @@ class _Worker:
         else:
             accepted = self.store.complete(lease, result_of(lease))
         self.at(HOLDING)
-        self.journal.record(
-            "write",
-            how=mode,
-            job=lease.job_id,
-            fence=lease.fence,
-            owner=lease.owner,
-            ok=accepted,
-            t0=t0,
-            t1=time.time(),
-        )
+        _record(self.journal, "write", lease, t0, how=mode, ok=accepted)
 
     def finish_batch(self, leases: list[Lease]) -> None:
         t0 = time.time()
         accepted = self.store.complete_many([(lease, result_of(lease)) for lease in leases])
-        t1 = time.time()
         for lease, ok in zip(leases, accepted, strict=True):
-            self.journal.record(
-                "write",
-                how="batch",
-                job=lease.job_id,
-                fence=lease.fence,
-                owner=lease.owner,
-                ok=ok,
-                t0=t0,
-                t1=t1,
-            )
+            _record(self.journal, "write", lease, t0, how="batch", ok=ok)
 
 
 def _die_with_parent() -> None:
