@@ -92,6 +92,8 @@ def configure(
     that every connection from now on carries them. Calling it twice is an error
     (the first settings would silently win otherwise).
     """
+    if not isinstance(engine, Engine):
+        raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
     if engine.dialect.name != "sqlite":
         raise ConfigurationError(f"configure() is for SQLite engines, got {engine.dialect.name!r}")
     if engine.dialect.driver != "pysqlite":
@@ -139,6 +141,8 @@ def create_engine(
         raise InvalidArgument(f"path must name a database file, got {raw!r}")
     if "\x00" in raw:
         raise InvalidArgument(f"path must not contain NUL bytes, got {raw!r}")
+    if os.path.isdir(raw):
+        raise InvalidArgument(f"path is a directory, not a database file: {os.path.abspath(raw)!r}")
     _check_options(durability, busy_timeout, "IMMEDIATE")
     # URL.create, not a URL string: a "?" or "#" in a file name is part of the name
     url = sqlalchemy.URL.create("sqlite", database=os.path.abspath(raw))

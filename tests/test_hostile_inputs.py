@@ -508,8 +508,6 @@ ROWS: list[Row] = [
         InvalidArgumentType,
         "engine must be a sqlalchemy Engine, got NoneType",
         setup="none",
-        today="AttributeError: 'NoneType' object has no attribute 'dialect' "
-        "(fix pending in fencing/sqlite.py)",
     ),
     Row(
         "configure_sqlite",
@@ -638,8 +636,6 @@ ROWS: list[Row] = [
         InvalidArgument,
         "path is a directory, not a database file: '{tmp}/adir'",
         setup="directory",
-        today="DatabaseError: OperationalError: unable to open database file, at the first "
-        "operation (fix pending in fencing/sqlite.py)",
     ),
     Row(
         "service.init_db",
