@@ -83,7 +83,7 @@ class Row:
     setup: str = "seeded"
     #: dialect names the row runs on (() = every backend)
     backends: tuple[str, ...] = ()
-    #: a pending fix in a file other helpers are changing: what users get today
+    #: a known gap: what users get today (the row runs as xfail(strict) until it is fixed)
     today: str | None = None
     note: str = ""
 
