@@ -55,7 +55,10 @@ def tests(session: nox.Session, sqlalchemy: str, db: str) -> None:
     # every driver, also for SQLite: a few tests build engines of each dialect offline
     _install(session, "test", *filter(None, DATABASES.values()), sqlalchemy=sqlalchemy)
     _require_server(session, db)
-    session.run("pytest", "-n", "auto", "--db", db, *session.posargs)
+    # process races, kills and torture runs take seconds each and do not vary with python or
+    # SQLAlchemy: they run once per database, on the newest of both
+    quick = [] if (session.python, sqlalchemy) == (NEWEST, "latest") else ["-m", "not slow"]
+    session.run("pytest", "-n", "auto", "--db", db, *quick, *session.posargs)
 
 
 def _require_server(session: nox.Session, db: str) -> None:

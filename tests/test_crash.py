@@ -45,6 +45,9 @@ from tests import crash_worker
 from tests.backends import engine_for
 from tests.crash_worker import Burst, app_metadata, writes
 
+#: process kills take seconds: run in one session per database (see noxfile.py)
+pytestmark = pytest.mark.slow
+
 #: the default run: up to ROUNDS kills, stopping after BUDGET seconds once MIN_ROUNDS are done
 ROUNDS = 50
 MIN_ROUNDS = 30

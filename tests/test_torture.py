@@ -16,6 +16,7 @@ from fencing.torture.verdict import DatabaseState, judge
 SHORT = {"workers": 4, "jobs": 250, "seconds": 8.0, "fault_every": 0.1, "drain": 60.0}
 
 
+@pytest.mark.slow
 def test_real_store_survives_every_fault(target: str) -> None:
     run = run_torture(TortureConfig(url=target, seed=11, **SHORT))  # type: ignore[arg-type]
     report = summary(run)
@@ -30,6 +31,7 @@ def test_real_store_survives_every_fault(target: str) -> None:
     assert refused >= 1, report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("broken", "finish", "rules"),
     [
@@ -65,6 +67,7 @@ def test_harness_finds_the_violations_of_a_broken_store(
     assert "VIOLATION" in report
 
 
+@pytest.mark.slow
 @pytest.mark.backend("sqlite")
 def test_command_line_runs_and_reports(tmp_path: Any) -> None:
     argv = [sys.executable, "-m", "fencing", "torture", "--url", str(tmp_path / "t.db")]
@@ -87,6 +90,7 @@ def test_command_line_runs_and_reports(tmp_path: Any) -> None:
     assert list((tmp_path / "j").glob("worker-*.jsonl")), "the journals were not kept"
 
 
+@pytest.mark.slow
 @pytest.mark.backend("sqlite")
 def test_command_line_exits_1_on_a_violation(tmp_path: Any) -> None:
     argv = [sys.executable, "-m", "fencing", "torture", "--url", str(tmp_path / "t.db"), "--seed", "5"]
