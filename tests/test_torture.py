@@ -215,6 +215,7 @@ def test_verdict_passes_an_honest_history() -> None:
         ([], _db(results=[(1, "j", "b", 2)]), "fenced write without completion"),
         ([], _db(integrity="*** in database main ***\nPage 3 is never used"), "integrity"),
         ([{"k": "crash", "type": "KeyError", "message": "boom"}], _db(), "worker crashed"),
+        ([{"k": "hung", "worker": 3, "waited": 30.0, "t": 1.0}], _db(), "worker hung"),
     ],
 )
 def test_verdict_rule_fires(events: list[dict[str, Any]], db: DatabaseState, rule: str) -> None:

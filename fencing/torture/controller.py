@@ -46,6 +46,8 @@ __all__ = ["Run", "run_torture"]
 
 #: how long a fault waits for a worker in the state it targets before giving up
 TARGET_WAIT = 0.5
+#: how long workers get to stop once asked; one still running then is hung (a violation)
+SHUTDOWN_TIMEOUT = 30.0
 #: enqueued per transaction while setting up
 ENQUEUE_CHUNK = 500
 
@@ -58,7 +60,8 @@ class Run:
     verdict: Verdict
     elapsed: float
     fault_phase: float
-    journal_dir: Path
+    #: where the journals are, if they were kept (``config.journal_dir``)
+    journal_dir: Path | None
     jobs_done: int
 
     @property
@@ -168,8 +171,8 @@ def run_torture(config: TortureConfig) -> Run:
     with tempfile.TemporaryDirectory(prefix="fencing-torture-") as scratch:
         journal_dir = Path(config.journal_dir or scratch)
         journal_dir.mkdir(parents=True, exist_ok=True)
-        for old in journal_dir.glob("*.jsonl"):
-            old.unlink()
+        for old in [*journal_dir.glob("worker-*.jsonl"), *journal_dir.glob("controller.jsonl")]:
+            old.unlink()  # an earlier run's journals (only the harness's own file names)
         tables = TortureTables.named(config.prefix)
         engine = open_engine(config.url)
         try:
@@ -190,7 +193,8 @@ def run_torture(config: TortureConfig) -> Run:
                 tables.drop(engine)
         finally:
             engine.dispose()
-        return Run(config, verdict, time.monotonic() - started, fault_phase, journal_dir, done)
+        kept = journal_dir if config.journal_dir else None
+        return Run(config, verdict, time.monotonic() - started, fault_phase, kept, done)
 
 
 def _enqueue(engine: Engine, store: JobStore, jobs: int) -> None:
@@ -241,8 +245,8 @@ def _drive(
             _restart_the_dead(pool, journal)
             time.sleep(0.05)
     finally:
-        for index in pool.shutdown(timeout=30.0):
-            journal.record("fault", kind="stuck-at-shutdown", worker=index, t0=time.time(), t1=time.time())
+        for index in pool.shutdown(timeout=SHUTDOWN_TIMEOUT):
+            journal.record("hung", worker=index, waited=SHUTDOWN_TIMEOUT, t=time.time())
     return fault_phase
 
 

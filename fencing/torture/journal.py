@@ -40,7 +40,7 @@ class Journal:
 
 def read_journals(directory: Path) -> Iterator[dict[str, Any]]:
     """Every complete event of every journal in ``directory`` (a line cut short by a kill is dropped)."""
-    for path in sorted(directory.glob("*.jsonl")):
+    for path in sorted([*directory.glob("worker-*.jsonl"), *directory.glob("controller.jsonl")]):
         with path.open(encoding="utf-8") as lines:
             for line in lines:
                 if line.endswith("\n"):

@@ -82,6 +82,11 @@ def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> 
     _external_tokens_never_went_back(verdict, db)
     for crash in by_kind["crash"]:
         verdict.flag("worker crashed", f"{crash['type']}: {crash['message']}")
+    for hung in by_kind["hung"]:
+        verdict.flag(
+            "worker hung",
+            f"worker {hung['worker']} did not stop within {hung['waited']:g} s of being asked to",
+        )
     if db.integrity is not None and db.integrity != "ok":
         verdict.flag("integrity", f"PRAGMA integrity_check: {db.integrity[:300]}")
     return verdict
