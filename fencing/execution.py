@@ -12,6 +12,14 @@ plain value. The store builds units; this module decides where they run:
   ``ROLLBACK`` round trip on pymysql) are most of an operation's client time; compiling
   once and executing on the driver removes them. Lock races (SQLite busy, deadlocks,
   lock timeouts) roll a unit back whole and are retried here, bounded.
+
+Waiting for locks. On SQLite the store's ``BEGIN IMMEDIATE`` goes through
+:class:`fencing.writelock.WriteLock`: SQLite's busy handler for short waits, then priority
+for the waiter that has waited longest, until the engine's ``busy_timeout`` is spent; only
+then does the caller get :class:`DatabaseBusy`. PostgreSQL and MariaDB wait for row locks
+in the server; their deadlocks and serialization failures roll a unit back and are retried
+up to :data:`TRANSIENT_RETRIES` times with :func:`backoff`. A unit whose ``COMMIT`` was
+sent is never run again.
 """
 
 from __future__ import annotations
@@ -26,10 +34,12 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import Connection, Engine, TypeDecorator
 from sqlalchemy.sql import Executable
 
+from . import sqlite as sqlite_glue
 from .dberrors import DB_ERRORS, is_transient
 from .errors import DatabaseBusy, DatabaseError
+from .writelock import WriteLock, busy_error, poll_pause, sidecar_path
 
-__all__ = ["FORK_GENERATION", "CoreExecutor", "DriverPath", "Executor", "in_own_transaction"]
+__all__ = ["FORK_GENERATION", "CoreExecutor", "DriverPath", "Executor", "LockWait", "in_own_transaction"]
 
 T = TypeVar("T")
 
@@ -48,7 +58,7 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
-#: retries of a unit the database rolled back for a lock race
+#: retries of a unit a server rolled back for a lock race (deadlock, serialization failure)
 TRANSIENT_RETRIES = 20
 _BACKOFF_CAP = 0.05
 
@@ -58,24 +68,83 @@ def backoff(attempt: int) -> None:
     time.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)))
 
 
+class LockWait:
+    """How long a unit that lost a lock race is tried again.
+
+    ``budget`` (SQLite): seconds from the first lost race, the engine's ``busy_timeout``,
+    tried again after every :func:`~fencing.writelock.poll_pause`; this covers what
+    :class:`~fencing.writelock.WriteLock` does not: a race lost after ``BEGIN`` (a
+    ``DEFERRED`` transaction's stale snapshot) or by a read. ``None`` (servers, which wait
+    for row locks themselves): up to :data:`TRANSIENT_RETRIES` more attempts after
+    :func:`backoff`.
+    """
+
+    __slots__ = ("budget",)
+
+    def __init__(self, budget: float | None) -> None:
+        self.budget = budget
+
+    @classmethod
+    def for_engine(cls, engine: Engine) -> LockWait:
+        settings = sqlite_glue.settings_of(engine) if engine.dialect.name == "sqlite" else None
+        return cls(None if settings is None else settings.busy_timeout)
+
+    def again(self, attempt: int, started: float) -> bool:
+        """After the ``attempt``-th lost race of a call that began at ``started``
+        (``time.monotonic()``): sleep and return True, or False when the budget is spent."""
+        if self.budget is None:
+            if attempt > TRANSIENT_RETRIES:
+                return False
+            backoff(attempt)
+            return True
+        left = started + self.budget - time.monotonic()
+        if left <= 0:
+            return False
+        poll_pause(attempt, left)
+        return True
+
+    def busy(self, exc: BaseException) -> DatabaseBusy:
+        """The error for a call that spent its budget (raise it ``from exc``)."""
+        if self.budget is None:
+            return DatabaseBusy(f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed")
+        return busy_error(self.budget, exc)
+
+
 def in_own_transaction(
     engine: Engine, errors: tuple[type[BaseException], ...], work: Callable[[Connection], T]
 ) -> T:
     """``work`` in a transaction of its own on a Connection from ``engine``, retried while
-    the database rolls it back whole for a lock race (deadlock, lock timeout, busy)."""
-    for attempt in range(TRANSIENT_RETRIES + 1):
+    the database rolls it back whole for a lock race (deadlock, lock timeout, busy).
+
+    On SQLite these are the engine's pooled connections, whose busy handler waits up to
+    ``busy_timeout`` itself; the retries only cover what it does not (e.g. a ``DEFERRED``
+    transaction's stale snapshot), within the same budget.
+    """
+    wait = LockWait.for_engine(engine)
+    started = time.monotonic()
+    attempt = 0
+    while True:
+        committing = False
         try:
-            with engine.begin() as conn:
-                return work(conn)
+            with engine.connect() as conn:
+                with conn.begin():
+                    result = work(conn)
+                    committing = True  # the block's end sends COMMIT
+                return result
         except errors as exc:
             if not is_transient(exc):
                 raise
-            if attempt == TRANSIENT_RETRIES:
-                raise DatabaseBusy(
-                    f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed"
-                ) from exc
-            backoff(attempt + 1)
-    raise AssertionError("unreachable")
+            if committing:
+                raise _busy_at_commit() from exc
+            attempt += 1
+            if not wait.again(attempt, started):
+                raise wait.busy(exc) from exc
+
+
+def _busy_at_commit() -> DatabaseBusy:
+    # the database refused the COMMIT for a lock race and rolled the transaction back;
+    # running the unit again could repeat effects the caller already acted on, so it is not
+    return DatabaseBusy("COMMIT lost a lock race; the transaction was rolled back, nothing was changed")
 
 
 class Executor(Protocol):
@@ -186,6 +255,10 @@ class DriverPath:
     pool. Up to ``max_idle`` stay open between operations; a forked child never touches
     its parent's. ``begin_sql`` is sent to open a transaction (SQLite's ``BEGIN
     IMMEDIATE``); ``None`` leaves it to the driver, which opens one at the first statement.
+    On SQLite the detached connections wait in SQLite's busy handler only briefly; then
+    :class:`~fencing.writelock.WriteLock` takes over, within the engine's ``busy_timeout``.
+    The engine's pooled connections (``conn=``, ``fenced``) keep SQLite's handler and the
+    whole timeout.
     """
 
     def __init__(
@@ -204,6 +277,13 @@ class DriverPath:
         self._generation = FORK_GENERATION[0]
         self._closed = False
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
+        settings = sqlite_glue.settings_of(engine) if engine.dialect.name == "sqlite" else None
+        #: how long a unit that lost a lock race is tried again (SQLite: the busy timeout)
+        self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
+        #: SQLite: begins write transactions, waiting for the lock (the longest waiter next)
+        self._write_lock = (
+            None if settings is None else WriteLock(settings.busy_timeout, sidecar_path(engine.url.database))
+        )
 
     def _compiled_for(self, stmt: Executable) -> _Compiled:
         try:
@@ -220,7 +300,10 @@ class DriverPath:
         without an explicit transaction (one statement is its own snapshot) and takes no
         write lock.
         """
-        attempt = 0
+        races = 0  # lost lock races so far
+        started = 0.0  # when the first was lost: the wait for the lock begins there
+        reconnected = False
+        write_lock = self._write_lock if write else None
         while True:
             conn = self._checkout()
             reusable = False
@@ -229,7 +312,10 @@ class DriverPath:
                 cursor = conn.cursor()
                 try:
                     if write and self.begin_sql is not None:
-                        cursor.execute(self.begin_sql)
+                        if write_lock is not None:
+                            write_lock.begin(cursor, self.begin_sql, self.errors)
+                        else:
+                            cursor.execute(self.begin_sql)
                     result = unit(_DriverExecutor(cursor, self._compiled_for))
                     committing = True
                     if self.begin_sql is None:
@@ -240,15 +326,19 @@ class DriverPath:
                     cursor.close()
                 reusable = True
                 return result
+            except DatabaseBusy:  # the write lock was never had: no transaction is open
+                reusable = True
+                raise
             except self.errors as exc:
                 reusable = self._rollback(conn)
                 if is_transient(exc):
-                    attempt += 1
-                    if attempt > TRANSIENT_RETRIES:
-                        raise DatabaseBusy(
-                            f"lost {TRANSIENT_RETRIES} lock races in a row; nothing was changed"
-                        ) from exc
-                    backoff(attempt)
+                    if committing:
+                        raise _busy_at_commit() from exc
+                    if races == 0:
+                        started = time.monotonic()
+                    races += 1
+                    if not self.lock_wait.again(races, started):
+                        raise self.lock_wait.busy(exc) from exc
                     continue
                 if self._disconnected(exc, conn):
                     reusable = False
@@ -257,8 +347,8 @@ class DriverPath:
                             "the connection died during COMMIT: the outcome is unknown; "
                             "read the job's state before acting on it"
                         ) from exc
-                    if attempt == 0:
-                        attempt += 1  # an idle connection the server closed: once, afresh
+                    if not reconnected and races == 0:
+                        reconnected = True  # an idle connection the server closed: once, afresh
                         continue
                 raise
             finally:
@@ -311,6 +401,12 @@ class DriverPath:
         proxied = self.engine.raw_connection()
         conn = proxied.driver_connection
         proxied.detach()
+        if self._write_lock is not None:
+            try:
+                self._write_lock.adopt(conn)
+            except BaseException:
+                _close(conn)
+                raise
         return conn
 
     def _checkin(self, conn: Any, reusable: bool) -> None:
@@ -329,6 +425,8 @@ class DriverPath:
     def close(self) -> None:
         """Close the idle connections; ones in use close when their operation ends."""
         self._closed = True
+        if self._write_lock is not None:
+            self._write_lock.close()
         if self._generation != FORK_GENERATION[0]:
             self._forget_parent()
         idle, self._idle = self._idle, []
