@@ -37,10 +37,19 @@ untimed ``state()`` call). Every exception a store call raises in a worker is ca
 counted and kept (type and message), and the worker goes on; ``errors`` in the table is
 their total -- in particular ``database is locked`` / ``DatabaseBusy`` on SQLite, which the
 library is meant to absorb (target: none). ``retries`` counts the lock races the library
-absorbed itself (its ``backoff`` calls, counted by wrapping ``fencing.execution.backoff``
-in the workers; SQLite's own busy-handler waits inside ``busy_timeout`` are not counted),
-and ``max op ms`` is the slowest single ``claim_next``/``complete`` call any worker saw.
-``per-worker`` lists each worker's completions (median repetition), which shows starvation.
+absorbed itself (its pauses before trying again, counted by wrapping
+``fencing.execution.backoff`` and, where it exists, ``fencing.writelock.poll_pause`` in the
+workers; waits inside SQLite's own busy handler are not counted), and ``max op ms`` is the
+slowest single ``claim_next``/``complete`` call any worker saw. ``cpu us/job`` is the
+workers' CPU time (user + system, summed over the workers) per job: what waiting for a lock
+costs in CPU, which a busy machine's wall-clock figures hide.
+
+Fairness, i.e. whether a worker starves while others take the lock: ``claim ms`` is the
+latency of every ``claim_next`` call (p50/p99/max over all repetitions; on SQLite a claim
+waits for the write lock, so its tail is the longest any worker waited), and ``share`` is
+each worker's completions over its fair share ``N/P``, as the lowest and highest of any
+worker in any repetition (1.00-1.00 is perfectly even; 0.00 means a worker got nothing).
+``per-worker`` lists each worker's completions in the median repetition.
 
 After every measurement the table is checked: all N jobs done, each claimed exactly once
 (``fence = 1``), with the result naming the worker that completed it, and the per-worker
@@ -48,12 +57,15 @@ counts in the table equal to what the workers reported; otherwise the run stops.
 
 Interleaving: the worker processes are spawned once and kept. A repetition runs each
 backend's four configurations (1/4 processes x single/batched) in ``--rounds`` rounds
-(default 3) of N/rounds jobs each, the configurations' order rotating from round to round
-(and the backends' order from repetition to repetition), so a slow spell of the disk or of
-the machine's other load hits every side of a ratio alike; a repetition's jobs/s for a
-configuration is its jobs over its time summed over the rounds. ``jobs/s`` is the median of
-R repetitions; the ratios ``batched/single`` (same backend and processes) and ``vs 1p``
-(same backend and mode) are medians of the per-repetition ratios, with their range.
+(default 3) of N/rounds jobs each. In a round the two process counts of a mode run one
+right after the other, in alternating order from round to round, and the modes' order
+rotates (as does the backends' from repetition to repetition), so a slow spell of the disk
+or of the machine's other load hits both sides of a ratio alike. A repetition's jobs/s for
+a configuration is its jobs over its time summed over the rounds; ``jobs/s`` is the median
+of R repetitions. The ratios ``batched/single`` (same backend and processes) and ``vs 1p``
+(same backend and mode) are taken round by round, between the two measurements of the same
+round, and shown as the median of all R x rounds of them, with their range: on a machine
+whose load changes from second to second this is far steadier than a ratio of totals.
 Targets: batched >= 10x single on SQLite at its default durability; 4 processes >= 0.9x one
 process on SQLite, with no "database is locked" reaching a caller.
 
@@ -65,7 +77,7 @@ Reproduce
     python benchmarks/cycle.py --backends sqlite --repeat 5 --json cycle.json
     python benchmarks/cycle.py --backends sqlite --profile    # where the workers' time goes
 
-``--single-jobs`` / ``--batched-jobs`` set N per backend (defaults: SQLite 3000 / 20000,
+``--single-jobs`` / ``--batched-jobs`` set N per backend (defaults: SQLite 6000 / 60000,
 servers 2000 / 20000). ``--profile`` runs every worker under cProfile and times every driver
 call by statement kind (``BEGIN``, claim, complete, ``COMMIT``) through a subclass of the
 driver's connection and cursor (sqlite3 ``factory=``; a SQLAlchemy ``do_connect`` listener
@@ -115,8 +127,8 @@ URLS = {
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 MODES = {"single": 1, "batched": 100}
 DEFAULT_JOBS = {
-    ("sqlite", "single"): 3000,
-    ("sqlite", "batched"): 20000,
+    ("sqlite", "single"): 6000,
+    ("sqlite", "batched"): 60000,
     ("server", "single"): 2000,
     ("server", "batched"): 20000,
 }
@@ -248,24 +260,40 @@ def make_engine(backend: str, target: str, *, timing: bool = False) -> Engine:
     return engine
 
 
+#: the library's pauses before it tries again: (module, function); ``poll_pause`` is SQLite's
+#: write lock (its priority holder's short sleeps are not counted)
+PAUSES = (("fencing.execution", "backoff"), ("fencing.writelock", "poll_pause"))
+
+
 class Retries:
-    """Wraps the library's ``backoff`` to count the lock races it absorbed, and the sleeps."""
+    """Wraps the library's pauses to count the lock races it absorbed, and the sleeps."""
 
     def __init__(self) -> None:
         self.count = 0
         self.seconds = 0.0
-        self._original = fencing.execution.backoff
 
     def install(self) -> None:
-        original = self._original
+        for module_name, name in PAUSES:
+            module = sys.modules.get(module_name)
+            original = getattr(module, name, None)
+            if original is None:
+                continue
+            setattr(module, name, self._counting(original))
+            # a module that imported the function by name calls it through its own global
+            for other in (fencing.execution,):
+                if getattr(other, name, None) is original:
+                    setattr(other, name, getattr(module, name))
 
-        def counting(attempt: int) -> None:
+    def _counting(self, original: Any) -> Any:
+        def counting(*args: Any) -> Any:
             self.count += 1
             t0 = time.perf_counter()
-            original(attempt)
-            self.seconds += time.perf_counter() - t0
+            try:
+                return original(*args)
+            finally:
+                self.seconds += time.perf_counter() - t0
 
-        fencing.execution.backoff = counting
+        return counting
 
     def reset(self) -> None:
         self.count = 0
@@ -275,6 +303,7 @@ class Retries:
 def work(store: fencing.JobStore, owner: str, limit: int) -> dict[str, Any]:
     """The cycle until ``claim_next`` returns nothing; what happened."""
     completions = claims = 0
+    claim_latencies: list[float] = []
     errors: list[str] = []
     slowest = 0.0
     last_done = None
@@ -289,6 +318,7 @@ def work(store: fencing.JobStore, owner: str, limit: int) -> dict[str, Any]:
             continue
         t1 = clock()
         slowest = max(slowest, t1 - t0)
+        claim_latencies.append(t1 - t0)
         if not leases:
             break
         claims += len(leases)
@@ -308,6 +338,7 @@ def work(store: fencing.JobStore, owner: str, limit: int) -> dict[str, Any]:
         "claims": claims,
         "errors": errors,
         "slowest": slowest,
+        "claim_latencies": claim_latencies,
         "last_done": last_done,
     }
 
@@ -337,9 +368,11 @@ def worker(index: int, barriers: dict[int, Any], commands: Any, results: Any, pr
             TIMER[0] = timer
             if profiler is not None:
                 profiler.enable()
+            cpu = time.process_time()
             start = time.perf_counter()
             outcome = work(store, owner, limit)
             finish = time.perf_counter()
+            cpu = time.process_time() - cpu
             if profiler is not None:
                 profiler.disable()
             TIMER[0] = None
@@ -347,6 +380,7 @@ def worker(index: int, barriers: dict[int, Any], commands: Any, results: Any, pr
             outcome.update(
                 wal_bytes=os.path.getsize(wal) if backend == "sqlite" and os.path.exists(wal) else None,
                 index=index,
+                cpu_s=cpu,
                 start=start,
                 finish=finish,
                 retries=retries.count,
@@ -576,16 +610,34 @@ def measure(workers: Workers, backend: Backend, mode: str, parties: int, n: int)
         "jobs": n,
         "seconds": span,
         "tail_s": max(o["finish"] for o in outcomes) - done_at,
+        "cpu_s": sum(o["cpu_s"] for o in outcomes),
         "errors": len(errors),
         "locked_errors": sum("locked" in e or "DatabaseBusy" in e for e in errors),
         "error_samples": errors[:KEPT_ERRORS],
         "per_worker": [o["completions"] for o in outcomes],
+        "shares": shares([o["completions"] for o in outcomes], n),
+        "claim_latencies": [x for o in outcomes for x in o["claim_latencies"]],
         "retries": sum(o["retries"] for o in outcomes),
         "backoff_s": sum(o["backoff_s"] for o in outcomes),
         "slowest_op_s": max(o["slowest"] for o in outcomes),
         "wal_bytes": max((o["wal_bytes"] or 0) for o in outcomes) if backend.name == "sqlite" else None,
         "profile": merge_profiles(outcomes, span, done_at) if outcomes[0]["profile"] else None,
     }
+
+
+def shares(per_worker: list[int], n: int) -> tuple[float, float]:
+    """The lowest and highest worker's completions over its fair share ``n / workers``."""
+    fair = n / len(per_worker)
+    return min(per_worker) / fair, max(per_worker) / fair
+
+
+def percentiles(latencies: list[float]) -> dict[str, float]:
+    ordered = sorted(latencies) or [0.0]
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1], "calls": float(len(latencies))}
 
 
 def merge_profiles(outcomes: list[dict[str, Any]], span: float, done_at: float) -> dict[str, Any]:
@@ -650,10 +702,13 @@ def combine(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "locked_errors": sum(p["locked_errors"] for p in parts),
         "error_samples": [e for p in parts for e in p["error_samples"]][:KEPT_ERRORS],
         "per_worker": [sum(w) for w in zip(*(p["per_worker"] for p in parts), strict=True)],
+        "shares": (min(p["shares"][0] for p in parts), max(p["shares"][1] for p in parts)),
+        "claim_latencies": [x for p in parts for x in p["claim_latencies"]],
         "retries": sum(p["retries"] for p in parts),
         "backoff_s": sum(p["backoff_s"] for p in parts),
         "slowest_op_s": max(p["slowest_op_s"] for p in parts),
         "tail_s": max(p["tail_s"] for p in parts),
+        "cpu_s": sum(p["cpu_s"] for p in parts),
         "wal_bytes": None if parts[0]["wal_bytes"] is None else max(p["wal_bytes"] for p in parts),
         "profile": None,
     }
@@ -680,6 +735,15 @@ def ratio_cell(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
 
 
+def round_ratios(reps: list[dict[str, Any]], others: list[dict[str, Any]]) -> list[float]:
+    """jobs/s over the other configuration's, round by round, every repetition."""
+    return [
+        a / b
+        for rep, other in zip(reps, others, strict=True)
+        for a, b in zip(rep["rounds_jobs_per_s"], other["rounds_jobs_per_s"], strict=True)
+    ]
+
+
 def summarize_runs(
     runs: dict[tuple[str, str, int], list[dict[str, Any]]], processes: list[int]
 ) -> list[dict[str, Any]]:
@@ -700,23 +764,21 @@ def summarize_runs(
             "backoff_s": sum(r["backoff_s"] for r in reps),
             "slowest_op_s": max(r["slowest_op_s"] for r in reps),
             "tail_s": max(r["tail_s"] for r in reps),
+            "cpu_us_per_job": statistics.median(r["cpu_s"] / r["jobs"] * 1e6 for r in reps),
             "wal_bytes_runs": [r["wal_bytes"] for r in reps],
             "rounds_jobs_per_s": [r["rounds_jobs_per_s"] for r in reps],
             "per_worker_median_rep": median_rep["per_worker"],
+            "share_min": min(r["shares"][0] for r in reps),
+            "share_max": max(r["shares"][1] for r in reps),
+            "claim_latency_s": percentiles([x for r in reps for x in r["claim_latencies"]]),
             "per_worker_runs": [r["per_worker"] for r in reps],
             "profile_median_rep": median_rep["profile"],
             "profile_runs": [r["profile"] for r in reps] if reps[0]["profile"] else None,
         }
         if mode == "batched" and (backend, "single", parties) in runs:
-            singles = runs[backend, "single", parties]
-            row["batched_vs_single"] = [
-                b["jobs_per_s"] / s["jobs_per_s"] for b, s in zip(reps, singles, strict=True)
-            ]
+            row["batched_vs_single"] = round_ratios(reps, runs[backend, "single", parties])
         if parties != min(processes) and (backend, mode, min(processes)) in runs:
-            ones = runs[backend, mode, min(processes)]
-            row["vs_fewest_processes"] = [
-                p["jobs_per_s"] / o["jobs_per_s"] for p, o in zip(reps, ones, strict=True)
-            ]
+            row["vs_fewest_processes"] = round_ratios(reps, runs[backend, mode, min(processes)])
         rows.append(row)
     order = {b: i for i, b in enumerate(BACKENDS)}
     rows.sort(key=lambda r: (order[r["backend"]], r["mode"] != "single", r["processes"]))
@@ -727,16 +789,19 @@ def print_table(rows: list[dict[str, Any]], processes: list[int]) -> None:
     fewest = min(processes)
     print(
         f"\n{'backend':<10} {'procs':>5} {'mode':<7} {'jobs/s':>7} {'batched/single':>18} "
-        f"{f'vs {fewest}p':>18} {'errors':>6} {'retries':>7} {'max op ms':>9} {'tail ms':>7}  "
-        "per-worker completions"
+        f"{f'vs {fewest}p':>18} {'errors':>6} {'retries':>7} {'claim ms p50/p99/max':>20} "
+        f"{'max op ms':>9} {'tail ms':>7} {'cpu us/job':>10} {'share':>9}  per-worker completions"
     )
     for r in rows:
         bs = ratio_cell(r["batched_vs_single"]) if "batched_vs_single" in r else ""
         vp = ratio_cell(r["vs_fewest_processes"]) if "vs_fewest_processes" in r else ""
+        lat = r["claim_latency_s"]
+        claim = f"{lat['p50'] * 1e3:.2f}/{lat['p99'] * 1e3:.1f}/{lat['max'] * 1e3:.0f}"
         print(
             f"{r['backend']:<10} {r['processes']:>5} {r['mode']:<7} {r['jobs_per_s']:>7.0f} {bs:>18} "
-            f"{vp:>18} {r['errors']:>6} {r['retries']:>7} {r['slowest_op_s'] * 1e3:>9.0f} "
-            f"{r['tail_s'] * 1e3:>7.0f}  {r['per_worker_median_rep']}"
+            f"{vp:>18} {r['errors']:>6} {r['retries']:>7} {claim:>20} {r['slowest_op_s'] * 1e3:>9.0f} "
+            f"{r['tail_s'] * 1e3:>7.0f} {r['cpu_us_per_job']:>10.0f} "
+            f"{r['share_min']:.2f}-{r['share_max']:.2f}  {r['per_worker_median_rep']}"
         )
 
 
@@ -841,8 +906,10 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="rounds per repetition: N/rounds jobs per configuration, alternating (default 3)",
     )
-    parser.add_argument("--single-jobs", type=int, help="N for single (default 3000 SQLite, 2000 servers)")
-    parser.add_argument("--batched-jobs", type=int, help="N for batched (default 20000)")
+    parser.add_argument("--single-jobs", type=int, help="N for single (default 6000 SQLite, 2000 servers)")
+    parser.add_argument(
+        "--batched-jobs", type=int, help="N for batched (default 60000 SQLite, 20000 servers)"
+    )
     parser.add_argument("--dir", help="where the SQLite files go (default: a temporary dir under the cwd)")
     parser.add_argument("--postgresql-url", default=URLS["postgresql"])
     parser.add_argument("--mariadb-url", default=URLS["mariadb"])
@@ -880,11 +947,14 @@ def main(argv: list[str] | None = None) -> int:
             for name in names:
                 rounds: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
                 for k in range(args.rounds):
-                    shift = (rep * args.rounds + k) % len(configs)
-                    for mode, parties in configs[shift:] + configs[:shift]:
-                        total = jobs_for(args, name, mode)
-                        n = total * (k + 1) // args.rounds - total * k // args.rounds
-                        rounds[mode, parties].append(measure(workers, backends[name], mode, parties, n))
+                    step = rep * args.rounds + k
+                    modes = args.modes[step % len(args.modes) :] + args.modes[: step % len(args.modes)]
+                    counts = args.processes if step % 2 == 0 else args.processes[::-1]
+                    for mode in modes:  # a mode's process counts one right after the other
+                        for parties in counts:
+                            total = jobs_for(args, name, mode)
+                            n = total * (k + 1) // args.rounds - total * k // args.rounds
+                            rounds[mode, parties].append(measure(workers, backends[name], mode, parties, n))
                 for (mode, parties), parts in rounds.items():
                     runs.setdefault((name, mode, parties), []).append(combine(parts))
             print(
@@ -901,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = summarize_runs(runs, args.processes)
     print_table(rows, args.processes)
     print(
-        f"\njobs/s: median of {args.repeat}; ratios: median (range) of per-repetition ratios. "
+        f"\njobs/s: median of {args.repeat}; ratios: median (range) of the {args.repeat * args.rounds} "
+        "per-round ratios. "
         f"errors: exceptions that reached the workers; retries: lock races the library absorbed. "
         f"{time.perf_counter() - started:.0f} s"
     )
