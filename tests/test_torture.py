@@ -58,7 +58,8 @@ def test_harness_finds_the_violations_of_a_broken_store(
         finish=finish,
         check_heartbeat=0.0,  # leave the late writes to the store: this one lets them in
         faults=("stop", "revoke"),
-        **SHORT,  # type: ignore[arg-type]
+        work=0.05,  # leases held long enough that revokes and freezes find holders
+        **{**SHORT, "jobs": 400},  # type: ignore[arg-type]
     )
     run = run_torture(config)
     report = summary(run)
