@@ -231,7 +231,12 @@ class WriteLock:
 
     def _priority_taken(self) -> bool:
         fd = self._look()
-        return fd is not None and _priority_taken(fd)
+        if fd is None:
+            return False
+        # under the lock: close() from another thread (a cache eviction) must not close the
+        # descriptor, or let its number be reused by another file, between our flock calls
+        with self._lock:
+            return self._fd == fd and _priority_taken(fd)
 
     def _look(self) -> int | None:
         """The sidecar, opened once it exists (looked for at most every ``_LOOK_EVERY``)."""
