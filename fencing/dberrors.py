@@ -14,7 +14,7 @@ from typing import Any
 from sqlalchemy import Dialect
 from sqlalchemy import exc as sa_exc
 
-from .errors import DatabaseError, FencingError, TableMissing
+from .errors import DatabaseBusy, DatabaseError, FencingError, TableMissing
 
 __all__ = [
     "DB_ERRORS",
@@ -89,6 +89,12 @@ def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> Fencing
         return TableMissing(
             f"table {table_name!r} does not exist; create it first "
             "(JobStore.create_table() or service.init_db())"
+        )
+    if is_transient(exc):
+        # a lock race the caller's own transaction (conn=, fenced) lost past the busy timeout
+        return DatabaseBusy(
+            f"the database stayed locked by other writers; the transaction was rolled back "
+            f"({type(orig).__name__}: {message})"
         )
     return DatabaseError(f"{type(orig).__name__}: {message}")
 

@@ -178,6 +178,25 @@ def test_the_store_waits_in_sqlites_handler_briefly_and_the_pool_the_whole_budge
             assert pragma_busy_timeout(conn.connection.driver_connection) == int(budget * 1000)
 
 
+def test_a_fenced_block_that_cannot_get_the_lock_raises_database_busy_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "fenced.db"
+    with sqlite_store(path, busy_timeout=BUDGET) as store:
+        store.enqueue("j", ready_at=0.0)
+        lease = store.claim("j", "w", now=NOW, ttl=TTL)
+        assert lease is not None
+        before = store.state("j")
+        with (
+            write_locked(str(path)),
+            pytest.raises(DatabaseBusy) as excinfo,
+            store.fenced(lease, now=NOW, complete=True, result="r"),
+        ):
+            pytest.fail("the block ran without the write lock")
+        assert "database is locked" in str(excinfo.value.__cause__)
+        assert store.state("j") == before
+
+
 def test_a_callers_connection_still_waits_the_whole_busy_timeout(tmp_path: Path) -> None:
     path = tmp_path / "conn.db"
     with sqlite_store(path, busy_timeout=30.0) as store:
