@@ -303,6 +303,34 @@ def _params(params: Any) -> Any:
     return dict(params) if isinstance(params, dict) else tuple(params)
 
 
+class _RecordsFetches:
+    """Mixed into a driver's cursor: each fetch is logged, then done (the same on every driver)."""
+
+    def fetchone(self) -> Any:
+        _record("fetch", "fetchone")
+        return super().fetchone()  # type: ignore[misc]
+
+    def fetchmany(self, *size: Any) -> Any:
+        _record("fetch", "fetchmany")
+        return super().fetchmany(*size)  # type: ignore[misc]
+
+    def fetchall(self) -> Any:
+        _record("fetch", "fetchall")
+        return super().fetchall()  # type: ignore[misc]
+
+
+class _RecordsTransactions:
+    """Mixed into a driver's connection: ``commit()`` and ``rollback()`` are logged, then done."""
+
+    def commit(self) -> None:
+        _record("commit")
+        super().commit()  # type: ignore[misc]
+
+    def rollback(self) -> None:
+        _record("rollback")
+        super().rollback()  # type: ignore[misc]
+
+
 @functools.cache
 def recording_classes(db: str) -> tuple[type, type]:
     """Subclasses of the driver's connection and cursor that log what they are asked to do
@@ -311,7 +339,7 @@ def recording_classes(db: str) -> tuple[type, type]:
     if db == "postgresql":
         import psycopg
 
-        class PgCursor(psycopg.Cursor):
+        class PgCursor(_RecordsFetches, psycopg.Cursor):
             def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
                 _record("execute", str(query), _params(params))
                 return super().execute(query, params, **kw)
@@ -321,32 +349,14 @@ def recording_classes(db: str) -> tuple[type, type]:
                 _record("executemany", str(query), [_params(p) for p in params_seq])
                 return super().executemany(query, params_seq, **kw)
 
-            def fetchone(self) -> Any:
-                _record("fetch", "fetchone")
-                return super().fetchone()
-
-            def fetchmany(self, size: int = 0) -> Any:
-                _record("fetch", "fetchmany")
-                return super().fetchmany(size)
-
-            def fetchall(self) -> Any:
-                _record("fetch", "fetchall")
-                return super().fetchall()
-
-        class PgConnection(psycopg.Connection):
-            def commit(self) -> None:
-                _record("commit")
-                super().commit()
-
-            def rollback(self) -> None:
-                _record("rollback")
-                super().rollback()
+        class PgConnection(_RecordsTransactions, psycopg.Connection):
+            pass
 
         return PgConnection, PgCursor
     import pymysql
     import pymysql.cursors
 
-    class MyCursor(pymysql.cursors.Cursor):
+    class MyCursor(_RecordsFetches, pymysql.cursors.Cursor):
         def execute(self, query: Any, args: Any = None) -> Any:
             _record("execute", query, _params(args))
             return super().execute(query, args)
@@ -356,26 +366,8 @@ def recording_classes(db: str) -> tuple[type, type]:
             _record("executemany", query, [_params(a) for a in args])
             return super().executemany(query, args)
 
-        def fetchone(self) -> Any:
-            _record("fetch", "fetchone")
-            return super().fetchone()
-
-        def fetchmany(self, size: Any = None) -> Any:
-            _record("fetch", "fetchmany")
-            return super().fetchmany(size)
-
-        def fetchall(self) -> Any:
-            _record("fetch", "fetchall")
-            return super().fetchall()
-
-    class MyConnection(pymysql.connections.Connection):
-        def commit(self) -> None:
-            _record("commit")
-            super().commit()
-
-        def rollback(self) -> None:
-            _record("rollback")
-            super().rollback()
+    class MyConnection(_RecordsTransactions, pymysql.connections.Connection):
+        pass
 
     return MyConnection, MyCursor
 
