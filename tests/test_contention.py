@@ -41,6 +41,7 @@ import fencing.writelock
 from fencing import DatabaseBusy, DatabaseError, JobState, JobStore, Lease
 from fencing.execution import TRANSIENT_RETRIES, LockWait
 from fencing.writelock import COURTESY, STARVING, WriteLock, sidecar_path
+from tests.processes import reap
 
 PROCESSES = 4
 TIMEOUT = 120.0
@@ -466,11 +467,7 @@ def _run_workers(path: Path, busy_timeout: float, limit: int) -> dict[str, tuple
             assert status == "ok", f"{name} failed:\n{claimed}"
             reports[name] = (claimed, done, failures)
     finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        reap(procs, 30)
     return reports
 
 

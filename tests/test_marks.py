@@ -24,6 +24,7 @@ from fencing.marks import (
     idempotency_keys_table,
 )
 from tests import backends
+from tests.processes import reap
 
 THREADS = 8
 PROCESSES = 3
@@ -540,11 +541,7 @@ def _in_processes(target: str, job: str) -> list[Any]:
             results.extend(value)
         return results
     finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        reap(procs, 30)
 
 
 @pytest.mark.slow

@@ -20,6 +20,7 @@ import pytest
 import service
 from fencing import JobState, JobStore, Lease
 from tests.backends import engine_for
+from tests.processes import reap
 
 THREADS = 8
 ROUNDS = 50
@@ -207,11 +208,7 @@ def test_processes_claiming_together_each_job_has_one_winner(store: JobStore, ta
     try:
         reports = [out.get(timeout=TIMEOUT) for _ in procs]
     finally:
-        for proc in procs:
-            proc.join(TIMEOUT)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        reap(procs, TIMEOUT)
     problems = [problem for _, _, problem in reports if problem]
     assert not problems, "\n".join(problems)
     assert [proc.exitcode for proc in procs] == [0] * PROCESSES

@@ -29,6 +29,7 @@ from fencing import (
     LeaseLost,
 )
 from tests.backends import engine_for
+from tests.processes import reap
 
 T0 = 1_000.0
 TTL = 10.0
@@ -299,11 +300,7 @@ def test_claim_next_hands_each_job_to_exactly_one_process(store: JobStore, targe
             assert status == "ok", f"{name} failed:\n{value}"
             by_worker[name] = value
     finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        reap(procs, 30)
     everything = [item for seen in by_worker.values() for item in seen]
     # with leases that outlive the test, every job is handed out exactly once, at fence 1
     assert sorted(everything) == [(job, 1) for job in jobs]
