@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import sqlalchemy
-from sqlalchemy import make_url
+from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from .dberrors import database_errors
@@ -178,14 +178,20 @@ _MISS: tuple[None, str] = (None, "")
 _SERVER: _Identity = (-1, -1)
 
 
-def _open(kind: str, key: str) -> JobStore:
+def open_engine(kind: str, key: str) -> Engine:
+    """The engine for a target as :func:`normalize_target` gives it: the library's SQLite
+    engine for a file, a pre-pinging engine for a server URL."""
     if kind == "file":
-        return JobStore(create_engine(key))
+        return create_engine(key)
     try:
         # pre-ping: a server restart must not hand a dead pooled connection to the next call
-        return JobStore(sqlalchemy.create_engine(key, pool_pre_ping=True))
+        return sqlalchemy.create_engine(key, pool_pre_ping=True)
     except (ArgumentError, ImportError) as exc:
         raise InvalidArgument(f"cannot use database URL {key!r}: {exc}") from exc
+
+
+def _open(kind: str, key: str) -> JobStore:
+    return JobStore(open_engine(kind, key))
 
 
 def _creation_error(path: str, exc: DatabaseError) -> DatabaseError:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-import sqlalchemy
 from sqlalchemy import Engine, Table
 
-from ..cache import normalize_target
+from .. import cache
 from ..errors import ConfigurationError
-from ..sqlite import create_engine as create_sqlite_engine
 from ..store import JobStore
 
 __all__ = ["open_engine", "open_store"]
@@ -18,11 +16,9 @@ __all__ = ["open_engine", "open_store"]
 
 def open_engine(url: str) -> Engine:
     """A SQLite file path or ``sqlite:///`` URL gets the library's SQLite engine; a server
-    URL a plain engine (pre-ping: a killed client must not leave a dead pooled connection)."""
-    kind, key = normalize_target(url)
-    if kind == "file":
-        return create_sqlite_engine(key)
-    return sqlalchemy.create_engine(key, pool_pre_ping=True)
+    URL a pre-pinging one (a killed client must not leave a dead pooled connection): the
+    engines ``service.py`` uses."""
+    return cache.open_engine(*cache.normalize_target(url))
 
 
 def open_store(factory: str, engine: Engine, table: Table) -> JobStore:
