@@ -143,13 +143,10 @@ def _accepted_writes_were_current(verdict: Verdict, by_kind: dict[str, list[Even
     renewals: dict[LeaseKey, list[Event]] = defaultdict(list)
     for renew in by_kind["renew"]:
         renewals[renew["job"], renew["fence"], renew["owner"]].append(renew)
-    renewed_from: dict[LeaseKey, set[float]] = defaultdict(set)
-    for renew in by_kind["renew"]:
-        renewed_from[renew["job"], renew["fence"], renew["owner"]].add(renew["t0"])
     unfinished: dict[LeaseKey, list[float]] = defaultdict(list)  # renewals whose outcome is not known
     for start in by_kind["renew-start"]:
         key = (start["job"], start["fence"], start["owner"])
-        if start["t0"] not in renewed_from[key]:
+        if all(renew["t0"] != start["t0"] for renew in renewals[key]):
             unfinished[key].append(start["t0"])
     revokes: dict[str, list[Event]] = defaultdict(list)
     for fault in by_kind["fault"]:
