@@ -391,11 +391,11 @@ def worker(index: int, barriers: dict[int, Any], commands: Any, results: Any, pr
             )
             if backend == "sqlite":  # a fresh file per measurement: let it go
                 del stores[key]
-                store.dispose()
+                store.engine.dispose()
                 engine.dispose()
             results.put(("done", outcome))
         for engine, store in stores.values():
-            store.dispose()
+            store.engine.dispose()
             engine.dispose()
     except BaseException:
         if barrier is not None:

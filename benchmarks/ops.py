@@ -259,7 +259,7 @@ def record(workdir: str, durability: str) -> dict[str, list[Step]]:
             outcome = store_call(store, op, PROBE_JOB, PROBE)
             log = list(_LOG)
         finally:
-            store.dispose()
+            store.engine.dispose()
             engine.dispose()
             remove_db(path)
         if outcome is None or outcome is False:
@@ -522,7 +522,7 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
                     elapsed[way] += time.perf_counter() - start
     finally:
         conn.close()
-        store.dispose()
+        store.engine.dispose()
         store.engine.dispose()
         service._stores.clear()  # close the service's connections too
     for path in paths.values():

@@ -423,7 +423,7 @@ def transcripts(url: str, table: Table, clock: str) -> dict[str, list[tuple[Any,
         finally:
             raw.close()
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
     if failures:
         raise SystemExit(f"{engine.dialect.name}/{clock}: the probe claim -> complete failed")

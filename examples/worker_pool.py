@@ -116,7 +116,7 @@ def open_store(target: str) -> fencing.JobStore:
 
 
 def close_store(store: fencing.JobStore) -> None:
-    store.dispose()
+    store.engine.dispose()
     store.engine.dispose()
 
 

@@ -15,6 +15,7 @@ from .errors import (
     InvalidArgument,
     InvalidArgumentType,
     LeaseLost,
+    PoolTimeout,
     SchemaMismatch,
     TableMissing,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "JobStore",
     "Lease",
     "LeaseLost",
+    "PoolTimeout",
     "SchemaMismatch",
     "TableMissing",
     "configure_sqlite",

@@ -7,8 +7,8 @@ leaks descriptors. The hazards a cache must survive:
 * a file deleted (and maybe re-created) between calls: each lookup compares the file's
   identity (device, inode) with the one the store opened, and replaces a stale store.
   An open connection keeps the old inode allocated, so a new file cannot reuse its number;
-* ``fork()``: a child starts with an empty cache and never closes or uses its parent's
-  connections (closing them could checkpoint the parent's WAL);
+* ``fork()``: the engines' pools are replaced in the child (:mod:`fencing.forks`), so a
+  cached store goes on working there and never uses or closes its parent's connections;
 * threads: lookups and evictions happen under one lock.
 """
 
@@ -25,16 +25,12 @@ from sqlalchemy.exc import ArgumentError
 
 from .dberrors import database_errors
 from .errors import DatabaseError, DatabaseMissing, InvalidArgument, InvalidArgumentType
-from .execution import FORK_GENERATION
 from .sqlite import create_engine
 from .store import JobStore
 
 __all__ = ["StoreCache", "normalize_target"]
 
 _Identity = tuple[int, int]
-
-# stores whose engines belonged to a parent process: kept referenced, never closed
-_INHERITED: list[object] = []
 
 
 @dataclass
@@ -87,7 +83,6 @@ class StoreCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._normalized: dict[str, tuple[str, str]] = {}
-        self._generation = FORK_GENERATION[0]
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -103,15 +98,10 @@ class StoreCache:
             if isinstance(target, str) and os.path.isabs(target) and len(self._normalized) < 4096:
                 self._normalized[target] = (kind, key)  # absolute: not relative to the cwd
         identity = _identity(key) if kind == "file" else _SERVER
-        # the hit path takes no lock: a dict read is atomic, and a stale or forked
-        # entry is never returned from it
+        # the hit path takes no lock: a dict read is atomic, and a stale entry is never
+        # returned from it
         entry = self._entries.get(key)
-        if (
-            entry is not None
-            and identity is not None
-            and entry.identity == identity
-            and self._generation == FORK_GENERATION[0]
-        ):
+        if entry is not None and identity is not None and entry.identity == identity:
             entry.used = True
             return entry.store
         if identity is None and not create:
@@ -120,8 +110,6 @@ class StoreCache:
             # SQLite would only say "unable to open database file"
             raise InvalidArgument(f"path is a directory, not a database file: {key!r}")
         with self._lock:
-            if self._generation != FORK_GENERATION[0]:
-                self._forget_parent()
             entry = self._entries.get(key)
             if entry is not None:
                 if identity is not None and entry.identity == identity:
@@ -160,16 +148,9 @@ class StoreCache:
     def clear(self) -> None:
         """Close every cached store's connections."""
         with self._lock:
-            if self._generation != FORK_GENERATION[0]:
-                self._forget_parent()
             for entry in self._entries.values():
                 _dispose(entry.store)
             self._entries.clear()
-
-    def _forget_parent(self) -> None:
-        _INHERITED.extend(self._entries.values())
-        self._entries = OrderedDict()
-        self._generation = FORK_GENERATION[0]
 
 
 _MISS: tuple[None, str] = (None, "")
@@ -205,5 +186,4 @@ def _creation_error(path: str, exc: DatabaseError) -> DatabaseError:
 
 
 def _dispose(store: JobStore) -> None:
-    store.dispose()
     store.engine.dispose()

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import Dialect
+from sqlalchemy import Dialect, Engine
 from sqlalchemy import exc as sa_exc
 
-from .errors import DatabaseBusy, DatabaseError, FencingError, TableMissing
+from .errors import DatabaseBusy, DatabaseError, FencingError, PoolTimeout, TableMissing
 
 __all__ = [
     "DB_ERRORS",
     "database_errors",
+    "driver_errors",
     "is_duplicate_key",
     "is_transient",
     "sqlalchemy_error",
@@ -63,6 +64,14 @@ def is_duplicate_key(exc: BaseException) -> bool:
     return bool(args) and args[0] == 1062
 
 
+def driver_errors(engine: Engine) -> tuple[type[BaseException], ...]:
+    """The DBAPI module's ``Error`` base class (PEP 249), if the dialect loaded one: what
+    the library's fast path, which calls the driver directly, can raise."""
+    dbapi = getattr(engine.dialect, "loaded_dbapi", None) or getattr(engine.dialect, "dbapi", None)
+    error = getattr(dbapi, "Error", None)
+    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
 def sqlalchemy_error(exc: BaseException, dialect: Dialect) -> BaseException:
     """The SQLAlchemy error for ``exc``: a driver error raised on the store's driver path is
     wrapped the way SQLAlchemy wraps it on its own path (``IntegrityError`` etc., with the
@@ -78,6 +87,11 @@ def sqlalchemy_error(exc: BaseException, dialect: Dialect) -> BaseException:
 
 def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> FencingError:
     """The library's error for a driver or SQLAlchemy error (raise it ``from exc``)."""
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool's, not the database's
+        return PoolTimeout(
+            "no connection came free in the engine's pool within its pool_timeout; "
+            f"nothing was changed ({exc})"
+        )
     orig = _driver_error(exc)
     message = str(orig).strip()
     missing = (

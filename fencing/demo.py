@@ -127,7 +127,6 @@ def _opened_store(db_path: str) -> Iterator[JobStore]:
     try:
         yield store
     finally:
-        store.dispose()
         engine.dispose()
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidArgumentType",
     "LeaseLost",
+    "PoolTimeout",
     "SchemaMismatch",
     "TableMissing",
 ]
@@ -56,6 +57,11 @@ class DatabaseError(FencingError):
 
 class DatabaseBusy(DatabaseError):
     """The database stayed locked by other writers past the retry budget; nothing changed."""
+
+
+class PoolTimeout(DatabaseError):
+    """No connection came free in the engine's pool within its ``pool_timeout`` (its
+    ``pool_size`` + ``max_overflow`` were all in use); nothing was changed."""
 
 
 class LeaseLost(FencingError):

@@ -1,63 +1,76 @@
-"""How a unit of work reaches the database: the two executors and the retry policy.
+"""How a unit of work reaches the database: always on a connection from the engine's pool.
 
-A *unit* is a function of an executor that runs one or more statements and returns a
-plain value. The store builds units; this module decides where they run:
+A *unit* is a function of an :class:`Executor` that runs one or more statements and returns a
+plain value. The store and ``FenceMarks`` build units; a :class:`Runner` decides where they run:
 
-* :class:`CoreExecutor` runs Core statements on a SQLAlchemy ``Connection``: the caller's
-  own, inside the caller's transaction.
-* :class:`DriverPath` runs the same statements, compiled once for the engine's dialect,
-  on DBAPI connections the store holds (sqlite3, psycopg, pymysql), one transaction per
-  unit: ``BEGIN IMMEDIATE`` on SQLite, the driver's implicit transaction elsewhere.
-  SQLAlchemy's per-``execute`` cost (50-110 µs) and the pool's reset-on-return (a real
-  ``ROLLBACK`` round trip on pymysql) are most of an operation's client time; compiling
-  once and executing on the driver removes them. Lock races (SQLite busy, deadlocks,
-  lock timeouts) roll a unit back whole and are retried here, bounded.
+* **In the caller's transaction** (``conn=``): a ``Connection`` or an ORM ``Session`` the
+  caller holds (:func:`caller_connection`); the unit's statements go through Core and commit
+  or roll back with the caller's own writes.
+* **In a transaction of the store's own**, in one of two ways that run the same statements in
+  the same transaction:
 
-Waiting for locks. On SQLite the store's ``BEGIN IMMEDIATE`` goes through
-:class:`fencing.writelock.WriteLock`: SQLite's busy handler for short waits, then priority
-for the waiter that has waited longest, until the engine's ``busy_timeout`` is spent; only
-then does the caller get :class:`DatabaseBusy`. PostgreSQL and MariaDB wait for row locks
-in the server; their deadlocks and serialization failures roll a unit back and are retried
-up to :data:`TRANSIENT_RETRIES` times with :func:`backoff`. A unit whose ``COMMIT`` was
-sent is never run again.
+  - *through Core* (``engine.connect()``, ``begin()``, ``execute()``) whenever anything
+    observes the engine: a connection event listener (``before_cursor_execute``,
+    OpenTelemetry, sqlcommenter...), logging at INFO (``echo=True``, ``sqlalchemy.engine``),
+    or execution options on the engine (``isolation_level``, ``schema_translate_map``): each
+    applies to the store's statements as to the application's own;
+  - *on the pooled DBAPI connection* otherwise: ``engine.raw_connection()`` checks a
+    connection out of the pool (its size, overflow, timeout, pre-ping and pool events all
+    apply), the statements, compiled once for the dialect, run on its cursor, and it goes back
+    to the pool with its transaction already ended, so the pool has nothing to reset.
+    SQLAlchemy's per-``execute`` bookkeeping (50-110 µs) is most of an operation's client
+    time; nobody is there to see it skipped.
+
+Every store transaction begins ``IMMEDIATE`` on SQLite (through the engine's
+:class:`~fencing.writelock.WriteLock`: SQLite's busy handler for short waits, then priority
+for the longest waiter, within ``busy_timeout``); PostgreSQL and MariaDB wait for row locks
+in the server. A unit the database rolled back whole for a lock race (busy, deadlock, lock
+timeout, serialization failure) is run again, bounded (:class:`LockWait`); a unit whose
+``COMMIT`` was sent is never run again. A connection the server closed while idle is
+replaced once.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import random
+import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-from sqlalchemy import Connection, Engine, TypeDecorator
+from sqlalchemy import Connection, Engine, Table, TypeDecorator
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.sql import Executable
 
+from . import forks
 from . import sqlite as sqlite_glue
-from .dberrors import DB_ERRORS, is_transient
-from .errors import DatabaseBusy, DatabaseError
-from .writelock import WriteLock, busy_error, poll_pause, sidecar_path
+from .dberrors import is_transient
+from .engines import autocommit_probe, observed, refuse_autocommit_connection
+from .errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
+from .writelock import busy_error, poll_pause
 
-__all__ = ["FORK_GENERATION", "CoreExecutor", "DriverPath", "Executor", "LockWait", "in_own_transaction"]
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, scoped_session
+
+__all__ = [
+    "FAST_DRIVERS",
+    "CallerConnection",
+    "CoreExecutor",
+    "Executor",
+    "LockWait",
+    "Runner",
+    "caller_connection",
+]
 
 T = TypeVar("T")
 
-# Connections a forked child inherited: never closed (closing could checkpoint or delete
-# the parent's WAL, or end the parent's server session), never reused.
-_INHERITED: list[Any] = []
+#: what ``conn=`` takes: a Connection, or an ORM Session (or ``scoped_session``) in whose
+#: transaction the operation runs
+CallerConnection: TypeAlias = "Connection | Session | scoped_session[Any]"
 
-#: bumped in every forked child; cheaper to compare per operation than os.getpid()
-FORK_GENERATION = [0]
-
-
-def _after_fork_in_child() -> None:
-    FORK_GENERATION[0] += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
+#: drivers whose pooled connections the store can drive directly (statements compiled once)
+FAST_DRIVERS = frozenset({"pysqlite", "psycopg", "pymysql"})
 #: retries of a unit a server rolled back for a lock race (deadlock, serialization failure)
 TRANSIENT_RETRIES = 20
 _BACKOFF_CAP = 0.05
@@ -73,21 +86,15 @@ class LockWait:
 
     ``budget`` (SQLite): seconds from the first lost race, the engine's ``busy_timeout``,
     tried again after every :func:`~fencing.writelock.poll_pause`; this covers what
-    :class:`~fencing.writelock.WriteLock` does not: a race lost after ``BEGIN`` (a
-    ``DEFERRED`` transaction's stale snapshot) or by a read. ``None`` (servers, which wait
-    for row locks themselves): up to :data:`TRANSIENT_RETRIES` more attempts after
-    :func:`backoff`.
+    :class:`~fencing.writelock.WriteLock` does not: a race lost after ``BEGIN`` or by a
+    read. ``None`` (servers, which wait for row locks themselves): up to
+    :data:`TRANSIENT_RETRIES` more attempts after :func:`backoff`.
     """
 
     __slots__ = ("budget",)
 
     def __init__(self, budget: float | None) -> None:
         self.budget = budget
-
-    @classmethod
-    def for_engine(cls, engine: Engine) -> LockWait:
-        settings = sqlite_glue.settings_of(engine) if engine.dialect.name == "sqlite" else None
-        return cls(None if settings is None else settings.busy_timeout)
 
     def again(self, attempt: int, started: float) -> bool:
         """After the ``attempt``-th lost race of a call that began at ``started``
@@ -110,41 +117,16 @@ class LockWait:
         return busy_error(self.budget, exc)
 
 
-def in_own_transaction(
-    engine: Engine, errors: tuple[type[BaseException], ...], work: Callable[[Connection], T]
-) -> T:
-    """``work`` in a transaction of its own on a Connection from ``engine``, retried while
-    the database rolls it back whole for a lock race (deadlock, lock timeout, busy).
-
-    On SQLite these are the engine's pooled connections, whose busy handler waits up to
-    ``busy_timeout`` itself; the retries only cover what it does not (e.g. a ``DEFERRED``
-    transaction's stale snapshot), within the same budget.
-    """
-    wait = LockWait.for_engine(engine)
-    started = time.monotonic()
-    attempt = 0
-    while True:
-        committing = False
-        try:
-            with engine.connect() as conn:
-                with conn.begin():
-                    result = work(conn)
-                    committing = True  # the block's end sends COMMIT
-                return result
-        except errors as exc:
-            if not is_transient(exc):
-                raise
-            if committing:
-                raise _busy_at_commit() from exc
-            attempt += 1
-            if not wait.again(attempt, started):
-                raise wait.busy(exc) from exc
-
-
 def _busy_at_commit() -> DatabaseBusy:
     # the database refused the COMMIT for a lock race and rolled the transaction back;
     # running the unit again could repeat effects the caller already acted on, so it is not
     return DatabaseBusy("COMMIT lost a lock race; the transaction was rolled back, nothing was changed")
+
+
+def _unknown_outcome() -> DatabaseError:
+    return DatabaseError(
+        "the connection died during COMMIT: the outcome is unknown; read the job's state before acting on it"
+    )
 
 
 class Executor(Protocol):
@@ -168,6 +150,23 @@ class CoreExecutor:
 
     def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
         return self.conn.execute(stmt, params).rowcount
+
+
+def caller_connection(conn: object, table: Table) -> Connection:
+    """The ``Connection`` of what a caller passed as ``conn=``: a Connection, or the one an
+    ORM ``Session`` (or ``scoped_session``) uses for ``table``, in the session's transaction."""
+    if isinstance(conn, Connection):
+        return conn
+    orm = sys.modules.get("sqlalchemy.orm")  # a Session exists only once the ORM was imported
+    if orm is not None and isinstance(conn, (orm.Session, orm.scoped_session)):
+        try:
+            connection: Connection = conn.connection(bind_arguments={"clause": table})
+        except sa_exc.UnboundExecutionError as exc:
+            raise ConfigurationError(f"the Session has no bind for table {table.name!r}: {exc}") from None
+        return connection
+    raise InvalidArgumentType(
+        f"conn must be a sqlalchemy Connection, an ORM Session or None, got {type(conn).__name__}"
+    )
 
 
 class _Compiled:
@@ -247,43 +246,221 @@ class _DriverExecutor:
         return self.cursor.rowcount  # type: ignore[no-any-return]
 
 
-class DriverPath:
-    """Units of work on DBAPI connections held by the store, one transaction each.
+class Runner:
+    """Runs units of work on ``engine``'s pooled connections (see the module's docstring).
 
-    Connections come from the engine (so its ``connect`` listeners run: on SQLite they
-    set the pragmas and hand transaction control over) and are then detached from its
-    pool. Up to ``max_idle`` stay open between operations; a forked child never touches
-    its parent's. ``begin_sql`` is sent to open a transaction (SQLite's ``BEGIN
-    IMMEDIATE``); ``None`` leaves it to the driver, which opens one at the first statement.
-    On SQLite the detached connections wait in SQLite's busy handler only briefly; then
-    :class:`~fencing.writelock.WriteLock` takes over, within the engine's ``busy_timeout``.
-    The engine's pooled connections (``conn=``, ``fenced``) keep SQLite's handler and the
-    whole timeout.
+    ``errors``: what a database call can raise here (SQLAlchemy's errors and the driver's
+    own); they are retried, or passed up for the caller to wrap.
     """
 
-    def __init__(
-        self,
-        engine: Engine,
-        begin_sql: str | None,
-        errors: tuple[type[BaseException], ...] = DB_ERRORS,
-        *,
-        max_idle: int = 8,
-    ) -> None:
+    def __init__(self, engine: Engine, errors: tuple[type[BaseException], ...]) -> None:
         self.engine = engine
-        self.begin_sql = begin_sql
-        self.errors = errors  # what the driver raises: retried, or passed up to be wrapped
-        self.max_idle = max_idle
-        self._idle: list[Any] = []
-        self._generation = FORK_GENERATION[0]
-        self._closed = False
-        self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
-        settings = sqlite_glue.settings_of(engine) if engine.dialect.name == "sqlite" else None
-        #: how long a unit that lost a lock race is tried again (SQLite: the busy timeout)
+        self.errors = errors
+        dialect = engine.dialect
+        settings = sqlite_glue.settings_of(engine) if dialect.name == "sqlite" else None
+        self._sqlite = settings is not None
+        #: SQLite: begins IMMEDIATE transactions, waiting for the lock (the longest waiter next)
+        self._write_lock = None if settings is None else settings.write_lock
+        #: the engine's own begin listeners (the SQLite glue's) are not observers
+        self._own_begin = 1 if settings is not None else 0
+        self._fast = dialect.driver in FAST_DRIVERS
+        self._autocommit = autocommit_probe(engine)
         self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
-        #: SQLite: begins write transactions, waiting for the lock (the longest waiter next)
-        self._write_lock = (
-            None if settings is None else WriteLock(settings.busy_timeout, sidecar_path(engine.url.database))
-        )
+        self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
+        forks.register(engine)
+
+    # -- the caller's transaction -----------------------------------------------------------
+
+    def caller(self, conn: object, table: Table) -> Connection:
+        """The caller's ``Connection`` (or its Session's), checked: same kind of database,
+        a real transaction, usable in this process."""
+        self._usable_here()
+        connection = caller_connection(conn, table)
+        if connection.dialect.name != self.engine.dialect.name:
+            raise ConfigurationError(
+                f"conn is a {connection.dialect.name} connection; this store's engine is "
+                f"{self.engine.dialect.name}"
+            )
+        refuse_autocommit_connection(connection, self._autocommit)
+        return connection
+
+    # -- the store's own transactions ---------------------------------------------------------
+
+    def run(self, unit: Callable[[Executor], T], *, write: bool = True) -> T:
+        """Run ``unit`` in a transaction of its own, retrying lock races and a dead idle
+        connection. ``write=False`` is for units that only read: on SQLite they take no
+        write lock (one statement on the fast path runs as its own snapshot)."""
+        self._usable_here()
+        if self._fast and not observed(self.engine, self._own_begin):
+            return self._retrying(lambda verdict: self._on_driver(unit, write, verdict))
+        return self._retrying(lambda verdict: self._on_core(unit, write, verdict))
+
+    def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
+        """The first row (or ``None``) of one read statement: the hot path of ``state()``.
+
+        On SQLite's fast path it runs outside any explicit transaction: one SELECT is its own
+        snapshot and takes no write lock. Anything unusual goes to :meth:`run`.
+        """
+        self._usable_here()
+        if not (self._sqlite and self._fast) or observed(self.engine, self._own_begin):
+            rows = self.run(lambda x: x.rows(stmt, params), write=False)
+            return rows[0] if rows else None
+        compiled = self._compiled_for(stmt)
+        fairy = self._checkout()
+        try:
+            row = fairy.driver_connection.execute(compiled.sql, compiled.args(params)).fetchone()
+        except self.errors:
+            self._checkin(fairy, ended=False)
+            rows = self.run(lambda x: x.rows(stmt, params), write=False)
+            return rows[0] if rows else None
+        self._checkin(fairy, ended=True)
+        if row is None or compiled.convert is None:
+            return row
+        return compiled.convert([row])[0]
+
+    @contextlib.contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Connection]:
+        """A Core ``Connection`` from the pool in a transaction of the store's own
+        (``IMMEDIATE`` on SQLite when ``write``): committed when the block ends, rolled back
+        if it raises. Not retried: the block is the caller's.
+
+        A block that ``fork()``-ed: the child never ends, returns or closes the parent's
+        transaction (it raises :class:`ConfigurationError` instead); the parent's is untouched.
+        """
+        self._usable_here()
+        generation = forks.GENERATION[0]
+        conn = self.engine.connect()
+        fairy = conn.connection
+        forks.in_use(fairy, self.engine)
+        try:
+            refuse_autocommit_connection(conn, self._autocommit)
+            if self._sqlite:
+                conn.execution_options(**{sqlite_glue.BEGIN_OPTION: "IMMEDIATE" if write else "DEFERRED"})
+            trans = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                if forks.GENERATION[0] == generation:
+                    with contextlib.suppress(Exception):  # a dead connection: the block's error matters
+                        trans.rollback()
+                raise
+            if forks.GENERATION[0] != generation:
+                raise forked_away()
+            trans.commit()
+        finally:
+            if forks.GENERATION[0] == generation:
+                forks.released(fairy)
+                conn.close()
+
+    def forked_since(self, generation: int) -> bool:
+        return forks.GENERATION[0] != generation
+
+    # -- the two ways ---------------------------------------------------------------------
+
+    def _retrying(self, attempt: Callable[[_Verdict], T]) -> T:
+        races = 0  # lost lock races so far
+        started = 0.0  # when the first was lost: the wait for the lock begins there
+        reconnected = False
+        while True:
+            verdict = _Verdict()
+            try:
+                return attempt(verdict)
+            except self.errors as exc:
+                if verdict.again == _LOCK_RACE:
+                    if races == 0:
+                        started = time.monotonic()
+                    races += 1
+                    if not self.lock_wait.again(races, started):
+                        raise self.lock_wait.busy(exc) from exc
+                    continue
+                if verdict.again == _DEAD_IDLE and not reconnected and races == 0:
+                    reconnected = True  # an idle connection the server closed: once, afresh
+                    continue
+                raise
+
+    def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
+        fairy = self._checkout()
+        conn = fairy.driver_connection
+        ended = False  # the transaction was committed or rolled back: nothing for the pool to reset
+        committing = False
+        try:
+            cursor = conn.cursor()
+            try:
+                # (a read on SQLite: its one statement runs as its own snapshot)
+                if self._write_lock is not None and write:
+                    self._write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", self.errors)
+                result = unit(_DriverExecutor(cursor, self._compiled_for))
+                committing = True
+                if self._write_lock is None:
+                    conn.commit()
+                elif write:
+                    cursor.execute("COMMIT")
+            finally:
+                cursor.close()
+            ended = True
+            return result
+        except DatabaseBusy:  # the write lock was never had: no transaction is open
+            ended = True
+            raise
+        except self.errors as exc:
+            ended = self._rollback(conn)
+            if is_transient(exc):
+                if committing:
+                    raise _busy_at_commit() from exc
+                verdict.again = _LOCK_RACE
+            elif self._disconnected(exc, conn):
+                ended = False
+                fairy.invalidate(exc)
+                if committing:
+                    raise _unknown_outcome() from exc
+                verdict.again = _DEAD_IDLE
+            raise
+        finally:
+            self._checkin(fairy, ended)
+
+    def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
+        committing = False
+        try:
+            with self.transaction(write=write) as conn:
+                result = unit(CoreExecutor(conn))
+                committing = True  # the block's end sends COMMIT
+            return result
+        except self.errors as exc:
+            if is_transient(exc):
+                if committing:
+                    raise _busy_at_commit() from exc
+                verdict.again = _LOCK_RACE
+            elif getattr(exc, "connection_invalidated", False):
+                if committing:
+                    raise _unknown_outcome() from exc
+                verdict.again = _DEAD_IDLE
+            raise
+
+    # -- pooled connections ---------------------------------------------------------------
+
+    def _usable_here(self) -> None:
+        why = forks.refusal(self.engine)
+        if why is not None:
+            raise ConfigurationError(why)
+
+    def _checkout(self) -> Any:
+        fairy = self.engine.raw_connection()  # the pool's limits, timeout, pre-ping, events
+        forks.in_use(fairy, self.engine)
+        if self._autocommit is not None and self._autocommit(fairy.driver_connection):
+            self._checkin(fairy, ended=False)
+            raise ConfigurationError(
+                "the engine's connections are in autocommit mode (isolation_level='AUTOCOMMIT', "
+                "or a connect listener that sets it): lock + check + write must be one transaction"
+            )
+        return fairy
+
+    def _checkin(self, fairy: Any, ended: bool) -> None:
+        forks.released(fairy)
+        close_special = getattr(fairy, "_close_special", None)
+        if ended and close_special is not None:
+            close_special(transaction_reset=True)  # what Core does after its own COMMIT
+        else:
+            fairy.close()  # the pool resets (rolls back) or discards it
 
     def _compiled_for(self, stmt: Executable) -> _Compiled:
         try:
@@ -292,89 +469,6 @@ class DriverPath:
             # keep the statement referenced so its id() is never reused by another
             self._compiled[id(stmt)] = (stmt, _Compiled(stmt, self.engine.dialect))
             return self._compiled[id(stmt)][1]
-
-    def run(self, unit: Callable[[Any], T], *, write: bool = True) -> T:
-        """Run ``unit`` in one transaction, retrying lock races and a dead idle connection.
-
-        ``write=False`` is for a unit that runs one read statement: on SQLite it runs
-        without an explicit transaction (one statement is its own snapshot) and takes no
-        write lock.
-        """
-        races = 0  # lost lock races so far
-        started = 0.0  # when the first was lost: the wait for the lock begins there
-        reconnected = False
-        write_lock = self._write_lock if write else None
-        while True:
-            conn = self._checkout()
-            reusable = False
-            committing = False
-            try:
-                cursor = conn.cursor()
-                try:
-                    if write and self.begin_sql is not None:
-                        if write_lock is not None:
-                            write_lock.begin(cursor, self.begin_sql, self.errors)
-                        else:
-                            cursor.execute(self.begin_sql)
-                    result = unit(_DriverExecutor(cursor, self._compiled_for))
-                    committing = True
-                    if self.begin_sql is None:
-                        conn.commit()
-                    elif write:
-                        cursor.execute("COMMIT")
-                finally:
-                    cursor.close()
-                reusable = True
-                return result
-            except DatabaseBusy:  # the write lock was never had: no transaction is open
-                reusable = True
-                raise
-            except self.errors as exc:
-                reusable = self._rollback(conn)
-                if is_transient(exc):
-                    if committing:
-                        raise _busy_at_commit() from exc
-                    if races == 0:
-                        started = time.monotonic()
-                    races += 1
-                    if not self.lock_wait.again(races, started):
-                        raise self.lock_wait.busy(exc) from exc
-                    continue
-                if self._disconnected(exc, conn):
-                    reusable = False
-                    if committing:
-                        raise DatabaseError(
-                            "the connection died during COMMIT: the outcome is unknown; "
-                            "read the job's state before acting on it"
-                        ) from exc
-                    if not reconnected and races == 0:
-                        reconnected = True  # an idle connection the server closed: once, afresh
-                        continue
-                raise
-            finally:
-                self._checkin(conn, reusable)
-
-    def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
-        """The first row (or ``None``) of one read statement: the hot path of ``state()``.
-
-        On SQLite it runs outside any explicit transaction: one SELECT is its own snapshot
-        and takes no write lock. Anything unusual goes to :meth:`run`.
-        """
-        if self.begin_sql is None:
-            rows = self.run(lambda x: x.rows(stmt, params))
-            return rows[0] if rows else None
-        compiled = self._compiled_for(stmt)
-        conn = self._checkout()
-        try:
-            row = conn.execute(compiled.sql, compiled.args(params)).fetchone()
-        except self.errors:
-            self._checkin(conn, self._rollback(conn))
-            rows = self.run(lambda x: x.rows(stmt, params), write=False)
-            return rows[0] if rows else None
-        self._checkin(conn, True)
-        if row is None or compiled.convert is None:
-            return row
-        return compiled.convert([row])[0]
 
     def _rollback(self, conn: Any) -> bool:
         """Roll back whatever the failed unit left open; False if the connection is unusable."""
@@ -391,49 +485,23 @@ class DriverPath:
         except Exception:
             return False
 
-    def _checkout(self) -> Any:
-        if self._generation != FORK_GENERATION[0]:
-            self._forget_parent()
-        try:
-            return self._idle.pop()
-        except IndexError:
-            pass
-        proxied = self.engine.raw_connection()
-        conn = proxied.driver_connection
-        proxied.detach()
-        if self._write_lock is not None:
-            try:
-                self._write_lock.adopt(conn)
-            except BaseException:
-                _close(conn)
-                raise
-        return conn
 
-    def _checkin(self, conn: Any, reusable: bool) -> None:
-        if self._generation != FORK_GENERATION[0]:
-            _INHERITED.append(conn)  # opened by the parent: its operation ended in the child
-        elif reusable and not self._closed and len(self._idle) < self.max_idle:
-            self._idle.append(conn)
-        else:
-            _close(conn)
-
-    def _forget_parent(self) -> None:
-        _INHERITED.extend(self._idle)
-        self._idle = []
-        self._generation = FORK_GENERATION[0]
-
-    def close(self) -> None:
-        """Close the idle connections; ones in use close when their operation ends."""
-        self._closed = True
-        if self._write_lock is not None:
-            self._write_lock.close()
-        if self._generation != FORK_GENERATION[0]:
-            self._forget_parent()
-        idle, self._idle = self._idle, []
-        for conn in idle:
-            _close(conn)
+def forked_away() -> ConfigurationError:
+    return ConfigurationError(
+        "this transaction was begun in the parent process and the process forked inside it: "
+        "the child never commits, rolls back or closes the parent's connection (nothing was done here)"
+    )
 
 
-def _close(conn: Any) -> None:
-    with contextlib.suppress(Exception):  # closing a connection the server already dropped
-        conn.close()
+#: why a failed attempt may run again
+_LOCK_RACE = "lock race"  # the database rolled it back whole
+_DEAD_IDLE = "dead idle connection"  # the server had closed the pooled connection
+
+
+class _Verdict:
+    """Set by an attempt that failed in a way that may be tried again."""
+
+    __slots__ = ("again",)
+
+    def __init__(self) -> None:
+        self.again: str | None = None

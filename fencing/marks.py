@@ -41,7 +41,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
@@ -49,7 +48,15 @@ from sqlalchemy.sql import Executable
 from . import sqlite as sqlite_glue
 from .checks import FENCE_MAX, check_fence, check_new_table, check_text
 from .clock import database_now
-from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, wrap_database_error
+from .dberrors import (
+    DB_ERRORS,
+    driver_errors,
+    is_duplicate_key,
+    is_transient,
+    sqlalchemy_error,
+    wrap_database_error,
+)
+from .engines import refuse_autocommit_engine, refuse_sharing_pool
 from .errors import (
     ConfigurationError,
     FencingError,
@@ -57,7 +64,7 @@ from .errors import (
     InvalidArgumentType,
     TableMissing,
 )
-from .execution import in_own_transaction
+from .execution import CallerConnection, CoreExecutor, Executor, Runner
 from .schema import ID_MAX_BYTES, KEY_TYPE
 
 __all__ = [
@@ -198,7 +205,11 @@ class FenceMarks:
                 "compare-and-set would not be atomic: create it with "
                 "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
             )
+        refuse_sharing_pool(engine)
+        refuse_autocommit_engine(engine)
         self.engine = engine
+        self._errors = DB_ERRORS + driver_errors(engine)
+        self._runner = Runner(engine, self._errors)
         self.marks = marks
         self.keys = keys
         self._s = _Statements(marks, keys)
@@ -214,13 +225,13 @@ class FenceMarks:
 
     # -- running statements ----------------------------------------------------------------
 
-    def _run(self, unit: Callable[[Connection], T], conn: Connection | None, table: Table) -> T:
+    def _run(self, unit: Callable[[Executor], T], conn: CallerConnection | None, table: Table) -> T:
         try:
-            if conn is not None:
-                return unit(conn)
-            return in_own_transaction(self.engine, DB_ERRORS, unit)
-        except DB_ERRORS as exc:
-            raise self._wrap(exc, table) from exc
+            if conn is None:
+                return self._runner.run(unit)
+            return unit(CoreExecutor(self._runner.caller(conn, table)))
+        except self._errors as exc:
+            raise self._wrap(exc, table) from sqlalchemy_error(exc, self.engine.dialect)
 
     def _wrap(self, exc: BaseException, table: Table) -> FencingError:
         wrapped = wrap_database_error(exc, table.name)
@@ -252,22 +263,13 @@ class FenceMarks:
             raise InvalidArgument(f"fence must be between 0 and 2**63-1, got {fence!r}")
         return fence
 
-    @staticmethod
-    def _conn(conn: object) -> Connection | None:
-        if conn is not None and not isinstance(conn, Connection):
-            raise InvalidArgumentType(
-                f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}"
-            )
-        return conn
-
     # -- the tables ------------------------------------------------------------------------
 
-    def create_tables(self, *, conn: Connection | None = None) -> None:
+    def create_tables(self, *, conn: CallerConnection | None = None) -> None:
         """Create both tables if missing (idempotent; an existing table is left as it is).
 
         On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
         """
-        conn = self._conn(conn)
 
         def create(c: Connection) -> None:
             for table in (self.marks, self.keys):
@@ -275,23 +277,23 @@ class FenceMarks:
 
         try:
             if conn is not None:
-                create(conn)
+                create(self._runner.caller(conn, self.marks))
                 return
             for attempt in range(2):
                 try:
-                    with self.engine.begin() as own:
+                    with self._runner.transaction() as own:
                         create(own)
                     return
                 except DB_ERRORS as exc:
                     # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
                     if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
                         raise
-        except DB_ERRORS as exc:
-            raise self._wrap(exc, self.marks) from exc
+        except self._errors as exc:
+            raise self._wrap(exc, self.marks) from sqlalchemy_error(exc, self.engine.dialect)
 
     # -- fence marks -----------------------------------------------------------------------
 
-    def accept(self, resource: str, fence: int, *, conn: Connection | None = None) -> bool:
+    def accept(self, resource: str, fence: int, *, conn: CallerConnection | None = None) -> bool:
         """Store ``fence`` for ``resource`` unless a higher one was stored before.
 
         ``True``: ``fence`` is now the mark (equal to the mark is accepted, so the same lease
@@ -299,25 +301,25 @@ class FenceMarks:
         check and the write are one atomic step, also against concurrent callers.
         """
         params = {"res": self._key("resource", resource), "token": self._fence(fence)}
-        conn = self._conn(conn)
         accept = self._accept
-        return self._run(lambda c: accept(c, params), conn, self.marks)
+        return self._run(lambda x: accept(x, params), conn, self.marks)
 
-    def highest(self, resource: str, *, conn: Connection | None = None) -> int | None:
+    def highest(self, resource: str, *, conn: CallerConnection | None = None) -> int | None:
         """The highest fence accepted for ``resource``, read now, or ``None`` if none was."""
         params = {"res": self._key("resource", resource)}
-        conn = self._conn(conn)
         stmt = self._s.highest
 
-        def read(c: Connection) -> int | None:
-            value = c.execute(stmt, params).scalar_one_or_none()
-            return None if value is None else int(value)
+        def read(x: Executor) -> int | None:
+            rows = x.rows(stmt, params)
+            return None if not rows or rows[0][0] is None else int(rows[0][0])
 
         return self._run(read, conn, self.marks)
 
     # -- idempotency keys ------------------------------------------------------------------
 
-    def record_once(self, key: str, *, fence: int | None = None, conn: Connection | None = None) -> bool:
+    def record_once(
+        self, key: str, *, fence: int | None = None, conn: CallerConnection | None = None
+    ) -> bool:
         """Record ``key``: ``True`` the first time, ``False`` ever after (nothing changed).
 
         Of concurrent callers with the same key, exactly one gets ``True``. The pattern:
@@ -336,43 +338,43 @@ class FenceMarks:
             "idem": self._key("key", key),
             "token": None if fence is None else self._fence(fence),
         }
-        conn = self._conn(conn)
         record = self._record
-        return self._run(lambda c: record(c, params), conn, self.keys)
+        return self._run(lambda x: record(x, params), conn, self.keys)
 
     # -- the compare-and-set units, one per dialect ----------------------------------------
 
-    def _accept_unit(self, dialect: str) -> Callable[[Connection, dict[str, Any]], bool]:
+    def _accept_unit(self, dialect: str) -> Callable[[Executor, dict[str, Any]], bool]:
         s = self._s
         if dialect == "sqlite":
-            return lambda c, p: c.execute(s.accept_sqlite, p).rowcount == 1
+            return lambda x, p: x.count(s.accept_sqlite, p) == 1
         if dialect == "postgresql":
-            return lambda c, p: len(c.execute(s.accept_postgresql, p).all()) == 1
+            return lambda x, p: len(x.rows(s.accept_postgresql, p)) == 1
 
-        def locked(c: Connection, p: dict[str, Any]) -> bool:
-            c.execute(s.ensure_mark, p)  # a new resource is inserted with this token
+        def locked(x: Executor, p: dict[str, Any]) -> bool:
+            x.count(s.ensure_mark, p)  # a new resource is inserted with this token
             # a locking read: the current row, not the transaction's snapshot
-            stored = c.execute(s.mark_for_update, p).scalar_one()
+            stored = x.rows(s.mark_for_update, p)[0][0]
             if stored > p["token"]:
                 return False
             if stored == p["token"]:
                 return True  # already the mark (or just inserted), and locked: nothing to write
             # the row is locked since the INSERT; the guard is repeated in the WHERE anyway
-            return c.execute(s.raise_mark, p).rowcount == 1
+            return x.count(s.raise_mark, p) == 1
 
         return locked
 
-    def _record_unit(self, dialect: str) -> Callable[[Connection, dict[str, Any]], bool]:
+    def _record_unit(self, dialect: str) -> Callable[[Executor, dict[str, Any]], bool]:
         s = self._s
         if dialect == "sqlite":
-            return lambda c, p: c.execute(s.record_sqlite, p).rowcount == 1
+            return lambda x, p: x.count(s.record_sqlite, p) == 1
         if dialect == "postgresql":
-            return lambda c, p: len(c.execute(s.record_postgresql, p).all()) == 1
+            return lambda x, p: len(x.rows(s.record_postgresql, p)) == 1
+        errors = self._errors
 
-        def plain(c: Connection, p: dict[str, Any]) -> bool:
+        def plain(x: Executor, p: dict[str, Any]) -> bool:
             try:
-                c.execute(s.record_plain, p)
-            except sa_exc.IntegrityError as exc:
+                x.count(s.record_plain, p)
+            except errors as exc:
                 # only the statement is undone: the caller's transaction goes on
                 if is_duplicate_key(exc):
                     return False

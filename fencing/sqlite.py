@@ -3,7 +3,18 @@
 SQLite's Python driver opens transactions lazily and as ``DEFERRED``; a deferred
 transaction that reads and then writes can lose a race. SQLAlchemy's documented recipe
 hands transaction control to us: ``connect`` sets ``isolation_level = None`` and
-``begin`` emits ``BEGIN IMMEDIATE``, which takes the write lock before the first read.
+``begin`` emits the ``BEGIN``, so the library decides how each transaction begins:
+
+* the store's own transactions and ``fenced()`` begin ``IMMEDIATE``: the write lock is
+  taken before the first read, so compare-and-set is atomic. They ask for it with the
+  connection's execution option ``fencing_begin="IMMEDIATE"`` (:data:`BEGIN_OPTION`);
+* the application's transactions begin the way :func:`configure` was told (``begin=``,
+  default ``"DEFERRED"``): a read-only ``Session`` takes no write lock, so it never blocks
+  the workers; a transaction that writes takes the lock at its first write. An application
+  connection can ask for ``IMMEDIATE`` itself with the same execution option.
+
+An ``IMMEDIATE`` begin waits for the lock the way :mod:`fencing.writelock` describes (the
+connection's ``busy_timeout`` is lowered for the ``BEGIN`` only, then restored).
 
 Durability (``PRAGMA journal_mode=WAL`` always; ``synchronous`` by choice):
 
@@ -17,19 +28,34 @@ Durability (``PRAGMA journal_mode=WAL`` always; ``synchronous`` by choice):
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Literal, get_args
 
 import sqlalchemy
 from sqlalchemy import Engine, event
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from . import forks
+from .dberrors import DB_ERRORS
+from .engines import refuse_sharing_pool
 from .errors import ConfigurationError, InvalidArgument, InvalidArgumentType
+from .writelock import WriteLock, sidecar_path
 
-__all__ = ["BEGIN_MODES", "DEFAULT_BUSY_TIMEOUT", "Durability", "configure", "create_engine", "is_configured"]
+__all__ = [
+    "BEGIN_MODES",
+    "BEGIN_OPTION",
+    "DEFAULT_BUSY_TIMEOUT",
+    "Durability",
+    "configure",
+    "create_engine",
+    "is_configured",
+]
 
 Durability = Literal["full", "normal"]
 DURABILITIES: tuple[str, ...] = get_args(Durability)
 BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
+#: the execution option that says how a connection's next transaction begins
+BEGIN_OPTION = "fencing_begin"
 DEFAULT_BUSY_TIMEOUT = 5.0
 
 _MARK = "fencing_sqlite_settings"
@@ -38,20 +64,30 @@ _MARK = "fencing_sqlite_settings"
 class _Settings:
     """What :func:`configure` installed on one engine; the store reads it back."""
 
-    def __init__(self, durability: Durability, busy_timeout: float, begin: str) -> None:
+    def __init__(self, durability: Durability, busy_timeout: float, begin: str, database: str | None) -> None:
         self.durability = durability
         self.busy_timeout = busy_timeout
-        self.begin_sql = f"BEGIN {begin}"
+        self.begin = begin  # how the application's transactions begin
         self.pragmas = (
             f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}",
             "PRAGMA journal_mode = WAL",
             f"PRAGMA synchronous = {durability.upper()}",
         )
+        #: begins IMMEDIATE transactions: SQLite's handler briefly, then the longest waiter first
+        self.write_lock = WriteLock(busy_timeout, sidecar_path(database))
+        # every connection made for this engine, to tell a forked child which are still open
+        self._records: weakref.WeakSet[ConnectionPoolEntry] = weakref.WeakSet()
 
     def on_connect(self, dbapi_connection: Any, connection_record: ConnectionPoolEntry) -> None:
-        # hand transaction control to the begin listener (and to the store's driver path)
-        dbapi_connection.isolation_level = None
         try:
+            if getattr(dbapi_connection, "autocommit", None) is False:
+                # Python 3.12's PEP 249 mode opens a transaction itself after every commit
+                raise ConfigurationError(
+                    "sqlite3 connections made with autocommit=False open their own transactions, "
+                    "so the library cannot begin them IMMEDIATE: leave autocommit at its default"
+                )
+            # hand transaction control to the begin listener (and to the store's fast path)
+            dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
             try:
                 for pragma in self.pragmas:
@@ -62,9 +98,23 @@ class _Settings:
             # e.g. "file is not a database": the pool drops the connection without closing it
             dbapi_connection.close()
             raise
+        self._records.add(connection_record)
 
     def on_begin(self, conn: sqlalchemy.Connection) -> None:
-        conn.exec_driver_sql(self.begin_sql)
+        mode = conn.get_execution_options().get(BEGIN_OPTION, self.begin)
+        if mode == "DEFERRED":
+            conn.exec_driver_sql("BEGIN DEFERRED")
+        elif mode in BEGIN_MODES:
+            self.write_lock.begin(lambda sql: conn.exec_driver_sql(sql).close(), f"BEGIN {mode}", DB_ERRORS)
+        else:
+            raise InvalidArgument(
+                f"execution option {BEGIN_OPTION} must be one of {BEGIN_MODES}, got {mode!r}"
+            )
+
+    def inherited_alive(self) -> bool:
+        """In a forked child, after the idle connections were closed: whether any connection
+        this engine made before the fork is still open (it was in use at the fork)."""
+        return any(record.dbapi_connection is not None for record in list(self._records))
 
 
 def _check_options(durability: object, busy_timeout: object, begin: object) -> tuple[Durability, float, str]:
@@ -84,13 +134,16 @@ def configure(
     *,
     durability: Durability = "full",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
-    begin: str = "IMMEDIATE",
+    begin: str = "DEFERRED",
 ) -> Engine:
     """Equip an engine the application made itself; returns it.
 
     Installs the ``connect`` and ``begin`` listeners and disposes the engine's pool so
-    that every connection from now on carries them. Calling it twice is an error
-    (the first settings would silently win otherwise).
+    that every connection from now on carries them. ``begin`` is how the application's own
+    transactions begin (the store's always begin ``IMMEDIATE``). Calling it twice is an
+    error (the first settings would silently win otherwise). Pools that share one
+    connection between transactions (``StaticPool``, ``SingletonThreadPool``, e.g. an
+    in-memory database, and ``AssertionPool``) are refused.
     """
     if not isinstance(engine, Engine):
         raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
@@ -102,11 +155,13 @@ def configure(
         )
     if settings_of(engine) is not None:
         raise ConfigurationError(f"{engine!r} is already configured by fencing.sqlite.configure()")
-    settings = _Settings(*_check_options(durability, busy_timeout, begin))
+    refuse_sharing_pool(engine)
+    settings = _Settings(*_check_options(durability, busy_timeout, begin), engine.url.database)
     event.listen(engine, "connect", settings.on_connect)
     event.listen(engine, "begin", settings.on_begin)
     setattr(engine, _MARK, settings)
     engine.dispose()
+    forks.register(engine)
     return engine
 
 
@@ -126,9 +181,10 @@ def create_engine(
     *,
     durability: Durability = "full",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    begin: str = "DEFERRED",
     **engine_kwargs: Any,
 ) -> Engine:
-    """An engine on the SQLite file at ``path``, configured for fencing.
+    """An engine on the SQLite file at ``path``, configured for fencing (:func:`configure`).
 
     ``:memory:`` is refused: every connection would see its own empty database.
     """
@@ -143,8 +199,8 @@ def create_engine(
         raise InvalidArgument(f"path must not contain NUL bytes, got {raw!r}")
     if os.path.isdir(raw):
         raise InvalidArgument(f"path is a directory, not a database file: {os.path.abspath(raw)!r}")
-    _check_options(durability, busy_timeout, "IMMEDIATE")
+    _check_options(durability, busy_timeout, begin)
     # URL.create, not a URL string: a "?" or "#" in a file name is part of the name
     url = sqlalchemy.URL.create("sqlite", database=os.path.abspath(raw))
     engine = sqlalchemy.create_engine(url, **engine_kwargs)
-    return configure(engine, durability=durability, busy_timeout=busy_timeout)
+    return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)

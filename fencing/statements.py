@@ -160,6 +160,12 @@ class Statements:
         #: a fenced transaction: the lease is current and live, and its row stays locked
         #: until commit, so no one can claim the job while the caller's writes are pending
         self.lock_lease: Executable = select(t.c.fence).where(current_holder, lease_live).with_for_update()
+        #: the same check as a write, for SQLite inside a transaction that did not begin
+        #: IMMEDIATE (the caller's): it takes the database's write lock with the check, so
+        #: the caller's writes that follow cannot lose a lock race
+        self.hold_lease: Executable = (
+            update(t).where(current_holder, lease_live).values(fence=t.c.fence).returning(t.c.fence)
+        )
         #: the fence is kept: resetting it would make an old token valid again
         self.release: Executable = update(t).where(current_holder).values(owner=null(), until=_ZERO)
         #: released with a delay: not claimable before now + delay (new_until / ttl)

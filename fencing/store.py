@@ -10,8 +10,8 @@ read inside the same statement (see :mod:`fencing.clock`).
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
 
+from . import forks
 from . import sqlite as sqlite_glue
 from .checks import (
     FENCE_MAX,
@@ -31,9 +32,17 @@ from .checks import (
     check_until,
     fence_can_match,
 )
-from .dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
+from .dberrors import (
+    DB_ERRORS,
+    driver_errors,
+    is_duplicate_key,
+    is_transient,
+    sqlalchemy_error,
+    wrap_database_error,
+)
+from .engines import refuse_autocommit_engine, refuse_sharing_pool
 from .errors import ConfigurationError, DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
-from .execution import CoreExecutor, DriverPath, Executor, in_own_transaction
+from .execution import CallerConnection, CoreExecutor, Executor, Runner, forked_away
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import COMPLETE_CHUNK, Statements, batch_size
 from .values import JobState, Lease
@@ -42,18 +51,23 @@ __all__ = ["JobStore"]
 
 T = TypeVar("T")
 
+
 #: more threads than this only queue for the same row lock
 CLAIM_MANY_MAX_THREADS = 32
-#: drivers whose connections the store drives directly (statements compiled once)
-DRIVER_PATH_DRIVERS = {"pysqlite", "psycopg", "pymysql"}
 
 
 class JobStore:
     """Leases and fenced writes on one jobs ``table``, through ``engine``.
 
-    A SQLite engine must come from :func:`fencing.sqlite.create_engine` or have been
-    passed through :func:`fencing.sqlite.configure` (``BEGIN IMMEDIATE``, WAL, busy timeout).
-    PostgreSQL (psycopg) and MariaDB/MySQL (pymysql) engines are used as they are.
+    The store is a guest in the engine: every transaction it runs takes a connection from
+    the engine's pool and gives it back, is seen by the engine's logging and connection
+    events, and never changes how the application's own transactions begin or end. A SQLite
+    engine must come from :func:`fencing.sqlite.create_engine` or have been passed through
+    :func:`fencing.sqlite.configure` (``BEGIN IMMEDIATE`` for the store's transactions, WAL,
+    busy timeout). PostgreSQL (psycopg) and MariaDB/MySQL (pymysql) engines are used as they
+    are. Refused (:class:`ConfigurationError`): ``isolation_level="AUTOCOMMIT"`` on a server,
+    and pools that share one connection between transactions (``StaticPool``,
+    ``SingletonThreadPool``, ``AssertionPool``).
     """
 
     def __init__(self, engine: Engine, table: Table = jobs) -> None:
@@ -61,31 +75,27 @@ class JobStore:
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
         if not isinstance(table, Table):
             raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
+        dialect = engine.dialect
+        if dialect.name == "sqlite" and sqlite_glue.settings_of(engine) is None:
+            raise ConfigurationError(
+                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
+                "compare-and-set would not be atomic: create it with "
+                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
+            )
+        refuse_sharing_pool(engine)
+        refuse_autocommit_engine(engine)
         self.engine = engine
         self.table = table
-        dialect = engine.dialect
         #: what a database call can raise here: SQLAlchemy's errors, and the driver's own
-        #: on the paths that call the driver directly
-        self._errors = DB_ERRORS + _driver_errors(engine)
+        #: on the fast path, which calls the driver directly
+        self._errors = DB_ERRORS + driver_errors(engine)
+        self._runner = Runner(engine, self._errors)
         self._by_caller = Statements(table, "caller")
         self._by_database = Statements(table, "database")
         self._returning = bool(getattr(dialect, "update_returning", False))
+        self._sqlite = dialect.name == "sqlite"
         self._max_id_bytes = ID_MAX_BYTES.get(dialect.name)
         self._nul_ok = dialect.name != "postgresql"  # PostgreSQL text cannot hold U+0000
-        begin_sql = None
-        if dialect.name == "sqlite":
-            settings = sqlite_glue.settings_of(engine)
-            if settings is None:
-                raise ConfigurationError(
-                    "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
-                    "compare-and-set would not be atomic: create it with "
-                    "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
-                )
-            begin_sql = settings.begin_sql
-        # other drivers run the same statements through SQLAlchemy's Connection
-        self._driver = (
-            DriverPath(engine, begin_sql, self._errors) if dialect.driver in DRIVER_PATH_DRIVERS else None
-        )
         self._enqueue = self._enqueue_unit(dialect.name)
         #: how complete_many reaches the database: one UPDATE ... FROM (VALUES ...) RETURNING
         #: (PostgreSQL), a locking read and one joined UPDATE (MariaDB/MySQL, no RETURNING),
@@ -93,9 +103,6 @@ class JobStore:
         self._batch_completion = {"postgresql": "returning", "mysql": "locking", "mariadb": "locking"}.get(
             dialect.name, "each"
         )
-        if self._driver is not None:
-            # close the store's own connections when it is collected or at exit
-            weakref.finalize(self, self._driver.close)
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -103,27 +110,17 @@ class JobStore:
 
     # -- running units of work -------------------------------------------------------------
 
-    def _run(self, unit: Callable[[Executor], T], conn: Connection | None) -> T:
+    def _run(self, unit: Callable[[Executor], T], conn: CallerConnection | None, *, write: bool = True) -> T:
         try:
             if conn is None:
-                if self._driver is not None:
-                    return self._driver.run(unit)
-                return self._in_own_transaction(unit)
-            return unit(CoreExecutor(_connection(conn)))
+                return self._runner.run(unit, write=write)
+            return unit(CoreExecutor(self._runner.caller(conn, self.table)))
         except self._errors as exc:
             self._fail(exc)
 
     def _fail(self, exc: BaseException) -> NoReturn:
         """Raise the library's error for a database error, as SQLAlchemy would wrap it."""
         raise wrap_database_error(exc, self.table.name) from sqlalchemy_error(exc, self.engine.dialect)
-
-    def _in_own_transaction(self, unit: Callable[[Executor], T]) -> T:
-        return in_own_transaction(self.engine, self._errors, lambda conn: unit(CoreExecutor(conn)))
-
-    def dispose(self) -> None:
-        """Close the connections the store holds (the engine's pool is the caller's)."""
-        if self._driver is not None:
-            self._driver.close()
 
     # -- arguments -------------------------------------------------------------------------
 
@@ -163,7 +160,7 @@ class JobStore:
 
     # -- the table -------------------------------------------------------------------------
 
-    def create_table(self, *, conn: Connection | None = None) -> None:
+    def create_table(self, *, conn: CallerConnection | None = None) -> None:
         """Create the jobs table if missing (idempotent); raise if an existing one differs.
 
         On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
@@ -171,11 +168,11 @@ class JobStore:
 
         try:
             if conn is not None:
-                ensure_jobs_table(_connection(conn), self.table)
+                ensure_jobs_table(self._runner.caller(conn, self.table), self.table)
                 return
             for attempt in range(2):
                 try:
-                    with self.engine.begin() as own:
+                    with self._runner.transaction() as own:
                         ensure_jobs_table(own, self.table)
                     return
                 except DB_ERRORS as exc:
@@ -206,7 +203,9 @@ class JobStore:
 
         return plain
 
-    def enqueue(self, job_id: str, *, ready_at: float | None = None, conn: Connection | None = None) -> bool:
+    def enqueue(
+        self, job_id: str, *, ready_at: float | None = None, conn: CallerConnection | None = None
+    ) -> bool:
         """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists.
 
         ``ready_at``: not claimable before this time on the caller's clock. The default
@@ -229,15 +228,15 @@ class JobStore:
         enqueue = self._enqueue
         return self._run(lambda x: enqueue(x, s, params), conn)
 
-    def state(self, job_id: str, *, conn: Connection | None = None) -> JobState | None:
+    def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
         params = {"job_id": self._key("job_id", job_id)}
         stmt = self._by_caller.state
 
-        if conn is None and self._driver is not None:
+        if conn is None:
             # one SELECT is its own snapshot: no transaction, no write lock
             try:
-                row = self._driver.read_row(stmt, params)
+                row = self._runner.read_row(stmt, params)
             except self._errors as exc:
                 self._fail(exc)
             return None if row is None else JobState.from_row(row)
@@ -255,7 +254,7 @@ class JobStore:
         *,
         ttl: float,
         now: float | None = None,
-        conn: Connection | None = None,
+        conn: CallerConnection | None = None,
     ) -> Lease | None:
         """Take the lease on ``job_id`` if it is not done and not held (``until <= now``).
 
@@ -288,7 +287,7 @@ class JobStore:
         *,
         ttl: float,
         now: float | None = None,
-        conn: Connection | None = None,
+        conn: CallerConnection | None = None,
     ) -> Lease | None:
         """Extend a live lease to ``now + ttl``: the new :class:`Lease`, or ``None``.
 
@@ -320,7 +319,7 @@ class JobStore:
         result: str | None,
         *,
         now: float | None = None,
-        conn: Connection | None = None,
+        conn: CallerConnection | None = None,
     ) -> bool:
         """Store ``result`` and mark the job done, only under the current, live lease.
 
@@ -340,7 +339,7 @@ class JobStore:
         *,
         delay: float | None = None,
         now: float | None = None,
-        conn: Connection | None = None,
+        conn: CallerConnection | None = None,
     ) -> bool:
         """Give the lease back early (``owner = NULL``); the fence is kept.
 
@@ -359,14 +358,14 @@ class JobStore:
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         return self._run(lambda x: x.count(stmt, params) == 1, conn)
 
-    def revoke(self, job_id: str, *, conn: Connection | None = None) -> bool:
+    def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Take the lease away at once: the fence moves on, so the holder's token is stale
         for every later write; the job is claimable again. ``False`` if missing or done."""
         params = {"job_id": self._key("job_id", job_id)}
         stmt = self._by_caller.revoke
         return self._run(lambda x: x.count(stmt, params) == 1, conn)
 
-    def delete(self, job_id: str, *, conn: Connection | None = None) -> bool:
+    def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
         is enqueued again continues above every fence it ever had. ``False`` if missing."""
         params = {"job_id": self._key("job_id", job_id)}
@@ -381,18 +380,31 @@ class JobStore:
         now: float | None = None,
         complete: bool = False,
         result: str | None = None,
-    ) -> Iterator[Connection]:
+        conn: CallerConnection | None = None,
+    ) -> Iterator[Any]:
         """A transaction for the application's own writes, fenced by ``lease``.
 
-        Opens a transaction, checks that ``lease`` is current and live and locks its row
-        (no one can claim the job until commit), and yields the ``Connection``. When the
-        block ends, the lease is checked again (with ``complete=True`` the job is
-        completed with ``result`` instead) and everything commits together. If the lease
-        is not current at either check, :class:`LeaseLost` is raised and nothing of the
-        block is committed::
+        Checks that ``lease`` is current and live and locks its row (no one can claim or
+        revoke the job until the transaction ends), runs the block, then checks again (with
+        ``complete=True`` it completes the job with ``result`` instead). If the lease is not
+        current at either check, :class:`LeaseLost` is raised and nothing of the block stays.
+
+        Without ``conn`` the store opens the transaction (``BEGIN IMMEDIATE`` on SQLite),
+        yields its ``Connection`` and commits everything together::
 
             with store.fenced(lease, complete=True, result="paid") as conn:
                 conn.execute(invoices.insert().values(job=lease.job_id, total=99))
+
+        With ``conn=`` (your ``Connection`` or ORM ``Session``) the block joins your
+        transaction and yields what you passed: the block runs in a SAVEPOINT, which is rolled
+        back on ``LeaseLost`` (or any error of the block) and released otherwise; a Session is
+        flushed before the final check. Committing is yours, and the row lock lasts until you
+        do. On SQLite the first check also takes the write lock (an ``UPDATE`` of the row), so
+        the block's writes never fail for a lock race::
+
+            with Session(engine) as session, session.begin():
+                with store.fenced(lease, conn=session, complete=True, result="paid"):
+                    session.add(Invoice(job=lease.job_id, total=99))
         """
         job_id, owner, fence = self._lease(lease)
         if not isinstance(complete, bool):
@@ -401,22 +413,104 @@ class JobStore:
         s, clock = self._clock(now)
         checked = self._result(result)
         params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": checked, **clock}
-
-        def current(conn: Connection, when: str) -> None:
-            if not (fence_can_match(fence) and conn.execute(s.lock_lease, params).first()):
-                raise LeaseLost(f"lease on {job_id!r} (fence {fence}) is not current {when}; rolled back")
-
+        if conn is not None:
+            with self._joined(conn, s, params, complete) as yours:
+                yield yours
+            return
+        runner = self._runner
+        generation = forks.GENERATION[0]
+        ours = True  # whether an error comes from the library's statements, not the block
+        start = " at the start of the fenced block; rolled back"
         try:
-            with self.engine.begin() as conn:
-                current(conn, "at the start of the fenced block")
-                yield conn
-                if complete:
-                    if conn.execute(s.complete, params).rowcount != 1:
-                        raise LeaseLost(f"lease on {job_id!r} (fence {fence}) was lost before completing")
-                else:
-                    current(conn, "at the end of the fenced block")
+            with runner.transaction() as own:
+                self._hold(CoreExecutor(own), s, params, start, joined=False)
+                ours = False
+                yield own
+                if runner.forked_since(generation):
+                    raise forked_away()
+                ours = True
+                self._finish(CoreExecutor(own), s, params, complete)
+        except self._errors as exc:
+            if not ours:
+                raise  # the block's own statement failed: its error, as it was
+            self._fail(exc)
+
+    @contextmanager
+    def _joined(
+        self, conn: CallerConnection, s: Statements, params: dict[str, Any], complete: bool
+    ) -> Iterator[Any]:
+        """:meth:`fenced` inside the caller's transaction, the block in a SAVEPOINT."""
+        try:
+            connection = self._runner.caller(conn, self.table)
+            x = CoreExecutor(connection)
+            self._hold(x, s, params, " at the start of the fenced block; rolled back", joined=True)
+            session = None if isinstance(conn, Connection) else conn
+            savepoint = (connection if session is None else session).begin_nested()
         except self._errors as exc:
             self._fail(exc)
+        generation = forks.GENERATION[0]
+        try:
+            yield conn
+        except BaseException:
+            if not self._runner.forked_since(generation):
+                with contextlib.suppress(Exception):  # the block's error is the one to see
+                    savepoint.rollback()
+            raise
+        if self._runner.forked_since(generation):
+            raise forked_away()
+        try:
+            if session is not None:
+                session.flush()
+            self._finish(x, s, params, complete)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                savepoint.rollback()
+            if isinstance(exc, self._errors):
+                self._fail(exc)
+            raise
+        try:
+            savepoint.commit()
+        except self._errors as exc:
+            self._fail(exc)
+
+    def _hold(self, x: Executor, s: Statements, params: dict[str, Any], when: str, *, joined: bool) -> None:
+        """Raise :class:`LeaseLost` unless the lease is current and live; lock its row until
+        the transaction ends. On SQLite, in a transaction the store did not begin IMMEDIATE,
+        the check is an ``UPDATE`` that takes the database's write lock with it."""
+        stmt = s.hold_lease if (joined and self._sqlite) else s.lock_lease
+        if not (fence_can_match(params["token"]) and x.rows(stmt, params)):
+            job, token = params["job_id"], params["token"]
+            raise LeaseLost(f"lease on {job!r} (fence {token}) is not current{when}")
+
+    def _finish(self, x: Executor, s: Statements, params: dict[str, Any], complete: bool) -> None:
+        """The end of a fenced block: complete the job, or check the lease once more."""
+        if not complete:
+            self._hold(x, s, params, " at the end of the fenced block; rolled back", joined=False)
+        elif x.count(s.complete, params) != 1:
+            job, token = params["job_id"], params["token"]
+            raise LeaseLost(f"lease on {job!r} (fence {token}) was lost before completing")
+
+    def check(self, lease: Lease, *, now: float | None = None, conn: CallerConnection | None = None) -> None:
+        """Raise :class:`LeaseLost` unless ``lease`` is current and live.
+
+        With ``conn=`` (your ``Connection`` or ORM ``Session``) the check runs in your
+        transaction and locks the job's row until it ends, so it stays true until you commit:
+        ORM code can fail loud, and roll back its own objects, before writing anything::
+
+            with Session(engine) as session, session.begin():
+                store.check(lease, conn=session)   # LeaseLost: the with-block rolls back
+                session.add(Invoice(job=lease.job_id, total=99))
+
+        Without ``conn`` it only says whether the lease is current now.
+        """
+        job_id, owner, fence = self._lease(lease)
+        s, clock = self._clock(now)
+        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
+        when = ""
+        if conn is None:
+            self._run(lambda x: self._hold(x, s, params, when, joined=False), None, write=False)
+        else:
+            self._run(lambda x: self._hold(x, s, params, when, joined=True), conn)
 
     # -- workers that do not know job ids ---------------------------------------------------
 
@@ -428,7 +522,7 @@ class JobStore:
         now: float | None = None,
         limit: int = 1,
         max_attempts: int | None = None,
-        conn: Connection | None = None,
+        conn: CallerConnection | None = None,
     ) -> list[Lease]:
         """Claim up to ``limit`` ready jobs in one transaction; their leases (maybe none).
 
@@ -468,7 +562,7 @@ class JobStore:
         completions: Iterable[tuple[Lease, str | None]],
         *,
         now: float | None = None,
-        conn: Connection | None = None,
+        conn: CallerConnection | None = None,
     ) -> list[bool]:
         """:meth:`complete` for each ``(lease, result)``, all in one transaction.
 
@@ -569,14 +663,14 @@ class JobStore:
         return locking
 
     def poisoned(
-        self, max_attempts: int, *, now: float | None = None, conn: Connection | None = None
+        self, max_attempts: int, *, now: float | None = None, conn: CallerConnection | None = None
     ) -> list[JobState]:
         """Jobs that :meth:`claim_next` with this ``max_attempts`` skips: not done, not
         held, claimed ``max_attempts`` times or more. Longest ready first."""
         s, clock = self._clock(now)
         params = {"max_fence": _positive_int("max_attempts", max_attempts), **clock}
         stmt = s.poisoned
-        return self._run(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn)
+        return self._run(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)
 
     def claim_many(
         self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
@@ -640,19 +734,6 @@ def _completion_params(batch: list[_Completion], chunk: list[int], size: int) ->
 def _completion_binds(size: int) -> tuple[tuple[str, str, str, str, str], ...]:
     """The names :meth:`Statements.complete_batch_returning` and friends bind, per row."""
     return tuple((f"n_{k}", f"id_{k}", f"holder_{k}", f"token_{k}", f"result_{k}") for k in range(size))
-
-
-def _connection(conn: object) -> Connection:
-    if not isinstance(conn, Connection):
-        raise InvalidArgumentType(f"conn must be a sqlalchemy Connection or None, got {type(conn).__name__}")
-    return conn
-
-
-def _driver_errors(engine: Engine) -> tuple[type[BaseException], ...]:
-    """The DBAPI module's ``Error`` base class (PEP 249), if the dialect loaded one."""
-    dbapi = getattr(engine.dialect, "loaded_dbapi", None) or getattr(engine.dialect, "dbapi", None)
-    error = getattr(dbapi, "Error", None)
-    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
 
 
 def _positive_int(name: str, value: object) -> int:

@@ -8,9 +8,11 @@ that gap; measured with four worker processes, one waited 5-8 s (past the defaul
 keeps it fast: on a two-core machine, waiters that wake every few hundred µs to try again
 take the CPU from the process that holds the lock (measured: half the throughput).
 
-So the store keeps SQLite's handler for short waits and bounds the long ones. Its own
-connections have a ``busy_timeout`` of :data:`STARVING` (or the engine's, if shorter), and
-their ``BEGIN IMMEDIATE`` goes through :class:`WriteLock`:
+So write transactions keep SQLite's handler for short waits and bound the long ones. Every
+``BEGIN IMMEDIATE`` on a configured engine (the store's own transactions, ``fenced()``, and
+the application's transactions that ask for IMMEDIATE) goes through the engine's
+:class:`WriteLock`, which lowers the connection's ``busy_timeout`` to :data:`STARVING` (or
+the engine's, if shorter) for the ``BEGIN`` only:
 
 * A waiter that is still waiting after :data:`STARVING` takes **priority**: an exclusive
   ``flock`` on a sidecar file, ``<database>-fencing-priority``; it then tries every
@@ -38,8 +40,9 @@ import os
 import random
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
 
+from . import forks
 from .dberrors import is_transient
 from .errors import DatabaseBusy
 
@@ -76,12 +79,11 @@ _HANDLER_WAITED = 0.0005
 # priority descriptors open in this process: a forked child closes its copies (a flock holds
 # while any copy is open, so the parent's priority would otherwise last as long as the child)
 _PRIORITY_FDS: set[int] = set()
-#: bumped in every forked child: a WriteLock then reopens the sidecar
-_FORK_GENERATION = [0]
+#: what a failed statement can raise (SQLAlchemy's errors and the driver's own)
+_Errors = tuple[type[BaseException], ...]
 
 
 def _after_fork_in_child() -> None:
-    _FORK_GENERATION[0] += 1
     for fd in _PRIORITY_FDS:
         _close(fd)
     _PRIORITY_FDS.clear()
@@ -136,12 +138,14 @@ def _priority_taken(fd: int) -> bool:
 class Wait:
     """One call's wait for the lock, from its first ``BEGIN`` that did not get it at once."""
 
-    __slots__ = ("attempts", "budget", "held_back", "priority", "started")
+    __slots__ = ("attempts", "budget", "changed", "done", "held_back", "priority", "started")
 
     def __init__(self, budget: float, started: float) -> None:
         self.budget = budget
         self.started = started
         self.attempts = 0
+        self.changed = False  # the connection's busy_timeout is not the engine's
+        self.done = False  # the transaction has begun
         self.held_back = 0.0  # time spent letting a priority holder go first
         self.priority: int | None = None  # our own descriptor of the sidecar, flocked exclusively
 
@@ -159,42 +163,60 @@ class WriteLock:
     (:func:`sidecar_path`), or ``None``: no priority.
     """
 
-    __slots__ = ("_fd", "_generation", "_handler_ms", "_lock", "_next_look", "budget", "path")
+    __slots__ = ("_fd", "_full_sql", "_generation", "_lock", "_next_look", "_short_sql", "budget", "path")
 
     def __init__(self, budget: float, path: str | None) -> None:
         self.budget = budget
         self.path = path
-        self._handler_ms = int(min(budget, STARVING) * 1000)
+        full_ms = int(budget * 1000)
+        short_ms = int(min(budget, STARVING) * 1000)
+        self._full_sql = f"PRAGMA busy_timeout = {full_ms}"
+        # None: the engine's budget is already no longer than STARVING
+        self._short_sql = None if short_ms == full_ms else f"PRAGMA busy_timeout = {short_ms}"
         self._fd: int | None = None  # the sidecar, opened to look for a priority holder
         self._next_look = 0.0
-        self._generation = _FORK_GENERATION[0]
+        self._generation = forks.GENERATION[0]
         self._lock = threading.Lock()  # opening the sidecar
 
-    def adopt(self, dbapi_connection: Any) -> None:
-        """Set up a connection the store holds for itself: its busy handler waits
-        :data:`STARVING` at most, then :meth:`begin` takes over."""
-        dbapi_connection.execute(f"PRAGMA busy_timeout = {self._handler_ms}")
+    def begin(self, execute: Callable[[str], object], begin_sql: str, errors: _Errors) -> None:
+        """Send ``begin_sql`` (through ``execute``) once the write lock can be had; raise
+        ``DatabaseBusy`` when the budget is spent first (no transaction is open then).
 
-    def begin(self, cursor: Any, begin_sql: str, errors: tuple[type[BaseException], ...]) -> None:
-        """Send ``begin_sql`` once the write lock can be had; raise ``DatabaseBusy`` when the
-        budget is spent first (no transaction is open then)."""
+        Pooled connections are the application's too, so their ``busy_timeout`` is the
+        engine's; it is lowered to :data:`STARVING` for this call only and restored before it
+        returns (two statements, about a microsecond each).
+        """
         started = time.monotonic()
-        if not self._priority_taken():  # the usual case: one look, one BEGIN
-            try:
-                cursor.execute(begin_sql)  # waits in SQLite's handler, STARVING at most
-                return
-            except errors as exc:
-                if not is_transient(exc):
-                    raise
-                self._wait(cursor, begin_sql, errors, Wait(self.budget, started), exc)
-                return
-        self._wait(cursor, begin_sql, errors, Wait(self.budget, started), None)
+        wait = Wait(self.budget, started)
+        if self._short_sql is not None:
+            execute(self._short_sql)
+            wait.changed = True
+        try:
+            lost: BaseException | None = None
+            if not self._priority_taken():  # the usual case: one look, one BEGIN
+                try:
+                    execute(begin_sql)  # waits in SQLite's handler, STARVING at most
+                except errors as exc:
+                    if not is_transient(exc):
+                        raise
+                    lost = exc
+                else:
+                    wait.done = True
+            if not wait.done:
+                self._wait(execute, begin_sql, errors, wait, lost)
+        except BaseException:
+            if wait.changed:
+                with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
+                    execute(self._full_sql)
+            raise
+        if wait.changed:
+            execute(self._full_sql)
 
     def _wait(
         self,
-        cursor: Any,
+        execute: Callable[[str], object],
         begin_sql: str,
-        errors: tuple[type[BaseException], ...],
+        errors: _Errors,
         wait: Wait,
         lost: BaseException | None,
     ) -> None:
@@ -204,7 +226,7 @@ class WriteLock:
                 if left <= 0:
                     raise wait.busy(lost) from lost
                 if wait.priority is None and time.monotonic() - wait.started >= STARVING:
-                    self._take_priority(wait, cursor)
+                    self._take_priority(wait, execute)
                 if wait.priority is not None:
                     time.sleep(min(left, POLL_WITH_PRIORITY))
                 elif wait.held_back < COURTESY and self._priority_taken():
@@ -214,7 +236,8 @@ class WriteLock:
                     continue  # someone has waited longer: let them have it
                 tried = time.monotonic()
                 try:
-                    cursor.execute(begin_sql)
+                    execute(begin_sql)
+                    wait.done = True
                     return
                 except errors as exc:
                     if not is_transient(exc):
@@ -225,7 +248,7 @@ class WriteLock:
                     poll_pause(wait.attempts, wait.left())
         finally:
             if wait.priority is not None:
-                self._drop_priority(wait, cursor)
+                self._drop_priority(wait)
 
     # -- the priority file -------------------------------------------------------------------
 
@@ -240,7 +263,7 @@ class WriteLock:
 
     def _look(self) -> int | None:
         """The sidecar, opened once it exists (looked for at most every ``_LOOK_EVERY``)."""
-        if self._generation != _FORK_GENERATION[0]:
+        if self._generation != forks.GENERATION[0]:
             self._forget_parent()
         if self._fd is not None or self.path is None:
             return self._fd
@@ -254,7 +277,7 @@ class WriteLock:
                     self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
         return self._fd
 
-    def _take_priority(self, wait: Wait, cursor: Any) -> None:
+    def _take_priority(self, wait: Wait, execute: Callable[[str], object]) -> None:
         # a descriptor of our own: another thread's shared flock on self._fd (a look) would
         # otherwise convert our exclusive one
         if self.path is None:
@@ -271,25 +294,24 @@ class WriteLock:
             return
         _PRIORITY_FDS.add(fd)
         wait.priority = fd
-        cursor.execute("PRAGMA busy_timeout = 0")  # our own short tries instead
+        execute("PRAGMA busy_timeout = 0")  # our own short tries instead; begin() restores it
+        wait.changed = True
 
-    def _drop_priority(self, wait: Wait, cursor: Any) -> None:
+    def _drop_priority(self, wait: Wait) -> None:
         fd, wait.priority = wait.priority, None
         if fd is not None and fd in _PRIORITY_FDS:  # else a fork closed it already
             _PRIORITY_FDS.discard(fd)
             _close(fd)  # releases the flock
-        with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
-            cursor.execute(f"PRAGMA busy_timeout = {self._handler_ms}")
 
     def _forget_parent(self) -> None:
         fd, self._fd = self._fd, None
-        self._generation = _FORK_GENERATION[0]
+        self._generation = forks.GENERATION[0]
         if fd is not None:
             _close(fd)  # our copy: the parent's stays open
 
     def close(self) -> None:
         """Close the sidecar; a later call opens it again."""
-        if self._generation != _FORK_GENERATION[0]:
+        if self._generation != forks.GENERATION[0]:
             self._forget_parent()
         with self._lock:
             fd, self._fd = self._fd, None

@@ -96,4 +96,4 @@ def store(engine: Engine) -> Iterator[object]:
     try:
         yield s
     finally:
-        s.dispose()
+        s.engine.dispose()

@@ -52,7 +52,7 @@ def _make_database(path: str | Path, jobs: tuple[str, ...] = ()) -> None:
         for job in jobs:
             store.enqueue(job, ready_at=0.0)
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 
@@ -255,6 +255,7 @@ def _fork_scenario(path: str) -> dict[str, Any]:
     service.init_db(path)
     _write_jobs(path, "before")
     parent_store = service._stores.get(path)
+    parent_pool = parent_store.engine.pool
     reader, writer = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -262,7 +263,8 @@ def _fork_scenario(path: str) -> dict[str, Any]:
         try:
             os.close(reader)
             child_store = service._stores.get(path)
-            report["child got the parent's store"] = child_store is parent_store
+            # the engine's pool (and so every connection) is new in the child (fencing.forks)
+            report["child uses the parent's pool"] = child_store.engine.pool is parent_pool
             report["child sees the parent's rows"] = _done_by(path, "before")
             _write_jobs(path, "child")
             report["child sees its own rows"] = _done_by(path, "child")
@@ -284,6 +286,7 @@ def _fork_scenario(path: str) -> dict[str, Any]:
         "child": json.loads(b"".join(chunks) or b"{}"),
         "child exit status": status,
         "parent kept its store": service._stores.get(path) is parent_store,
+        "parent kept its pool": parent_store.engine.pool is parent_pool,
         "parent sees the child's rows": _done_by(path, "child"),
         "parent sees its own rows": _done_by(path, "parent"),
         "integrity": _integrity(path),
@@ -309,12 +312,13 @@ def test_forked_child_never_uses_the_parents_connections(tmp_path: Path) -> None
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["child"] == {
-        "child got the parent's store": False,
+        "child uses the parent's pool": False,
         "child sees the parent's rows": True,
         "child sees its own rows": True,
     }
     assert report["child exit status"] == 0
     assert report["parent kept its store"] is True
+    assert report["parent kept its pool"] is True
     assert report["parent sees the child's rows"] is True
     assert report["parent sees its own rows"] is True
     assert report["integrity"] == "ok"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy
 
 import fencing
 import fencing.execution
@@ -83,7 +84,7 @@ def sqlite_store(path: Path, **options: Any) -> Iterator[JobStore]:
         store.create_table()
         yield store
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 
@@ -161,20 +162,25 @@ def test_a_zero_budget_tries_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 
 @pytest.mark.parametrize("budget", [7.0, 0.03])
-def test_the_store_waits_in_sqlites_handler_briefly_and_the_pool_the_whole_budget(
+def test_a_write_waits_in_sqlites_handler_briefly_and_the_pooled_connection_keeps_its_budget(
     tmp_path: Path, budget: float
 ) -> None:
     path = tmp_path / "handlers.db"
     with sqlite_store(path, busy_timeout=budget) as store:
+        seen: list[tuple[str, int]] = []
+
+        def observe(conn: Any, cursor: Any, statement: str, *_: Any) -> None:
+            seen.append((statement, pragma_busy_timeout(cursor.connection)))
+
+        # a listener: the store's statements go through Core, and this sees each one
+        sqlalchemy.event.listen(store.engine, "before_cursor_execute", observe)
         store.enqueue("j", ready_at=0.0)
-        driver = store._driver
-        assert driver is not None
-        own = driver._checkout()
-        try:
-            # then the library takes over: priority, within the budget
-            assert pragma_busy_timeout(own) == int(min(budget, STARVING) * 1000)
-        finally:
-            driver._checkin(own, True)
+        sqlalchemy.event.remove(store.engine, "before_cursor_execute", observe)
+        begins = [timeout for statement, timeout in seen if statement == "BEGIN IMMEDIATE"]
+        # then the library takes over: priority, within the budget
+        assert begins == [int(min(budget, STARVING) * 1000)]
+        store.enqueue("k", ready_at=0.0)  # and on the driver directly, nobody listening
+        assert store.engine.pool.checkedin() == 1  # one connection, the one both used
         with store.engine.connect() as conn:
             assert pragma_busy_timeout(conn.connection.driver_connection) == int(budget * 1000)
 
@@ -257,7 +263,7 @@ def test_a_refused_commit_is_not_retried_and_changes_nothing(tmp_path: Path) -> 
             marks.accept("r", 1)
         assert CommitRefused.commits == 1
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 
@@ -304,7 +310,7 @@ def test_a_lost_race_the_handler_did_not_wait_for_is_not_retried_in_a_spin(
     monkeypatch.setattr(fencing.writelock, "time", clock)
     cursor = LockedCursor()  # BEGIN fails at once, as if SQLite's handler did not wait
     with pytest.raises(DatabaseBusy, match="busy_timeout"):
-        WriteLock(0.05, None).begin(cursor, "BEGIN IMMEDIATE", (sqlite3.Error,))
+        WriteLock(0.05, None).begin(cursor.execute, "BEGIN IMMEDIATE", (sqlite3.Error,))
     assert cursor.tries == len(clock.slept) + 1 >= 5  # a pause after every try but the first
     assert min(clock.slept) > 0 and max(clock.slept) <= 0.01
     assert clock.now == pytest.approx(100.05)  # the last pause ends at the budget, not past it
@@ -380,6 +386,8 @@ def test_writers_hold_back_while_another_waiter_has_priority(
         monkeypatch.setattr(fencing.writelock, "_priority_taken", looking)
         done = threading.Event()
         with priority_held(sidecar):
+            # a store looks for a sidecar that did not exist at most every _LOOK_EVERY
+            time.sleep(2 * fencing.writelock._LOOK_EVERY)
             writer = threading.Thread(target=lambda: (store.enqueue("second"), done.set()), daemon=True)
             writer.start()
             assert holding_back.wait(TIMEOUT)
@@ -401,6 +409,7 @@ def test_a_stalled_priority_holder_holds_a_writer_back_for_a_moment_only(tmp_pat
     sidecar = sidecar_path(str(path))
     assert sidecar is not None
     with sqlite_store(path, busy_timeout=60.0) as store, priority_held(sidecar):
+        time.sleep(2 * fencing.writelock._LOOK_EVERY)  # see test_writers_hold_back_...
         started = time.monotonic()
         assert store.enqueue("j")  # no error, and long before the budget
         waited = time.monotonic() - started
@@ -443,7 +452,7 @@ def _hammer(path: str, name: str, busy_timeout: float, limit: int, barrier: Any,
         barrier.abort()
         out.put(("error", name, traceback.format_exc(), [], {}))
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 

@@ -528,7 +528,7 @@ class CrashRun:
         try:
             store = JobStore(engine)
             store.create_table()
-            store.dispose()
+            store.engine.dispose()
             FenceMarks(engine).create_tables()
             app_metadata.create_all(engine)
             self.model.state, self.model.known_now = read_state(engine)
@@ -746,7 +746,7 @@ def test_the_lock_probe_sees_a_lock_still_held(target: str, engine: Engine) -> N
     """What a killed process must not leave behind, held by a live one on purpose."""
     store = JobStore(engine)
     store.create_table()
-    store.dispose()
+    store.engine.dispose()
     FenceMarks(engine).create_tables()
     app_metadata.create_all(engine)
     with engine.begin() as conn:
@@ -775,7 +775,7 @@ def test_the_integrity_checks_see_a_corrupted_page(target: str) -> None:
         store.create_table()
         for n in range(300):
             store.enqueue(f"job-{n:04d}-" + "x" * 100)
-        store.dispose()
+        store.engine.dispose()
         assert sqlite_checks(engine) == []
     finally:
         engine.dispose()  # the last connection checkpoints the WAL into the file

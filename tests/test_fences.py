@@ -74,7 +74,7 @@ def test_fence_survives_a_new_store_on_a_new_engine(store: JobStore, target: str
     store.enqueue("j", ready_at=0.0)
     first = store.claim("j", "a", now=0.0, ttl=TTL)
     assert first is not None
-    store.dispose()
+    store.engine.dispose()
     store.engine.dispose()
 
     engine = backends.engine_for(target)
@@ -87,7 +87,7 @@ def test_fence_survives_a_new_store_on_a_new_engine(store: JobStore, target: str
         assert fresh.complete(first, "stale", now=TTL + 1) is False
         assert fresh.release(first) is False
     finally:
-        fresh.dispose()
+        fresh.engine.dispose()
         engine.dispose()
 
 

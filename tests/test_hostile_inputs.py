@@ -328,6 +328,27 @@ ROWS: list[Row] = [
         "complete must be a bool, got str 'no'",
     ),
     Row(
+        "JobStore.fenced",
+        "a str where the caller's Connection or Session goes",
+        'with store.fenced(lease, now=110.0, conn="session"): pass',
+        InvalidArgumentType,
+        "conn must be a sqlalchemy Connection, an ORM Session or None, got str",
+    ),
+    Row(
+        "JobStore.check",
+        "a stale fence",
+        'store.check(Lease("job", "w", 7), now=110.0)',
+        LeaseLost,
+        "lease on 'job' (fence 7) is not current",
+    ),
+    Row(
+        "JobStore.check",
+        "a lease whose time is up",
+        "store.check(lease, now=1e9)",
+        LeaseLost,
+        "lease on 'job' (fence 1) is not current",
+    ),
+    Row(
         "JobStore.claim_next",
         "a zero limit",
         'store.claim_next("w", ttl=10, now=110.0, limit=0)',
@@ -436,7 +457,7 @@ ROWS: list[Row] = [
         "an int where the Connection goes",
         "marks.create_tables(conn=1)",
         InvalidArgumentType,
-        "conn must be a sqlalchemy Connection or None, got int",
+        "conn must be a sqlalchemy Connection, an ORM Session or None, got int",
     ),
     Row(
         "FenceMarks.accept",
@@ -847,7 +868,7 @@ class Tracker:
             if isinstance(made, Heartbeat):
                 made.stop()
             elif isinstance(made, JobStore):
-                made.dispose()
+                made.engine.dispose()
                 made.engine.dispose()
             elif isinstance(made, FenceMarks):
                 made.engine.dispose()
@@ -994,7 +1015,7 @@ def seed(engine: Engine) -> None:
         done = store.claim("done", "w", ttl=50.0, now=100.0)
         assert done is not None and store.complete(done, "kept", now=101.0)
     finally:
-        store.dispose()
+        store.engine.dispose()
     marks = FenceMarks(engine)
     marks.create_tables()
     assert marks.accept("invoice-42", 3)
@@ -1031,7 +1052,7 @@ def _small_database(path: Path) -> None:
         store.create_table()
         store.enqueue("job", ready_at=0.0)
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 

@@ -274,7 +274,7 @@ class StoreMachine(ContractMachine):
         self.read_in_tx: Any = _NOT_READ
 
     def close(self) -> None:
-        self.store.dispose()
+        self.store.engine.dispose()
         self.engine.dispose()
 
     def _call(self, tx: str, job: str, op: Callable[[Connection | None], T]) -> T:

@@ -185,7 +185,7 @@ def _claim_rounds_in_a_process(target: str, name: str, rounds: int, barrier: Any
         problem = traceback.format_exc()
         barrier.abort()
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
     out.put((name, won, problem))
 

@@ -276,7 +276,7 @@ def test_conn_type_is_checked_before_any_database_work_on_every_dialect(
         with pytest.raises(InvalidArgumentType, match="conn"):
             operation(store, "not a connection")
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 
@@ -287,7 +287,7 @@ def test_create_table_conn_must_be_a_connection(engine: Engine, bad: Any) -> Non
         with pytest.raises(InvalidArgumentType, match="conn"):
             store.create_table(conn=bad)
     finally:
-        store.dispose()
+        store.engine.dispose()
     assert "jobs" not in sqlalchemy.inspect(engine).get_table_names()
 
 
@@ -332,7 +332,7 @@ def test_store_without_table_raises_table_missing_with_clear_message(
         with pytest.raises(TableMissing) as excinfo:
             operation(store)
     finally:
-        store.dispose()
+        store.engine.dispose()
     message = str(excinfo.value)
     assert "'jobs'" in message
     assert "does not exist" in message
@@ -350,7 +350,7 @@ def test_table_missing_names_a_custom_table_and_works_with_conn(engine: Engine) 
         with pytest.raises(TableMissing, match="'leases'"):
             store.enqueue("j", ready_at=0.0)
     finally:
-        store.dispose()
+        store.engine.dispose()
 
 
 def test_database_refusal_is_wrapped_as_database_error(engine: Engine) -> None:
@@ -370,7 +370,7 @@ def test_database_refusal_is_wrapped_as_database_error(engine: Engine) -> None:
         # the store is still usable afterwards
         assert store.claim("j", "allowed", now=NOW, ttl=TTL) == Lease("j", "allowed", 1, NOW + TTL)
     finally:
-        store.dispose()
+        store.engine.dispose()
 
 
 @pytest.mark.backend("sqlite")
@@ -388,7 +388,7 @@ def test_file_that_is_not_a_database_raises_database_error(tmp_path: Path) -> No
             assert "not a database" in str(excinfo.value)
             assert excinfo.value.__cause__ is not None
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
     assert path.read_bytes() == content
 
@@ -420,5 +420,5 @@ def test_locked_database_raises_database_busy_and_changes_nothing(tmp_path: Path
         assert store.state("j") == JobState("j", None, 0.0, 0, None, False)
         assert store.claim("j", "w", now=NOW, ttl=TTL) == Lease("j", "w", 1, NOW + TTL)
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()

@@ -182,8 +182,8 @@ def test_jobs_table_in_callers_metadata_under_another_name_is_independent(engine
         assert mine_a is not None
         assert (mine_a.owner, mine_a.result, mine_a.done) == ("w", "done", True)
     finally:
-        mine.dispose()
-        default.dispose()
+        mine.engine.dispose()
+        default.engine.dispose()
 
 
 def test_jobs_table_twice_in_separate_metadata_gives_separate_tables() -> None:
@@ -211,7 +211,7 @@ def test_create_table_is_idempotent_and_keeps_rows(store: JobStore, engine: Engi
     try:
         other.create_table()
     finally:
-        other.dispose()
+        other.engine.dispose()
 
     assert rows_of(engine, "jobs") == before
     assert schema_of(engine, "jobs") == schema_before
@@ -232,7 +232,7 @@ def test_create_table_never_touches_other_tables(engine: Engine) -> None:
         store.create_table()
         store.create_table()
     finally:
-        store.dispose()
+        store.engine.dispose()
 
     assert sorted(inspect(engine).get_table_names()) == ["audit", "jobs"]
     assert rows_of(engine, "audit") == before == [(1, "one"), (2, "two")]
@@ -345,7 +345,7 @@ def test_mismatched_jobs_table_raises_schema_mismatch_and_is_left_unchanged(
         with pytest.raises(SchemaMismatch) as excinfo:
             store.create_table()
     finally:
-        store.dispose()
+        store.engine.dispose()
 
     message = str(excinfo.value).lower()
     for fragment in named:
@@ -491,8 +491,15 @@ def test_configure_equips_a_user_made_engine(tmp_path: Path) -> None:
         assert fencing.sqlite.is_configured(engine)
         assert pragma(engine, "journal_mode") == "wal"
         assert pragma(engine, "synchronous") == 2
-        # BEGIN IMMEDIATE: the write lock is held from the start of the transaction
+        # the application's transactions begin DEFERRED: a reader takes no write lock
         with engine.connect() as conn, conn.begin(), raw(path) as other:
+            conn.exec_driver_sql("SELECT 1").all()
+            other.execute("PRAGMA busy_timeout = 0")
+            other.execute("BEGIN IMMEDIATE")
+            other.execute("ROLLBACK")
+        # asked for IMMEDIATE, the write lock is held from the start of the transaction
+        immediate = {fencing.sqlite.BEGIN_OPTION: "IMMEDIATE"}
+        with engine.connect().execution_options(**immediate) as conn, conn.begin(), raw(path) as other:
             other.execute("PRAGMA busy_timeout = 0")
             with pytest.raises(sqlite3.OperationalError, match="locked"):
                 other.execute("BEGIN IMMEDIATE")
@@ -502,7 +509,7 @@ def test_configure_equips_a_user_made_engine(tmp_path: Path) -> None:
             assert store.enqueue("j", ready_at=0.0)
             assert store.claim("j", "w", now=1.0, ttl=1.0) == fencing.Lease("j", "w", 1, 2.0)
         finally:
-            store.dispose()
+            store.engine.dispose()
     finally:
         engine.dispose()
 

@@ -272,7 +272,7 @@ def _claim_until_empty(target: str, name: str, out: Any, barrier: Any) -> None:
     except BaseException:
         out.put(("error", name, traceback.format_exc()))
     finally:
-        store.dispose()
+        store.engine.dispose()
         engine.dispose()
 
 

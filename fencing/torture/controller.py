@@ -176,7 +176,7 @@ def run_torture(config: TortureConfig) -> Run:
         tables = TortureTables.named(config.prefix)
         engine = open_engine(config.url)
         try:
-            open_store(config.store_factory, engine, tables.jobs).dispose()  # fails here, not in every worker
+            open_store(config.store_factory, engine, tables.jobs)  # fails here, not in every worker
             tables.recreate(engine)
             store = JobStore(engine, tables.jobs)
             _enqueue(engine, store, config.jobs)
@@ -189,7 +189,6 @@ def run_torture(config: TortureConfig) -> Run:
             verdict = judge(config, read_journals(journal_dir), state)
             done = sum(1 for row in state.jobs if row[5] == 1)
             if not config.keep_tables:
-                store.dispose()
                 tables.drop(engine)
         finally:
             engine.dispose()

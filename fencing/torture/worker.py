@@ -114,7 +114,6 @@ class _Worker:
         self.states[self.index] = state
 
     def close(self) -> None:
-        self.store.dispose()
         self.engine.dispose()
 
     # -- the cycle ----------------------------------------------------------------------------

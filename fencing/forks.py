@@ -1,0 +1,131 @@
+"""``fork()``: what a child process keeps of the engines the library uses, and never touches.
+
+A forked child inherits its parent's connection pools, and with them the parent's open
+sockets and SQLite handles. Used from the child, a server connection talks over the
+parent's session (a ``COMMIT`` from the child commits the parent's open transaction); a
+SQLite handle comes with the parent's copy of SQLite's per-process lock table, so even a
+new connection in the child takes no real file locks while an inherited one to the same
+file is alive, and the parent's last ``close()`` then checkpoints and deletes the WAL the
+child is still writing.
+
+So, in every child, right after ``fork()`` (``os.register_at_fork``), for every engine the
+library uses (:func:`register`):
+
+* the engine gets a fresh pool, ``engine.dispose(close=False)``: SQLAlchemy's own guidance
+  for pools across ``fork()``; the parent's connections are neither used nor closed;
+* connections the library had checked out at the fork (a ``fenced()`` block, an operation
+  in another thread) are cut loose from their pool records, SQLAlchemy's recipe, so nothing
+  in the child rolls them back, returns or closes them through the pool;
+* SQLite only: the parent's idle connections are closed *in the child* (SQLite sends nothing
+  to anyone on close, and the parent's file locks are its own), which frees the child's copy
+  of the lock table, so the child's new connections lock for real. A connection that was in
+  use at the fork (by another thread, or a transaction left open across it) cannot be
+  closed safely (a thread may have been inside SQLite); the child keeps it, and the library
+  refuses to use that engine in the child (:func:`refusal`), because its locks would not hold.
+
+Forking a process with other threads running is unsafe in general (Python warns about it);
+the library does not make it safe, it only never makes it worse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import weakref
+from typing import Any
+
+from sqlalchemy import Engine
+
+__all__ = ["GENERATION", "in_use", "refusal", "register", "released"]
+
+#: bumped in every forked child; an int compare per operation is cheaper than getpid()
+GENERATION = [0]
+
+# engines whose pools the library uses
+_ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
+# pool checkouts in flight: id(fairy) -> (fairy, thread ident, engine)
+_IN_USE: dict[int, tuple[Any, int, Engine]] = {}
+# what a child must keep referenced and never close: the parent's pools and handles
+_INHERITED: list[object] = []
+# SQLite engines a child must not use: id(engine) -> why
+_REFUSED: dict[int, str] = {}
+
+
+def register(engine: Engine) -> None:
+    """Give ``engine`` a fresh pool in every forked child (idempotent)."""
+    _ENGINES.add(engine)
+
+
+def in_use(fairy: Any, engine: Engine) -> None:
+    """A pooled connection the library has checked out (until :func:`released`)."""
+    _IN_USE[id(fairy)] = (fairy, threading.get_ident(), engine)
+
+
+def released(fairy: Any) -> None:
+    _IN_USE.pop(id(fairy), None)
+
+
+def refusal(engine: Engine) -> str | None:
+    """Why this (forked) process must not use ``engine``, or ``None``."""
+    return _REFUSED.get(id(engine)) if _REFUSED else None
+
+
+def _cut_loose(fairy: Any) -> Any:
+    """SQLAlchemy's recipe: the pool record and the proxy forget the DBAPI connection, so
+    nothing returns, resets or closes it through the pool; the connection is returned."""
+    dbapi = getattr(fairy, "dbapi_connection", None)
+    record = getattr(fairy, "_connection_record", None)
+    if record is not None:
+        record.dbapi_connection = None
+    with contextlib.suppress(AttributeError):
+        fairy.dbapi_connection = None
+    return dbapi
+
+
+def _after_fork_in_child() -> None:
+    GENERATION[0] += 1
+    me = threading.get_ident()
+    kept_sqlite: set[int] = set()
+    in_flight = list(_IN_USE.values())
+    _IN_USE.clear()
+    for fairy, thread, engine in in_flight:
+        dbapi = _cut_loose(fairy)
+        if thread != me and dbapi is not None:
+            # another thread may have been inside the driver at the fork: never close it
+            _INHERITED.append(dbapi)
+            if engine.dialect.name == "sqlite":
+                kept_sqlite.add(id(engine))
+        # else: this very thread held it (e.g. a fenced() block around the fork); dropping
+        # the handle closes it here without a word to the server, and frees SQLite's entry
+    seen: set[int] = set()
+    for engine in list(_ENGINES):
+        pool = engine.pool
+        if id(pool) in seen:  # an OptionEngine shares its parent's pool
+            continue
+        seen.add(id(pool))
+        _INHERITED.append(pool)
+        engine.dispose(close=False)
+        if engine.dialect.name == "sqlite":
+            _release_sqlite(engine, pool, id(engine) in kept_sqlite)
+
+
+def _release_sqlite(engine: Engine, pool: Any, kept: bool) -> None:
+    from . import sqlite as sqlite_glue  # sqlite imports this module
+
+    with contextlib.suppress(Exception):
+        pool.dispose()  # closes the idle connections, here in the child
+    settings = sqlite_glue.settings_of(engine)
+    alive = settings is not None and settings.inherited_alive()
+    if kept or alive:
+        _REFUSED[id(engine)] = (
+            f"this process was forked while a connection to {engine.url.database!r} was in use "
+            "(by another thread, or a transaction left open across fork()); SQLite's file locks "
+            "belong to the parent process and fork() copied its lock table, so this child "
+            "cannot lock the database correctly. Fork before using the database, close its "
+            "connections first (engine.dispose()), or start processes with 'spawn' or 'forkserver'"
+        )
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
