@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-__all__ = ["GENERATION", "in_use", "refusal", "register", "released"]
+__all__ = ["GENERATION", "in_use", "refusal", "register", "released", "root"]
 
 #: bumped in every forked child; an int compare per operation is cheaper than getpid()
 GENERATION = [0]
@@ -52,14 +52,22 @@ _INHERITED: list[object] = []
 _REFUSED: dict[int, str] = {}
 
 
+def root(engine: Engine) -> Engine:
+    """The engine that owns ``engine``'s pool: itself, or for ``engine.execution_options(...)``
+    (an ``OptionEngine``, which shares its parent's pool and events) the parent."""
+    while (proxied := getattr(engine, "_proxied", None)) is not None:
+        engine = proxied
+    return engine
+
+
 def register(engine: Engine) -> None:
     """Give ``engine`` a fresh pool in every forked child (idempotent)."""
-    _ENGINES.add(engine)
+    _ENGINES.add(root(engine))
 
 
 def in_use(fairy: Any, engine: Engine) -> None:
     """A pooled connection the library has checked out (until :func:`released`)."""
-    _IN_USE[id(fairy)] = (fairy, threading.get_ident(), engine)
+    _IN_USE[id(fairy)] = (fairy, threading.get_ident(), root(engine))
 
 
 def released(fairy: Any) -> None:
@@ -68,7 +76,7 @@ def released(fairy: Any) -> None:
 
 def refusal(engine: Engine) -> str | None:
     """Why this (forked) process must not use ``engine``, or ``None``."""
-    return _REFUSED.get(id(engine)) if _REFUSED else None
+    return _REFUSED.get(id(root(engine))) if _REFUSED else None
 
 
 def _cut_loose(fairy: Any) -> Any:

@@ -166,8 +166,9 @@ def configure(
 
 
 def settings_of(engine: Engine) -> _Settings | None:
-    """The settings :func:`configure` installed, or ``None``."""
-    settings = getattr(engine, _MARK, None)
+    """The settings :func:`configure` installed, or ``None`` (also for an engine made from a
+    configured one with ``engine.execution_options(...)``, which shares its pool and events)."""
+    settings = getattr(forks.root(engine), _MARK, None)
     return settings if isinstance(settings, _Settings) else None
 
 
