@@ -105,14 +105,21 @@ def as_text(value: ColumnElement[Any] | str | None) -> ColumnElement[str]:
 
 
 def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = None) -> Table:
-    """The jobs table in ``metadata`` (under another ``name`` or ``schema`` if you must)."""
+    """The jobs table in ``metadata`` (under another ``name`` or ``schema`` if you must).
+
+    This is the table to put in your application's ``MetaData`` for Alembic: ``id`` is
+    declared NOT NULL, as every database reflects a primary key column, so a second
+    autogenerate finds nothing to change.
+    """
+    return _jobs_table(metadata, name, schema, id_nullable=False)
+
+
+def _jobs_table(metadata: MetaData, name: str, schema: str | None, *, id_nullable: bool) -> Table:
     check_new_table(metadata, name, schema)
     return Table(
         name,
         metadata,
-        # nullable at the DDL level keeps SQLite's declaration to the contract's letter;
-        # the library never writes a NULL id, and other databases make a PK NOT NULL anyway
-        Column("id", KEY_COLUMN, primary_key=True, nullable=True),
+        Column("id", KEY_COLUMN, primary_key=True, nullable=id_nullable),
         Column("owner", _OWNER, nullable=True),
         Column("until", _UNTIL, nullable=False, server_default=text("0")),
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
@@ -128,7 +135,11 @@ def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = N
 
 
 metadata = MetaData()
-jobs = jobs_table(metadata)
+#: the default table: the contract's DDL to the letter, so on SQLite ``id TEXT PRIMARY KEY``
+#: without NOT NULL (``PRAGMA table_info`` notnull = 0). The library never writes a NULL id,
+#: and the servers make a primary key NOT NULL anyway; Alembic would see that difference, so
+#: migrations use :func:`jobs_table` instead
+jobs = _jobs_table(metadata, "jobs", None, id_nullable=True)
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,46 @@ def test_jobs_table_in_callers_metadata_under_another_name_is_independent(engine
         default.dispose()
 
 
+def test_jobs_table_declares_id_not_null_and_the_default_table_keeps_the_contracts_ddl() -> None:
+    # an application's table for Alembic: every database reflects a primary key as NOT NULL
+    assert jobs_table(MetaData()).c.id.nullable is False
+    # the contract's `id TEXT PRIMARY KEY`: PRAGMA table_info shows notnull = 0
+    assert fencing.jobs.c.id.nullable is True
+    assert [(c.name, c.nullable) for c in jobs_table(MetaData()).c][1:] == [
+        (c.name, c.nullable) for c in fencing.jobs.c
+    ][1:]
+
+
+@pytest.mark.parametrize("first", ["jobs_table", "fencing.jobs"])
+def test_an_existing_table_of_either_id_nullability_is_accepted(engine: Engine, first: str) -> None:
+    mine = jobs_table(MetaData())
+    creator, other = (mine, fencing.jobs) if first == "jobs_table" else (fencing.jobs, mine)
+    stores = [JobStore(engine, creator), JobStore(engine, other)]
+    try:
+        stores[0].create_table()
+        assert stores[0].enqueue("j", ready_at=0.0)
+        schema_before = schema_of(engine, "jobs")
+        stores[1].create_table()  # no SchemaMismatch
+        assert schema_of(engine, "jobs") == schema_before
+        lease = stores[1].claim("j", "w", now=1.0, ttl=10.0)
+        assert lease is not None
+        assert stores[0].complete(lease, "r", now=2.0)
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+@pytest.mark.backend("sqlite")
+def test_jobs_table_on_sqlite_declares_id_not_null(engine: Engine, target: str) -> None:
+    store = JobStore(engine, jobs_table(MetaData()))
+    try:
+        store.create_table()
+    finally:
+        store.dispose()
+    assert table_info(target)[0] == (0, "id", "TEXT", 1, None, 1)
+    assert table_info(target)[1:] == EXPECTED_TABLE_INFO[1:]
+
+
 def test_jobs_table_twice_in_separate_metadata_gives_separate_tables() -> None:
     first = jobs_table(MetaData())
     second = jobs_table(MetaData())
