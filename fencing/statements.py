@@ -35,6 +35,7 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FromClause, Update
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeEngine
 
 from .clock import database_now
 from .schema import KEY_TYPE, as_text
@@ -272,7 +273,13 @@ class Statements:
         def build() -> Executable:
             t = self.table
             names = ("n", "id", "holder", "token", "result")
-            types = (Integer(), KEY_TYPE, KEY_TYPE, t.c.fence.type, t.c.result.type)
+            types: tuple[TypeEngine[Any], ...] = (
+                Integer(),
+                KEY_TYPE,
+                KEY_TYPE,
+                t.c.fence.type,
+                t.c.result.type,
+            )
             v = values(*(column(n, ty) for n, ty in zip(names, types, strict=True)), name="v")
             v = v.data(self._completions(size))
             return self._complete_joined(v).returning(v.c.n)
