@@ -65,7 +65,7 @@ from .errors import (
     TableMissing,
 )
 from .execution import CallerConnection, CoreExecutor, Executor, Runner
-from .schema import ID_MAX_BYTES, KEY_TYPE
+from .schema import ID_MAX_BYTES, KEY_COLUMN, KEY_TYPE, as_text
 
 __all__ = [
     "FenceMarks",
@@ -88,7 +88,7 @@ def fence_marks_table(metadata: MetaData, name: str = "fence_marks", *, schema: 
     return Table(
         name,
         metadata,
-        Column("resource", KEY_TYPE, primary_key=True, nullable=False),
+        Column("resource", KEY_COLUMN, primary_key=True, nullable=False),
         Column("fence", BigInteger, nullable=False),
         schema=schema,
         mysql_charset="utf8mb4",
@@ -104,7 +104,7 @@ def idempotency_keys_table(
     return Table(
         name,
         metadata,
-        Column("key", KEY_TYPE, primary_key=True, nullable=False),
+        Column("key", KEY_COLUMN, primary_key=True, nullable=False),
         Column("fence", BigInteger, nullable=True),
         # seconds since the epoch on the database server's clock
         Column("recorded_at", Double, nullable=True),
@@ -124,12 +124,15 @@ class _Statements:
     """Every statement on the two tables, built once; the guards live in ``WHERE``.
 
     Bind parameters: ``res`` (a resource), ``token`` (the fence presented), ``idem`` (a key).
+    Resources and keys are ``str``: typed :data:`~fencing.schema.KEY_TYPE`, UTF-8 bytes where
+    the columns are bytes (MariaDB/MySQL).
     """
 
     def __init__(self, marks: Table, keys: Table) -> None:
         m, k = marks, keys
-        mark: dict[str, Any] = {"resource": bindparam("res"), "fence": bindparam("token")}
-        of_resource = m.c.resource == bindparam("res")
+        res = bindparam("res", type_=KEY_TYPE)
+        mark: dict[str, Any] = {"resource": res, "fence": bindparam("token")}
+        of_resource = m.c.resource == res
 
         self.highest: Executable = select(m.c.fence).where(of_resource)
 
@@ -162,7 +165,7 @@ class _Statements:
 
         #: insert-or-ignore: a key is recorded once and never overwritten
         record: dict[str, Any] = {
-            "key": bindparam("idem"),
+            "key": bindparam("idem", type_=KEY_TYPE),
             "fence": bindparam("token"),
             "recorded_at": database_now(),
         }
@@ -173,7 +176,7 @@ class _Statements:
             postgresql.insert(k)
             .values(record)
             .on_conflict_do_nothing(index_elements=[k.c["key"]])
-            .returning(k.c["key"])
+            .returning(as_text(k.c["key"]))
         )
         #: MariaDB/MySQL: a plain insert; the duplicate-key error means "already recorded"
         #: (INSERT IGNORE would also turn real errors into warnings)

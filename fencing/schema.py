@@ -3,7 +3,11 @@
 On SQLite the declared types are exactly the contract's (``PRAGMA table_info`` shows
 TEXT, TEXT, REAL, INTEGER, TEXT, INTEGER). Elsewhere the variants keep the meaning:
 ``until`` is double precision (PostgreSQL's REAL is single precision), ``fence`` is
-64-bit, and the primary key is a bounded VARCHAR where the database cannot index TEXT.
+64-bit, and on MariaDB/MySQL ids and owners are bytes (a bounded ``VARBINARY`` key).
+
+Every column type is a stock SQLAlchemy type, so Alembic renders and compares the table
+like any other. The UTF-8 codec for the byte columns lives in the statements instead:
+their bind parameters are typed :data:`KEY_TYPE` and their reads are coerced to it.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from sqlalchemy import (
     VARBINARY,
     BigInteger,
     Column,
+    ColumnElement,
     Connection,
     Dialect,
     Double,
@@ -26,6 +31,7 @@ from sqlalchemy import (
     TypeDecorator,
     inspect,
     text,
+    type_coerce,
     types,
 )
 from sqlalchemy.dialects import mysql, sqlite
@@ -34,20 +40,46 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from .checks import check_new_table
 from .errors import SchemaMismatch
 
-__all__ = ["ID_MAX_BYTES", "Utf8Key", "ensure_jobs_table", "jobs", "jobs_table", "metadata"]
+__all__ = [
+    "ID_MAX_BYTES",
+    "KEY_COLUMN",
+    "KEY_TYPE",
+    "Utf8Key",
+    "as_text",
+    "ensure_jobs_table",
+    "jobs",
+    "jobs_table",
+    "metadata",
+]
 
 #: the longest job id, in UTF-8 bytes, each backend can key on (None: no limit).
 #: PostgreSQL's btree refuses entries over ~2.7 kB; MariaDB/MySQL keys are capped too.
 ID_MAX_BYTES = {"sqlite": None, "postgresql": 2000, "mysql": 1024, "mariadb": 1024}
 
+# -- what the columns are: stock SQLAlchemy types only, so Alembic renders and compares them ----
+# On MariaDB/MySQL ids, owners, resources and keys are bytes: their text collations fold case
+# and ignore trailing spaces ('a' = 'A' = 'a '), which would merge distinct ids and let a
+# different owner string match; bytes compare exactly.
 
-class _Utf8Bytes(TypeDecorator[str]):
-    """Text stored as UTF-8 bytes on MariaDB/MySQL, so comparisons are exact.
+#: the column type of every key: job ids, fence-mark resources, idempotency keys
+KEY_COLUMN: types.TypeEngine[Any] = Text().with_variant(VARBINARY(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+_OWNER = Text().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
+_RESULT = Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
+_UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
+_FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
 
-    Their text collations fold case and ignore trailing spaces ('a' = 'A' = 'a '), which
-    would merge distinct ids and let a different owner string match; bytes compare exactly.
+
+# -- how statements see them: str on every backend --------------------------------------------
+
+
+class Utf8Key(TypeDecorator[str]):
+    """A ``str`` sent and read as UTF-8 bytes: the codec of the byte columns on MariaDB/MySQL.
+
+    The library types its bind parameters with it and ``type_coerce``-s its reads to it; it
+    is never a column type of the library's tables (Alembic could not import it).
     """
 
+    impl = VARBINARY
     cache_ok = True
 
     def process_bind_param(self, value: str | None, dialect: Dialect) -> bytes | None:
@@ -57,36 +89,37 @@ class _Utf8Bytes(TypeDecorator[str]):
         return None if value is None else bytes(value).decode("utf-8")
 
 
-class Utf8Key(_Utf8Bytes):
-    """A job id on MariaDB/MySQL: a ``VARBINARY`` primary key."""
-
-    impl = VARBINARY
-
-
-class Utf8Blob(_Utf8Bytes):
-    """An owner on MariaDB/MySQL: a ``LONGBLOB`` (compared in every guard)."""
-
-    impl = mysql.LONGBLOB
+#: ``str`` in and out on every backend: the type of every bind parameter and read of an id,
+#: owner, resource or key (``bindparam(..., type_=KEY_TYPE)``, ``type_coerce(col, KEY_TYPE)``)
+KEY_TYPE: types.TypeEngine[str] = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
 
 
-#: an exact text key on every backend (job ids here; resources and idempotency keys too)
-KEY_TYPE = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
-_ID = KEY_TYPE
-_OWNER = Text().with_variant(Utf8Blob(), "mysql", "mariadb")
-_RESULT = Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
-_UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
-_FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
+def as_text(value: ColumnElement[Any] | str | None) -> ColumnElement[str]:
+    """An id, owner, resource or key column, or a value for one, as ``str`` on every backend.
+
+    On MariaDB/MySQL these columns are bytes: a plain ``jobs.c.id`` reads as ``bytes`` and
+    refuses a ``str``. ``select(as_text(jobs.c.id))`` reads text, ``as_text(jobs.c.owner) ==
+    "w"`` compares with text, ``.values(owner=as_text("w"))`` writes text.
+    """
+    return type_coerce(value, KEY_TYPE)
 
 
 def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = None) -> Table:
-    """The jobs table in ``metadata`` (under another ``name`` or ``schema`` if you must)."""
+    """The jobs table in ``metadata`` (under another ``name`` or ``schema`` if you must).
+
+    This is the table to put in your application's ``MetaData`` for Alembic: ``id`` is
+    declared NOT NULL, as every database reflects a primary key column, so a second
+    autogenerate finds nothing to change.
+    """
+    return _jobs_table(metadata, name, schema, id_nullable=False)
+
+
+def _jobs_table(metadata: MetaData, name: str, schema: str | None, *, id_nullable: bool) -> Table:
     check_new_table(metadata, name, schema)
     return Table(
         name,
         metadata,
-        # nullable at the DDL level keeps SQLite's declaration to the contract's letter;
-        # the library never writes a NULL id, and other databases make a PK NOT NULL anyway
-        Column("id", _ID, primary_key=True, nullable=True),
+        Column("id", KEY_COLUMN, primary_key=True, nullable=id_nullable),
         Column("owner", _OWNER, nullable=True),
         Column("until", _UNTIL, nullable=False, server_default=text("0")),
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
@@ -102,7 +135,11 @@ def jobs_table(metadata: MetaData, name: str = "jobs", *, schema: str | None = N
 
 
 metadata = MetaData()
-jobs = jobs_table(metadata)
+#: the default table: the contract's DDL to the letter, so on SQLite ``id TEXT PRIMARY KEY``
+#: without NOT NULL (``PRAGMA table_info`` notnull = 0). The library never writes a NULL id,
+#: and the servers make a primary key NOT NULL anyway; Alembic would see that difference, so
+#: migrations use :func:`jobs_table` instead
+jobs = _jobs_table(metadata, "jobs", None, id_nullable=True)
 
 
 @dataclass(frozen=True)

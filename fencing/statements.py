@@ -3,6 +3,10 @@
 The guards live in the ``WHERE`` clause: a compare-and-set either matches the row
 (and changes it in the same statement) or matches nothing. Nothing is read first
 and decided in Python.
+
+Ids and owners are ``str`` here on every backend: each bind parameter of one is typed
+:data:`~fencing.schema.KEY_TYPE` and each read of one is coerced to it (on MariaDB/MySQL
+the columns are bytes and this is their UTF-8 codec).
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FromClause, Update
 from sqlalchemy.sql.functions import FunctionElement
+from sqlalchemy.types import TypeEngine
 
 from .clock import database_now
+from .schema import KEY_TYPE, as_text
 
 __all__ = ["COMPLETE_CHUNK", "TOMBSTONE", "Clock", "Statements", "batch_size"]
 
@@ -51,6 +57,11 @@ Clock = Literal["caller", "database"]
 #: the most completions one batch statement carries: 5 bind parameters each, far below
 #: psycopg's 65535; bigger batches run as several statements in the same transaction
 COMPLETE_CHUNK = 1024
+
+
+def _key(name: str) -> ColumnElement[str]:
+    """A bind parameter for an id or owner: a ``str``, UTF-8 bytes where the column is bytes."""
+    return bindparam(name, type_=KEY_TYPE)
 
 
 def batch_size(count: int) -> int:
@@ -102,10 +113,10 @@ class Statements:
             now = database_now()
             new_until = database_now() + bindparam("ttl", type_=Double())
 
-        job = t.c.id == bindparam("job_id")
+        job = t.c.id == _key("job_id")
         current_holder = and_(
             job,
-            t.c.owner == bindparam("holder"),
+            t.c.owner == _key("holder"),
             t.c.fence == bindparam("token"),
             t.c.done == _ZERO,
         )
@@ -120,28 +131,28 @@ class Statements:
         #: tombstone (its fence kept), or change nothing. RETURNING on PostgreSQL, whose
         #: driver's row count for upserts is not documented
         revive = {"done": _ZERO, "owner": null(), "until": ready_at, "result": null()}
-        sqlite_insert = sqlite.insert(t).values(id=bindparam("job_id"), until=ready_at)
+        sqlite_insert = sqlite.insert(t).values(id=_key("job_id"), until=ready_at)
         self.enqueue_sqlite: Executable = sqlite_insert.on_conflict_do_update(
             index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
         )
-        pg_insert = postgresql.insert(t).values(id=bindparam("job_id"), until=ready_at)
+        pg_insert = postgresql.insert(t).values(id=_key("job_id"), until=ready_at)
         self.enqueue_postgresql: Executable = pg_insert.on_conflict_do_update(
             index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
-        ).returning(t.c.id)
+        ).returning(as_text(t.c.id))
         #: MariaDB/MySQL: a plain insert; the duplicate-key error means "exists" and the
         #: revive UPDATE then brings a tombstone back. (INSERT IGNORE would also turn real
         #: errors into warnings; ON DUPLICATE KEY UPDATE cannot tell "inserted" from "found"
         #: through the row count the driver reports.)
-        self.enqueue_plain: Executable = t.insert().values(id=bindparam("job_id"), until=ready_at)
+        self.enqueue_plain: Executable = t.insert().values(id=_key("job_id"), until=ready_at)
         self.revive: Executable = update(t).where(job, t.c.done == _TOMBSTONE).values(revive)
 
-        row = (t.c.id, t.c.owner, t.c.until, t.c.fence, t.c.result, t.c.done)
+        row = (as_text(t.c.id), as_text(t.c.owner), t.c.until, t.c.fence, t.c.result, t.c.done)
         #: a tombstone is a deleted job: it has no state
         self.state: Executable = select(*row).where(job, t.c.done != _TOMBSTONE)
 
         #: claimable: not done and the lease (if any) has expired; the fence only goes up
         claimable = and_(job, t.c.done == _ZERO, t.c.until <= now)
-        claim_values = {"owner": bindparam("holder"), "until": new_until, "fence": t.c.fence + _ONE}
+        claim_values = {"owner": _key("holder"), "until": new_until, "fence": t.c.fence + _ONE}
         self.claim_returning: Executable = (
             update(t).where(claimable).values(claim_values).returning(t.c.fence, t.c.until)
         )
@@ -188,7 +199,7 @@ class Statements:
         #: claiming (ignored on SQLite, where BEGIN IMMEDIATE serializes claims)
         longest_ready = (t.c.until, insertion_order(t.c.id))
         self.pick_ready = (
-            select(t.c.id)
+            select(as_text(t.c.id))
             .where(ready)
             .order_by(*longest_ready)
             .limit(bindparam("limit"))
@@ -201,7 +212,7 @@ class Statements:
             update(t)
             .where(t.c.id.in_(select(picked.c.id)), ready)
             .values(claim_values)
-            .returning(t.c.id, t.c.fence, t.c.until)
+            .returning(as_text(t.c.id), t.c.fence, t.c.until)
         )
         self._ready = ready
         self._claim_values = claim_values
@@ -223,9 +234,9 @@ class Statements:
             return self._by_count[count]
         except KeyError:
             t = self.table
-            ids = t.c.id.in_([bindparam(f"id_{i}", type_=t.c.id.type) for i in range(count)])
+            ids = t.c.id.in_([_key(f"id_{i}") for i in range(count)])
             claim = update(t).where(ids, self._ready).values(self._claim_values)
-            read = select(t.c.id, t.c.fence, t.c.until).where(ids, t.c.owner == bindparam("holder"))
+            read = select(as_text(t.c.id), t.c.fence, t.c.until).where(ids, t.c.owner == _key("holder"))
             self._by_count[count] = (claim, read)
             return claim, read
 
@@ -240,13 +251,13 @@ class Statements:
 
     def _completions(self, size: int) -> list[tuple[ColumnElement[Any], ...]]:
         """Bind parameters for ``size`` completions: ``n_i`` (the position in the batch),
-        ``id_i``, ``holder_i``, ``token_i``, ``result_i``, typed like the columns."""
+        ``id_i``, ``holder_i``, ``token_i``, ``result_i``, typed like the values they carry."""
         t = self.table
         return [
             (
                 bindparam(f"n_{i}", type_=Integer()),
-                bindparam(f"id_{i}", type_=t.c.id.type),
-                bindparam(f"holder_{i}", type_=t.c.owner.type),
+                _key(f"id_{i}"),
+                _key(f"holder_{i}"),
                 bindparam(f"token_{i}", type_=t.c.fence.type),
                 bindparam(f"result_{i}", type_=t.c.result.type),
             )
@@ -268,7 +279,13 @@ class Statements:
         def build() -> Executable:
             t = self.table
             names = ("n", "id", "holder", "token", "result")
-            types = (Integer(), t.c.id.type, t.c.owner.type, t.c.fence.type, t.c.result.type)
+            types: tuple[TypeEngine[Any], ...] = (
+                Integer(),
+                KEY_TYPE,
+                KEY_TYPE,
+                t.c.fence.type,
+                t.c.result.type,
+            )
             v = values(*(column(n, ty) for n, ty in zip(names, types, strict=True)), name="v")
             v = v.data(self._completions(size))
             return self._complete_joined(v).returning(v.c.n)
@@ -285,10 +302,10 @@ class Statements:
 
         def build() -> Executable:
             t = self.table
-            ids = t.c.id.in_([bindparam(f"id_{i}", type_=t.c.id.type) for i in range(size)])
+            ids = t.c.id.in_([_key(f"id_{i}") for i in range(size)])
             current = and_(t.c.done == _ZERO, self._lease_live).label("is_current")
             return (
-                select(t.c.id, t.c.owner, t.c.fence, current, self._now.label("judged_at"))
+                select(as_text(t.c.id), as_text(t.c.owner), t.c.fence, current, self._now.label("judged_at"))
                 .where(ids)
                 .with_for_update()
             )

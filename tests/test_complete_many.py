@@ -9,9 +9,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine, bindparam, event
 
 from fencing import InvalidArgument, InvalidArgumentType, JobState, JobStore, Lease
+from fencing.schema import KEY_TYPE
 from fencing.statements import COMPLETE_CHUNK
 
 T0 = 1_000.0
@@ -90,9 +91,16 @@ def build(
             items.append((lease, f"again-{k}"))
             expected.append(False)
     if rows:
-        with store.engine.begin() as conn:
-            conn.execute(store.table.insert(), rows)
+        insert_rows(store, rows)
     return items, expected, job_ids
+
+
+def insert_rows(store: JobStore, rows: list[dict[str, Any]]) -> None:
+    """Rows written directly, ids and owners as text (the columns are bytes on MariaDB/MySQL)."""
+    t = store.table
+    typed = t.insert().values(id=bindparam("id", type_=KEY_TYPE), owner=bindparam("owner", type_=KEY_TYPE))
+    with store.engine.begin() as conn:
+        conn.execute(typed, rows)
 
 
 def snapshot(store: JobStore, job_ids: list[str]) -> dict[str, JobState | None]:
@@ -254,8 +262,7 @@ def test_large_results_are_split_across_statements_and_stored_whole(store: JobSt
         }
         for k in range(n)
     ]
-    with store.engine.begin() as conn:
-        conn.execute(store.table.insert(), store_rows)
+    insert_rows(store, store_rows)
     results = [f"{k:02d}" + "é" * 300_000 for k in range(n)]  # 3.6 M characters in all
     items = [(Lease(f"j{k:02d}", "w", FENCE), results[k]) for k in range(n)]
     assert store.complete_many(items, now=clock.now) == [True] * n

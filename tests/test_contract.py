@@ -19,6 +19,7 @@ from sqlalchemy import Engine, event, update
 import fencing.store
 import service
 from fencing import jobs
+from fencing.schema import as_text
 
 NOW = 1000.0
 TTL = 30.0
@@ -171,7 +172,7 @@ def test_state_reads_changes_made_through_another_engine(db: str, engine: Engine
     claimed(db)
     assert service.state(db, "j")["fence"] == 1
     with engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == "j").values(fence=9, owner="z"))
+        conn.execute(update(jobs).where(as_text(jobs.c.id) == "j").values(fence=9, owner=as_text("z")))
     assert service.state(db, "j") == row("j", "z", NOW + TTL, 9, None, 0)
 
 

@@ -41,6 +41,7 @@ from sqlalchemy import Engine, MetaData, select
 
 from fencing import FenceMarks, JobStore, fence_marks_table, jobs
 from fencing.clock import database_now
+from fencing.schema import as_text
 from tests import crash_worker
 from tests.backends import engine_for
 from tests.crash_worker import Burst, app_metadata, writes
@@ -414,14 +415,21 @@ def read_state(engine: Engine) -> tuple[State, float]:
     stored: State = {}
     with engine.connect() as conn:
         for job, owner, until, fence, result, done in conn.execute(
-            select(jobs.c.id, jobs.c.owner, jobs.c.until, jobs.c.fence, jobs.c.result, jobs.c.done)
+            select(
+                as_text(jobs.c.id),
+                as_text(jobs.c.owner),
+                jobs.c.until,
+                jobs.c.fence,
+                jobs.c.result,
+                jobs.c.done,
+            )
         ):
             stored[("job", job)] = Row(owner, float(until), int(fence), result, int(done))
         for payload, job, fence, completes in conn.execute(
             select(writes.c.payload, writes.c.job_id, writes.c.fence, writes.c.completes)
         ):
             stored[("write", payload)] = (job, int(fence), int(completes))
-        for resource, fence in conn.execute(select(marks_table.c.resource, marks_table.c.fence)):
+        for resource, fence in conn.execute(select(as_text(marks_table.c.resource), marks_table.c.fence)):
             stored[("mark", resource)] = int(fence)
         now = float(conn.execute(select(database_now())).scalar_one())
         conn.rollback()
@@ -750,7 +758,7 @@ def test_the_lock_probe_sees_a_lock_still_held(target: str, engine: Engine) -> N
     FenceMarks(engine).create_tables()
     app_metadata.create_all(engine)
     with engine.begin() as conn:
-        conn.execute(jobs.insert().values(id="j000"))
+        conn.execute(jobs.insert().values(id=as_text("j000")))
     if "://" in target:
         holder = engine.connect()
         holder.execute(select(jobs.c.id).with_for_update()).all()

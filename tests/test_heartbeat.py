@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 from fencing import DatabaseError, FencingError, InvalidArgument, InvalidArgumentType, JobStore, Lease
 from fencing.heartbeat import Heartbeat, LeaseLost
+from fencing.schema import as_text
 
 #: scheduling slack on a busy 2-core machine (xdist, a server on the same host)
 SLACK = 0.3
@@ -89,7 +90,7 @@ def revoke(engine: Engine, store: JobStore, job_id: str = "j") -> None:
     """What an administrator (or a claim after expiry) does: the fence moves on."""
     table = store.table
     with engine.begin() as conn:
-        conn.execute(table.update().where(table.c.id == job_id).values(fence=table.c.fence + 1))
+        conn.execute(table.update().where(as_text(table.c.id) == job_id).values(fence=table.c.fence + 1))
 
 
 def wait_until(condition: Callable[[], bool], timeout: float) -> bool:

@@ -25,6 +25,7 @@ from fencing import (
     Lease,
     jobs,
 )
+from fencing.schema import as_text
 
 NAN, INF = math.nan, math.inf
 
@@ -70,7 +71,9 @@ def seeded(target: str, request: pytest.FixtureRequest) -> Iterator[str]:
 def snapshot(engine: Engine) -> list[tuple[Any, ...]]:
     """The whole jobs table, every column of every row."""
     with engine.connect() as conn:
-        return [tuple(r) for r in conn.execute(select(jobs).order_by(jobs.c.id))]
+        # ids and owners are bytes on MariaDB/MySQL: read as text
+        row = (as_text(jobs.c.id), as_text(jobs.c.owner), *list(jobs.c)[2:])
+        return [tuple(r) for r in conn.execute(select(*row).order_by(jobs.c.id))]
 
 
 # -- refused arguments --------------------------------------------------------------------

@@ -23,6 +23,7 @@ from fencing.marks import (
     idempotency_keys,
     idempotency_keys_table,
 )
+from fencing.schema import as_text
 from tests import backends
 from tests.processes import reap
 
@@ -39,8 +40,10 @@ def marks(engine: Engine) -> FenceMarks:
 
 
 def rows(engine: Engine, table: Table) -> list[tuple[Any, ...]]:
+    """Every row; the resource or key (bytes on MariaDB/MySQL) read as text."""
+    key, *rest = table.c
     with engine.connect() as conn:
-        return sorted(tuple(r) for r in conn.execute(select(table)).all())
+        return sorted(tuple(r) for r in conn.execute(select(as_text(key), *rest)).all())
 
 
 # -- the tables ---------------------------------------------------------------------------

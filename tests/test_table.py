@@ -15,6 +15,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, inspect, 
 import fencing
 import service
 from fencing import ConfigurationError, InvalidArgument, JobStore, SchemaMismatch, jobs_table
+from fencing.schema import as_text
 from fencing.sqlite import configure, create_engine
 
 EXPECTED_TABLE_INFO = [
@@ -116,6 +117,24 @@ def test_columns_keep_their_meaning_on_every_backend(store: JobStore, engine: En
     assert [columns[n]["nullable"] for n in ("until", "fence", "done")] == [False, False, False]
 
 
+@pytest.mark.backend("mysql", "mariadb")
+def test_keys_and_owners_are_bytes_and_results_binary_collated_on_mariadb(
+    store: JobStore, engine: Engine
+) -> None:
+    # text collations fold case and ignore trailing spaces: ids, owners and keys are bytes
+    fencing.FenceMarks(engine).create_tables()
+    declared = {
+        (table, c["name"]): str(c["type"].compile(dialect=engine.dialect))
+        for table in ("jobs", "fence_marks", "idempotency_keys")
+        for c in inspect(engine).get_columns(table)
+    }
+    assert declared["jobs", "id"] == "VARBINARY(1024)"
+    assert declared["jobs", "owner"] == "LONGBLOB"
+    assert declared["jobs", "result"] == "LONGTEXT CHARACTER SET utf8mb4 COLLATE utf8mb4_bin"
+    assert declared["fence_marks", "resource"] == "VARBINARY(1024)"
+    assert declared["idempotency_keys", "key"] == "VARBINARY(1024)"
+
+
 def test_until_keeps_double_precision(store: JobStore) -> None:
     # a single-precision column would round this to ~1.23456794e9
     now = 1234567890.123456
@@ -143,9 +162,28 @@ def test_fence_is_64_bit(store: JobStore, engine: Engine) -> None:
 
 def test_enqueue_stores_the_column_defaults(store: JobStore, engine: Engine) -> None:
     assert store.enqueue("j", ready_at=0.0)
+    t = fencing.jobs
     with engine.connect() as conn:
-        row = conn.execute(select(fencing.jobs)).one()
+        row = conn.execute(select(as_text(t.c.id), as_text(t.c.owner), *list(t.c)[2:])).one()
     assert tuple(row) == ("j", None, 0.0, 0, None, 0)
+
+
+def test_ids_and_owners_are_bytes_on_mariadb_and_str_through_as_text(store: JobStore, engine: Engine) -> None:
+    t = fencing.jobs
+    store.enqueue("Job", ready_at=0.0)
+    store.enqueue("job ", ready_at=0.0)  # bytes compare exactly: no case folding, no padding
+    assert store.claim("job ", "w", now=1.0, ttl=10.0) is not None
+    with engine.begin() as conn:
+        plain = conn.execute(select(t.c.id, t.c.owner).where(t.c.owner.is_not(None))).one()
+        as_bytes = engine.dialect.name in ("mysql", "mariadb")
+        assert tuple(plain) == ((b"job ", b"w") if as_bytes else ("job ", "w"))
+        # as_text reads, compares and writes str on every backend
+        conn.execute(t.update().where(as_text(t.c.id) == "Job").values(owner=as_text("é")))
+        read = select(as_text(t.c.id), as_text(t.c.owner)).order_by(t.c.id)
+        assert [tuple(r) for r in conn.execute(read)] == [("Job", "é"), ("job ", "w")]
+    state = store.state("Job")
+    assert state is not None
+    assert state.owner == "é"
 
 
 # -- a caller's MetaData ------------------------------------------------------------------
@@ -184,6 +222,46 @@ def test_jobs_table_in_callers_metadata_under_another_name_is_independent(engine
     finally:
         mine.engine.dispose()
         default.engine.dispose()
+
+
+def test_jobs_table_declares_id_not_null_and_the_default_table_keeps_the_contracts_ddl() -> None:
+    # an application's table for Alembic: every database reflects a primary key as NOT NULL
+    assert jobs_table(MetaData()).c.id.nullable is False
+    # the contract's `id TEXT PRIMARY KEY`: PRAGMA table_info shows notnull = 0
+    assert fencing.jobs.c.id.nullable is True
+    assert [(c.name, c.nullable) for c in jobs_table(MetaData()).c][1:] == [
+        (c.name, c.nullable) for c in fencing.jobs.c
+    ][1:]
+
+
+@pytest.mark.parametrize("first", ["jobs_table", "fencing.jobs"])
+def test_an_existing_table_of_either_id_nullability_is_accepted(engine: Engine, first: str) -> None:
+    mine = jobs_table(MetaData())
+    creator, other = (mine, fencing.jobs) if first == "jobs_table" else (fencing.jobs, mine)
+    stores = [JobStore(engine, creator), JobStore(engine, other)]
+    try:
+        stores[0].create_table()
+        assert stores[0].enqueue("j", ready_at=0.0)
+        schema_before = schema_of(engine, "jobs")
+        stores[1].create_table()  # no SchemaMismatch
+        assert schema_of(engine, "jobs") == schema_before
+        lease = stores[1].claim("j", "w", now=1.0, ttl=10.0)
+        assert lease is not None
+        assert stores[0].complete(lease, "r", now=2.0)
+    finally:
+        for s in stores:
+            s.dispose()
+
+
+@pytest.mark.backend("sqlite")
+def test_jobs_table_on_sqlite_declares_id_not_null(engine: Engine, target: str) -> None:
+    store = JobStore(engine, jobs_table(MetaData()))
+    try:
+        store.create_table()
+    finally:
+        store.dispose()
+    assert table_info(target)[0] == (0, "id", "TEXT", 1, None, 1)
+    assert table_info(target)[1:] == EXPECTED_TABLE_INFO[1:]
 
 
 def test_jobs_table_twice_in_separate_metadata_gives_separate_tables() -> None:
@@ -322,7 +400,16 @@ def _variant_table(md: MetaData, change: dict[str, Any]) -> Table:
 
 
 def _variant_row(table: Table) -> dict[str, Any]:
-    full = {"id": "keep", "owner": "w", "until": 12.5, "fence": 7, "result": "r", "done": 0, "extra": "x"}
+    # ids and owners through the codec: the columns are bytes on MariaDB/MySQL
+    full = {
+        "id": as_text("keep"),
+        "owner": as_text("w"),
+        "until": 12.5,
+        "fence": 7,
+        "result": "r",
+        "done": 0,
+        "extra": "x",
+    }
     row = {col.name: full[col.name] for col in table.c}
     if isinstance(table.c.fence.type, sqlalchemy.Text):
         row["fence"] = "7"
@@ -336,7 +423,7 @@ def test_mismatched_jobs_table_raises_schema_mismatch_and_is_left_unchanged(
     table = _variant_table(MetaData(), change)
     table.create(engine)
     with engine.begin() as conn:
-        conn.execute(table.insert(), [_variant_row(table)])
+        conn.execute(table.insert().values(_variant_row(table)))
     schema_before = schema_of(engine, "jobs")
     rows_before = rows_of(engine, "jobs")
 

@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import update
 
 from fencing import InvalidArgument, JobStore, Lease
-from fencing.schema import ID_MAX_BYTES
+from fencing.schema import ID_MAX_BYTES, as_text
 
 EPOCH_WITH_MICROS = [1_700_000_000.123456, 1_799_999_999.999999, 4_102_444_800.000001, 0.5, 1e-6]
 
@@ -28,7 +28,7 @@ def test_fence_past_2_pow_31_keeps_increasing(store: JobStore) -> None:
     store.enqueue("j", ready_at=0.0)
     table = store.table
     with store.engine.begin() as conn:
-        conn.execute(update(table).where(table.c.id == "j").values(fence=2**31 - 1))
+        conn.execute(update(table).where(as_text(table.c.id) == "j").values(fence=2**31 - 1))
     first = store.claim("j", "a", now=0.0, ttl=1.0)
     assert first is not None and first.fence == 2**31
     second = store.claim("j", "b", now=1.0, ttl=1.0)
@@ -41,7 +41,7 @@ def test_fence_near_2_pow_62_keeps_increasing(store: JobStore) -> None:
     store.enqueue("j", ready_at=0.0)
     table = store.table
     with store.engine.begin() as conn:
-        conn.execute(update(table).where(table.c.id == "j").values(fence=2**62))
+        conn.execute(update(table).where(as_text(table.c.id) == "j").values(fence=2**62))
     lease = store.claim("j", "a", now=0.0, ttl=1.0)
     assert lease is not None and lease.fence == 2**62 + 1
     assert store.release(lease) is True

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from sqlalchemy import Connection, select, update
 
 from fencing import JobStore, Lease
+from fencing.schema import as_text
 
 #: the gap a GC pause or a network round trip leaves between a read and the write after it
 READ_WRITE_GAP = 0.02
@@ -26,7 +27,9 @@ class AckById(JobStore):
     ) -> bool:
         t = self.table
         with self.engine.begin() as c:
-            done = update(t).where(t.c.id == lease.job_id, t.c.done == 0).values(result=result, done=1)
+            done = (
+                update(t).where(as_text(t.c.id) == lease.job_id, t.c.done == 0).values(result=result, done=1)
+            )
             return c.execute(done).rowcount == 1
 
     def complete_many(
@@ -56,12 +59,15 @@ class ReadThenClaim(JobStore):
         t = self.table
         with self.engine.begin() as c:
             ready = t.c.done == 0, t.c.until <= time.time()
-            picked = c.execute(select(t.c.id, t.c.fence).where(*ready).order_by(t.c.until).limit(limit)).all()
+            picked = c.execute(
+                select(as_text(t.c.id), t.c.fence).where(*ready).order_by(t.c.until).limit(limit)
+            ).all()
         time.sleep(READ_WRITE_GAP)
         leases = []
         for job_id, fence in picked:
             until = time.time() + ttl
             with self.engine.begin() as c:
-                c.execute(update(t).where(t.c.id == job_id).values(owner=owner, fence=fence + 1, until=until))
+                claim = update(t).where(as_text(t.c.id) == job_id)
+                c.execute(claim.values(owner=as_text(owner), fence=fence + 1, until=until))
             leases.append(Lease(job_id, owner, fence + 1, until))
         return leases

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, func, select, text
 
+from ..schema import as_text
 from ..store import JobStore
 from .config import TortureConfig
 from .connect import open_engine, open_store
@@ -271,7 +272,9 @@ def _inject(
         jobs = tables.jobs
         with engine.connect() as conn:
             held = (
-                conn.execute(select(jobs.c.id).where(jobs.c.done == 0, jobs.c.owner.is_not(None)).limit(50))
+                conn.execute(
+                    select(as_text(jobs.c.id)).where(jobs.c.done == 0, jobs.c.owner.is_not(None)).limit(50)
+                )
                 .scalars()
                 .all()
             )
@@ -313,17 +316,16 @@ def _inject(
 
 def _database_state(engine: Engine, tables: TortureTables) -> DatabaseState:
     j, r, e, m = tables.jobs, tables.results, tables.external, tables.marks
+    # the library's tables hold ids, owners and resources as bytes on MariaDB/MySQL
+    jobs_row = (as_text(j.c.id), as_text(j.c.owner), j.c.until, j.c.fence, j.c.result, j.c.done)
     with engine.connect() as conn:
-        jobs = [
-            tuple(row)
-            for row in conn.execute(select(j.c.id, j.c.owner, j.c.until, j.c.fence, j.c.result, j.c.done))
-        ]
+        jobs = [tuple(row) for row in conn.execute(select(*jobs_row))]
         results = [tuple(row) for row in conn.execute(select(r.c.seq, r.c.job_id, r.c.owner, r.c.fence))]
         external = [
             tuple(row)
             for row in conn.execute(select(e.c.seq, e.c.resource, e.c.owner, e.c.fence).order_by(e.c.seq))
         ]
-        marks = {res: int(fence) for res, fence in conn.execute(select(m.c.resource, m.c.fence))}
+        marks = {res: int(fence) for res, fence in conn.execute(select(as_text(m.c.resource), m.c.fence))}
         integrity = None
         if engine.dialect.name == "sqlite":
             integrity = "; ".join(str(row[0]) for row in conn.execute(text("PRAGMA integrity_check")))
