@@ -208,7 +208,7 @@ def test_migrated_tables_are_the_ones_the_library_creates(project: Project, engi
         store.create_table()
         FenceMarks(engine, made.marks, made.keys).create_tables()
     finally:
-        store.dispose()
+        store.engine.dispose()
     for name in TABLES:
         assert reflected(engine, name) == reflected(engine, f"made_{name}")
 
@@ -243,7 +243,7 @@ def test_the_library_works_on_the_migrated_tables(project: Project, engine: Engi
         assert marks.record_once("charge:42", fence=lease.fence)
         assert not marks.record_once("charge:42")
     finally:
-        store.dispose()
+        store.engine.dispose()
     # and the schema is still what the migration made
     assert differences(engine, app.metadata) == []
 
@@ -257,7 +257,7 @@ def test_tables_created_by_the_library_compare_clean(engine: Engine) -> None:
     try:
         store.create_table()
     finally:
-        store.dispose()
+        store.engine.dispose()
     FenceMarks(engine, app.marks, app.keys).create_tables()
     assert differences(engine, app.metadata) == []
 
@@ -267,7 +267,7 @@ def test_default_tables_compare_clean_but_for_the_contracts_nullable_id_on_serve
     try:
         store.create_table()
     finally:
-        store.dispose()
+        store.engine.dispose()
     FenceMarks(engine).create_tables()
     assert differences(engine, marks_metadata) == []
     found = differences(engine, fencing.metadata)

@@ -250,7 +250,7 @@ def test_an_existing_table_of_either_id_nullability_is_accepted(engine: Engine, 
         assert stores[0].complete(lease, "r", now=2.0)
     finally:
         for s in stores:
-            s.dispose()
+            s.engine.dispose()
 
 
 @pytest.mark.backend("sqlite")
@@ -259,7 +259,7 @@ def test_jobs_table_on_sqlite_declares_id_not_null(engine: Engine, target: str) 
     try:
         store.create_table()
     finally:
-        store.dispose()
+        store.engine.dispose()
     assert table_info(target)[0] == (0, "id", "TEXT", 1, None, 1)
     assert table_info(target)[1:] == EXPECTED_TABLE_INFO[1:]
 
