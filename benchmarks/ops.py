@@ -529,7 +529,6 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
     finally:
         conn.close()
         store.engine.dispose()
-        store.engine.dispose()
         service._stores.clear()  # close the service's connections too
     for path in paths.values():
         verify(path, op, n + WARMUP)

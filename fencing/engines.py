@@ -24,6 +24,7 @@ from .errors import ConfigurationError
 
 __all__ = [
     "SHARING_POOLS",
+    "Observers",
     "autocommit_probe",
     "observed",
     "refuse_autocommit_connection",
@@ -57,13 +58,66 @@ _AUTOCOMMIT_FIX = (
 )
 
 
-def observed(engine: Engine, own_begin_listeners: int) -> bool:
+class Observers:
     """Whether anything would notice statements the store ran on the driver directly: a
-    logger at INFO (``echo``, ``sqlalchemy.engine``), a connection event listener (other
-    than the library's own ``begin`` listeners), or execution options on the engine
-    (``isolation_level``, ``schema_translate_map``...) that Core applies. A few hundred ns."""
+    logger at INFO (``echo``, ``sqlalchemy.engine``), a connection or dialect event listener
+    (other than the library's own ``begin`` listeners), or execution options on the engine
+    (``isolation_level``, ``schema_translate_map``...) that Core applies.
+
+    Asked before every transaction, so it is cheap (~0.3 µs): the listeners are looked at
+    again only when SQLAlchemy's registry of ``event.listen()`` calls has changed (its size
+    and newest entry); logging levels and execution options are read every time.
+    """
+
+    __slots__ = ("_cache", "engine", "own_begin_listeners")
+
+    def __init__(self, engine: Engine, own_begin_listeners: int) -> None:
+        self.engine = engine
+        self.own_begin_listeners = own_begin_listeners
+        self._cache: tuple[object, bool] = (_NO_STAMP, True)
+
+    def __bool__(self) -> bool:
+        engine = self.engine
+        if engine._execution_options or engine._should_log_info():
+            return True
+        stamp = _registry_stamp()
+        cached_stamp, listening = self._cache
+        if stamp is _NO_STAMP or stamp != cached_stamp:
+            # the stamp is read before the listeners: a change after it shows next time
+            listening = listeners(engine, self.own_begin_listeners)
+            self._cache = (stamp, listening)
+        return listening
+
+
+_NO_STAMP = object()
+_REGISTRY: dict[Any, Any] | None
+try:  # every event.listen() of the process, by (target, event, function): SQLAlchemy's own
+    from sqlalchemy.event.registry import _key_to_collection as _REGISTRY
+except ImportError:  # pragma: no cover - a SQLAlchemy without it: look every time
+    _REGISTRY = None
+
+
+def _registry_stamp() -> object:
+    """Changes whenever a listener is added or removed anywhere (insertion order: the newest
+    key moves with every addition, the size with every removal)."""
+    registry = _REGISTRY
+    if registry is None:
+        return _NO_STAMP
+    try:
+        return (len(registry), next(reversed(registry), None))
+    except RuntimeError:  # changed by another thread while we looked
+        return _NO_STAMP
+
+
+def observed(engine: Engine, own_begin_listeners: int) -> bool:
+    """:class:`Observers`' answer, computed afresh."""
     if engine.get_execution_options() or engine._should_log_info():
         return True
+    return listeners(engine, own_begin_listeners)
+
+
+def listeners(engine: Engine, own_begin_listeners: int) -> bool:
+    """Whether a connection or dialect event has a listener besides the library's own."""
     dialect_dispatch: Any = engine.dialect.dispatch
     if any(getattr(dialect_dispatch, name) for name in _OBSERVING_DIALECT):
         return True

@@ -41,12 +41,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, TypeDecorator
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
 from . import forks
 from . import sqlite as sqlite_glue
+from .checkout import checkout, give_back
 from .dberrors import is_transient
-from .engines import autocommit_probe, observed, refuse_autocommit_connection
+from .engines import Observers, autocommit_probe, refuse_autocommit_connection
 from .errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
 from .writelock import busy_error, poll_pause
 
@@ -184,6 +186,8 @@ class _Compiled:
             if bind.expanding or bind.callable is not None:
                 raise AssertionError(f"driver path cannot bind {name!r} of {self.sql}")
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is _TO_FLOAT:  # the store's numbers are floats already (fencing.checks)
+                process = None
             if bind.required:  # bindparam("job_id"): from the call's parameters
                 binds.append((bind.key, name, process))
             else:  # a constant SQLAlchemy bound itself, e.g. SQLite's OFFSET after a LIMIT
@@ -261,9 +265,11 @@ class Runner:
         self._sqlite = settings is not None
         #: SQLite: begins IMMEDIATE transactions, waiting for the lock (the longest waiter next)
         self._write_lock = None if settings is None else settings.write_lock
-        #: the engine's own begin listeners (the SQLite glue's) are not observers
-        self._own_begin = 1 if settings is not None else 0
+        self._settings = settings
+        #: whether anything observes the engine (its own begin listener, SQLite's, does not)
+        self._observers = Observers(engine, 1 if settings is not None else 0)
         self._fast = dialect.driver in FAST_DRIVERS
+        self._root = forks.root(engine)
         self._autocommit = autocommit_probe(engine)
         self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
@@ -291,9 +297,20 @@ class Runner:
         connection. ``write=False`` is for units that only read: on SQLite they take no
         write lock (one statement on the fast path runs as its own snapshot)."""
         self._usable_here()
-        if self._fast and not observed(self.engine, self._own_begin):
-            return self._retrying(lambda verdict: self._on_driver(unit, write, verdict))
-        return self._retrying(lambda verdict: self._on_core(unit, write, verdict))
+        verdict = _Verdict()
+        if self._fast and not self._observers:
+            try:  # the usual case: once, without the retry loop's own cost
+                return self._on_driver(unit, write, verdict)
+            except self.errors as exc:
+                if verdict.again is None:
+                    raise
+                return self._retrying(lambda v: self._on_driver(unit, write, v), verdict, exc)
+        try:
+            return self._on_core(unit, write, verdict)
+        except self.errors as exc:
+            if verdict.again is None:
+                raise
+            return self._retrying(lambda v: self._on_core(unit, write, v), verdict, exc)
 
     def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
         """The first row (or ``None``) of one read statement: the hot path of ``state()``.
@@ -302,18 +319,18 @@ class Runner:
         snapshot and takes no write lock. Anything unusual goes to :meth:`run`.
         """
         self._usable_here()
-        if not (self._sqlite and self._fast) or observed(self.engine, self._own_begin):
+        if not (self._sqlite and self._fast) or self._observers:
             rows = self.run(lambda x: x.rows(stmt, params), write=False)
             return rows[0] if rows else None
         compiled = self._compiled_for(stmt)
-        fairy = self._checkout()
+        held, lean = self._checkout()
         try:
-            row = fairy.driver_connection.execute(compiled.sql, compiled.args(params)).fetchone()
+            row = held.dbapi_connection.execute(compiled.sql, compiled.args(params)).fetchone()
         except self.errors:
-            self._checkin(fairy, ended=False)
+            self._checkin(held, lean, ended=False)
             rows = self.run(lambda x: x.rows(stmt, params), write=False)
             return rows[0] if rows else None
-        self._checkin(fairy, ended=True)
+        self._checkin(held, lean, ended=True)
         if row is None or compiled.convert is None:
             return row
         return compiled.convert([row])[0]
@@ -331,7 +348,7 @@ class Runner:
         generation = forks.GENERATION[0]
         conn = self.engine.connect()
         fairy = conn.connection
-        forks.in_use(fairy, self.engine)
+        forks.in_use(fairy, self._root)
         try:
             refuse_autocommit_connection(conn, self._autocommit)
             if self._sqlite:
@@ -357,52 +374,56 @@ class Runner:
 
     # -- the two ways ---------------------------------------------------------------------
 
-    def _retrying(self, attempt: Callable[[_Verdict], T]) -> T:
+    def _retrying(self, attempt: Callable[[_Verdict], T], verdict: _Verdict, exc: BaseException) -> T:
+        """Try again after an attempt failed with ``exc``, judged ``verdict``, as long as
+        the verdicts allow: a lost lock race within the wait budget, or once a dead idle
+        connection."""
         races = 0  # lost lock races so far
         started = 0.0  # when the first was lost: the wait for the lock begins there
         reconnected = False
         while True:
+            if verdict.again == _LOCK_RACE:
+                if races == 0:
+                    started = time.monotonic()
+                races += 1
+                if not self.lock_wait.again(races, started):
+                    raise self.lock_wait.busy(exc) from exc
+            elif verdict.again == _DEAD_IDLE and not reconnected and races == 0:
+                reconnected = True  # an idle connection the server closed: once, afresh
+            else:
+                raise exc
             verdict = _Verdict()
             try:
                 return attempt(verdict)
-            except self.errors as exc:
-                if verdict.again == _LOCK_RACE:
-                    if races == 0:
-                        started = time.monotonic()
-                    races += 1
-                    if not self.lock_wait.again(races, started):
-                        raise self.lock_wait.busy(exc) from exc
-                    continue
-                if verdict.again == _DEAD_IDLE and not reconnected and races == 0:
-                    reconnected = True  # an idle connection the server closed: once, afresh
-                    continue
-                raise
+            except self.errors as again:
+                exc = again
 
     def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
-        fairy = self._checkout()
-        conn = fairy.driver_connection
+        held, lean = self._checkout()
+        conn = held.dbapi_connection  # these drivers' own connection objects
+        info = held.info  # kept with the DBAPI connection from checkout to checkout
         ended = False  # the transaction was committed or rolled back: nothing for the pool to reset
         committing = False
         try:
-            cursor = conn.cursor()
-            try:
-                # (a read on SQLite: its one statement runs as its own snapshot)
-                if self._write_lock is not None and write:
-                    self._write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", self.errors)
-                result = unit(_DriverExecutor(cursor, self._compiled_for))
-                committing = True
-                if self._write_lock is None:
-                    conn.commit()
-                elif write:
-                    cursor.execute("COMMIT")
-            finally:
-                cursor.close()
+            cursor = info.get(_CURSOR)
+            if cursor is None:  # one cursor per connection, made once
+                cursor = info[_CURSOR] = conn.cursor()
+            # (a read on SQLite: its one statement runs as its own snapshot)
+            if self._write_lock is not None and write:
+                self._write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", self.errors, lowered=True)
+            result = unit(_DriverExecutor(cursor, self._compiled_for))
+            committing = True
+            if self._write_lock is None:
+                conn.commit()
+            elif write:
+                cursor.execute("COMMIT")
             ended = True
             return result
         except DatabaseBusy:  # the write lock was never had: no transaction is open
             ended = True
             raise
         except self.errors as exc:
+            _drop_cursor(info)
             ended = self._rollback(conn)
             if is_transient(exc):
                 if committing:
@@ -410,13 +431,13 @@ class Runner:
                 verdict.again = _LOCK_RACE
             elif self._disconnected(exc, conn):
                 ended = False
-                fairy.invalidate(exc)
+                held.invalidate(exc)
                 if committing:
                     raise _unknown_outcome() from exc
                 verdict.again = _DEAD_IDLE
             raise
         finally:
-            self._checkin(fairy, ended)
+            self._checkin(held, lean, ended)
 
     def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
         committing = False
@@ -443,24 +464,27 @@ class Runner:
         if why is not None:
             raise ConfigurationError(why)
 
-    def _checkout(self) -> Any:
-        fairy = self.engine.raw_connection()  # the pool's limits, timeout, pre-ping, events
-        forks.in_use(fairy, self.engine)
-        if self._autocommit is not None and self._autocommit(fairy.driver_connection):
-            self._checkin(fairy, ended=False)
-            raise ConfigurationError(
-                "the engine's connections are in autocommit mode (isolation_level='AUTOCOMMIT', "
-                "or a connect listener that sets it): lock + check + write must be one transaction"
-            )
-        return fairy
+    def _checkout(self) -> tuple[Any, bool]:
+        """A connection from the pool (:mod:`fencing.checkout`) and whether it is a bare
+        pool record; on SQLite with the short busy handler its BEGIN waits in."""
+        held, lean = checkout(self.engine)
+        forks.in_use(held, self._root)
+        try:
+            if self._settings is not None:
+                self._settings.lower_busy_handler(held.dbapi_connection, held.info)
+            elif self._autocommit is not None and self._autocommit(held.dbapi_connection):
+                raise ConfigurationError(
+                    "the engine's connections are in autocommit mode (isolation_level='AUTOCOMMIT', "
+                    "or a connect listener that sets it): lock + check + write must be one transaction"
+                )
+        except BaseException:
+            self._checkin(held, lean, ended=False)
+            raise
+        return held, lean
 
-    def _checkin(self, fairy: Any, ended: bool) -> None:
-        forks.released(fairy)
-        close_special = getattr(fairy, "_close_special", None)
-        if ended and close_special is not None:
-            close_special(transaction_reset=True)  # what Core does after its own COMMIT
-        else:
-            fairy.close()  # the pool resets (rolls back) or discards it
+    def _checkin(self, held: Any, lean: bool, ended: bool) -> None:
+        forks.released(held)
+        give_back(held, lean, ended=ended)
 
     def _compiled_for(self, stmt: Executable) -> _Compiled:
         try:
@@ -484,6 +508,18 @@ class Runner:
             return bool(self.engine.dialect.is_disconnect(orig, conn, None))  # type: ignore[arg-type]
         except Exception:
             return False
+
+
+#: in a pooled connection's ``info``: the cursor the fast path runs its statements on
+_CURSOR = "fencing_cursor"
+
+
+def _drop_cursor(info: dict[str, Any]) -> None:
+    """Forget (and close) a connection's cursor after a failed statement: a fresh one next."""
+    cursor = info.pop(_CURSOR, None)
+    if cursor is not None:
+        with contextlib.suppress(Exception):
+            cursor.close()
 
 
 def forked_away() -> ConfigurationError:

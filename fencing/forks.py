@@ -44,7 +44,7 @@ GENERATION = [0]
 
 # engines whose pools the library uses
 _ENGINES: weakref.WeakSet[Engine] = weakref.WeakSet()
-# pool checkouts in flight: id(fairy) -> (fairy, thread ident, engine)
+# pool checkouts in flight: id(held) -> (proxy or pool record, thread ident, engine)
 _IN_USE: dict[int, tuple[Any, int, Engine]] = {}
 # what a child must keep referenced and never close: the parent's pools and handles
 _INHERITED: list[object] = []
@@ -66,8 +66,9 @@ def register(engine: Engine) -> None:
 
 
 def in_use(fairy: Any, engine: Engine) -> None:
-    """A pooled connection the library has checked out (until :func:`released`)."""
-    _IN_USE[id(fairy)] = (fairy, threading.get_ident(), root(engine))
+    """A pooled connection the library has checked out (until :func:`released`); ``engine``
+    as :func:`root` gives it."""
+    _IN_USE[id(fairy)] = (fairy, threading.get_ident(), engine)
 
 
 def released(fairy: Any) -> None:
@@ -79,15 +80,16 @@ def refusal(engine: Engine) -> str | None:
     return _REFUSED.get(id(root(engine))) if _REFUSED else None
 
 
-def _cut_loose(fairy: Any) -> Any:
-    """SQLAlchemy's recipe: the pool record and the proxy forget the DBAPI connection, so
-    nothing returns, resets or closes it through the pool; the connection is returned."""
-    dbapi = getattr(fairy, "dbapi_connection", None)
-    record = getattr(fairy, "_connection_record", None)
+def _cut_loose(held: Any) -> Any:
+    """SQLAlchemy's recipe: the pool record (and the proxy, if ``held`` is one) forget the
+    DBAPI connection, so nothing returns, resets or closes it through the pool; the
+    connection is returned."""
+    dbapi = getattr(held, "dbapi_connection", None)
+    record = getattr(held, "_connection_record", None)
     if record is not None:
         record.dbapi_connection = None
     with contextlib.suppress(AttributeError):
-        fairy.dbapi_connection = None
+        held.dbapi_connection = None
     return dbapi
 
 

@@ -59,6 +59,8 @@ BEGIN_OPTION = "fencing_begin"
 DEFAULT_BUSY_TIMEOUT = 5.0
 
 _MARK = "fencing_sqlite_settings"
+#: in a pooled connection's ``info``: its busy_timeout is the store's short one, not the engine's
+_SHORT_HANDLER = "fencing_short_busy_handler"
 
 
 class _Settings:
@@ -75,6 +77,8 @@ class _Settings:
         )
         #: begins IMMEDIATE transactions: SQLite's handler briefly, then the longest waiter first
         self.write_lock = WriteLock(busy_timeout, sidecar_path(database))
+        self._short_sql = self.write_lock.handler_sql
+        self._full_sql = self.pragmas[0]
         # every connection made for this engine, to tell a forked child which are still open
         self._records: weakref.WeakSet[ConnectionPoolEntry] = weakref.WeakSet()
 
@@ -88,6 +92,7 @@ class _Settings:
                 )
             # hand transaction control to the begin listener (and to the store's fast path)
             dbapi_connection.isolation_level = None
+            connection_record.info.pop(_SHORT_HANDLER, None)
             cursor = dbapi_connection.cursor()
             try:
                 for pragma in self.pragmas:
@@ -101,6 +106,12 @@ class _Settings:
         self._records.add(connection_record)
 
     def on_begin(self, conn: sqlalchemy.Connection) -> None:
+        # a connection the store's fast path used last still waits STARVING at most: every
+        # transaction through a Connection (or Session) has the engine's busy_timeout back
+        info = conn.connection.info
+        if info.get(_SHORT_HANDLER):
+            conn.exec_driver_sql(self._full_sql).close()
+            del info[_SHORT_HANDLER]
         mode = conn.get_execution_options().get(BEGIN_OPTION, self.begin)
         if mode == "DEFERRED":
             conn.exec_driver_sql("BEGIN DEFERRED")
@@ -110,6 +121,17 @@ class _Settings:
             raise InvalidArgument(
                 f"execution option {BEGIN_OPTION} must be one of {BEGIN_MODES}, got {mode!r}"
             )
+
+    def lower_busy_handler(self, dbapi_connection: Any, info: dict[str, Any]) -> None:
+        """Give a pooled connection the short busy handler the store's ``BEGIN IMMEDIATE``
+        waits in (:mod:`fencing.writelock`). It keeps it between the store's transactions
+        (no statement per transaction to lower and restore it); :meth:`on_begin` gives the
+        engine's back to the next transaction of a ``Connection`` or ``Session`` on it. A raw
+        DBAPI connection the application takes itself (``engine.raw_connection()``) may still
+        carry the short one."""
+        if not info.get(_SHORT_HANDLER):
+            dbapi_connection.execute(self._short_sql)
+            info[_SHORT_HANDLER] = True
 
     def inherited_alive(self) -> bool:
         """In a forked child, after the idle connections were closed: whether any connection

@@ -268,10 +268,13 @@ class JobStore:
 
     def _claim_unit(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
         job_id, owner = params["job_id"], params["holder"]
+        if self._returning:
 
-        def returning(x: Executor) -> Lease | None:
-            rows = x.rows(s.claim_returning, params)
-            return Lease(job_id, owner, int(rows[0][0]), float(rows[0][1])) if rows else None
+            def returning(x: Executor) -> Lease | None:
+                rows = x.rows(s.claim_returning, params)
+                return Lease(job_id, owner, int(rows[0][0]), float(rows[0][1])) if rows else None
+
+            return returning
 
         def counting(x: Executor) -> Lease | None:
             if x.count(s.claim_counting, params) != 1:
@@ -279,7 +282,7 @@ class JobStore:
             fence, until = x.rows(s.lease_of, params)[0]
             return Lease(job_id, owner, int(fence), float(until))
 
-        return returning if self._returning else counting
+        return counting
 
     def renew(
         self,

@@ -163,7 +163,17 @@ class WriteLock:
     (:func:`sidecar_path`), or ``None``: no priority.
     """
 
-    __slots__ = ("_fd", "_full_sql", "_generation", "_lock", "_next_look", "_short_sql", "budget", "path")
+    __slots__ = (
+        "_fd",
+        "_full_sql",
+        "_generation",
+        "_lock",
+        "_next_look",
+        "_short_sql",
+        "budget",
+        "handler_sql",
+        "path",
+    )
 
     def __init__(self, budget: float, path: str | None) -> None:
         self.budget = budget
@@ -173,27 +183,56 @@ class WriteLock:
         self._full_sql = f"PRAGMA busy_timeout = {full_ms}"
         # None: the engine's budget is already no longer than STARVING
         self._short_sql = None if short_ms == full_ms else f"PRAGMA busy_timeout = {short_ms}"
+        #: the busy_timeout a BEGIN waits in: STARVING, or the whole budget if that is shorter
+        self.handler_sql = self._short_sql or self._full_sql
         self._fd: int | None = None  # the sidecar, opened to look for a priority holder
         self._next_look = 0.0
         self._generation = forks.GENERATION[0]
         self._lock = threading.Lock()  # opening the sidecar
 
-    def begin(self, execute: Callable[[str], object], begin_sql: str, errors: _Errors) -> None:
+    def begin(
+        self,
+        execute: Callable[[str], object],
+        begin_sql: str,
+        errors: _Errors,
+        *,
+        lowered: bool = False,
+    ) -> None:
         """Send ``begin_sql`` (through ``execute``) once the write lock can be had; raise
         ``DatabaseBusy`` when the budget is spent first (no transaction is open then).
 
-        Pooled connections are the application's too, so their ``busy_timeout`` is the
-        engine's; it is lowered to :data:`STARVING` for this call only and restored before it
-        returns (two statements, about a microsecond each).
+        ``lowered``: the connection's busy_timeout is :attr:`handler_sql`'s already (the
+        store's fast path keeps it so). Otherwise it is the engine's, the application's
+        connections' too: it is lowered for this call only and restored before it returns.
         """
         started = time.monotonic()
-        wait = Wait(self.budget, started)
-        if self._short_sql is not None:
+        if lowered and not self._priority_taken():  # the store's usual case: one look, one BEGIN
+            try:
+                execute(begin_sql)  # waits in SQLite's handler, STARVING at most
+                return
+            except errors as exc:
+                if not is_transient(exc):
+                    raise
+                lost: BaseException | None = exc
+        else:
+            lost = None
+        self._begin_waiting(execute, begin_sql, errors, Wait(self.budget, started), lost, lowered)
+
+    def _begin_waiting(
+        self,
+        execute: Callable[[str], object],
+        begin_sql: str,
+        errors: _Errors,
+        wait: Wait,
+        lost: BaseException | None,
+        lowered: bool,
+    ) -> None:
+        restore = self.handler_sql if lowered else self._full_sql
+        if not lowered and self._short_sql is not None:
             execute(self._short_sql)
             wait.changed = True
         try:
-            lost: BaseException | None = None
-            if not self._priority_taken():  # the usual case: one look, one BEGIN
+            if lost is None and not lowered and not self._priority_taken():
                 try:
                     execute(begin_sql)  # waits in SQLite's handler, STARVING at most
                 except errors as exc:
@@ -207,10 +246,10 @@ class WriteLock:
         except BaseException:
             if wait.changed:
                 with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
-                    execute(self._full_sql)
+                    execute(restore)
             raise
         if wait.changed:
-            execute(self._full_sql)
+            execute(restore)
 
     def _wait(
         self,

@@ -181,8 +181,9 @@ def test_a_write_waits_in_sqlites_handler_briefly_and_the_pooled_connection_keep
         assert begins == [int(min(budget, STARVING) * 1000)]
         store.enqueue("k", ready_at=0.0)  # and on the driver directly, nobody listening
         assert store.engine.pool.checkedin() == 1  # one connection, the one both used
+        # the application's next transaction on it waits the engine's whole busy_timeout
         with store.engine.connect() as conn:
-            assert pragma_busy_timeout(conn.connection.driver_connection) == int(budget * 1000)
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar_one() == int(budget * 1000)
 
 
 def test_a_fenced_block_that_cannot_get_the_lock_raises_database_busy_and_changes_nothing(
