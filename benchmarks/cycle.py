@@ -117,10 +117,11 @@ from importlib import metadata
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Engine, MetaData, event, func, select
+from sqlalchemy import Engine, MetaData, bindparam, event, func, select
 
 import fencing
 import fencing.execution
+from fencing.schema import KEY_TYPE
 
 URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
@@ -500,6 +501,8 @@ class Backend:
         self.name = name
         self.table_name = "jobs" if name == "sqlite" else f"bench_cycle_{os.getpid()}"
         self.table = fencing.jobs_table(MetaData(), self.table_name)
+        # typed: MariaDB's id column is UTF-8 bytes (fencing.schema.KEY_TYPE converts)
+        self._insert = self.table.insert().values(id=bindparam("id", type_=KEY_TYPE))
         self.workdir = workdir
         self.url = {"postgresql": args.postgresql_url, "mariadb": args.mariadb_url}.get(name)
         self.engine: Engine | None = None
@@ -518,7 +521,7 @@ class Backend:
             try:
                 fencing.JobStore(engine, self.table).create_table()
                 with engine.begin() as conn:
-                    conn.execute(self.table.insert(), ids)
+                    conn.execute(self._insert, ids)
             finally:
                 engine.dispose()
             return path
@@ -526,7 +529,7 @@ class Backend:
         with self.engine.begin() as conn:  # TRUNCATE: no dead rows piling up between runs
             conn.exec_driver_sql(f"TRUNCATE TABLE {self.table_name}")
         with self.engine.begin() as conn:
-            conn.execute(self.table.insert(), ids)
+            conn.execute(self._insert, ids)
         if self.name == "postgresql":
             with self.engine.connect() as conn:
                 conn.exec_driver_sql(f"ANALYZE {self.table_name}")

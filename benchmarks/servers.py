@@ -119,9 +119,10 @@ from importlib import metadata
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Engine, MetaData, Table, event
+from sqlalchemy import Engine, MetaData, Table, bindparam, event
 
 import fencing
+from fencing.schema import KEY_TYPE
 from fencing.statements import Statements
 
 URLS = {
@@ -455,7 +456,8 @@ def reset_table(engine: Engine, table: Table, ids: list[str]) -> None:
     with engine.begin() as conn:
         conn.exec_driver_sql(f"TRUNCATE TABLE {table.name}")
     with engine.begin() as conn:
-        conn.execute(table.insert(), [{"id": i} for i in ids])
+        # typed: MariaDB's id column is UTF-8 bytes (fencing.schema.KEY_TYPE converts)
+        conn.execute(table.insert().values(id=bindparam("id", type_=KEY_TYPE)), [{"id": i} for i in ids])
     if engine.dialect.name == "postgresql":
         with engine.begin() as conn:
             conn.exec_driver_sql(f"ANALYZE {table.name}")
