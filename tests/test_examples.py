@@ -11,6 +11,8 @@ from types import ModuleType
 
 import pytest
 
+import fencing
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "worker_pool.py"
 #: a run takes well under 20 s (spawn, about two TTLs of stall and idle); this is the backstop
 TIMEOUT = 90
@@ -125,4 +127,65 @@ def test_worker_pool_checks_catch_an_invoice_from_a_stale_lease(target: str) -> 
     failed = [text for ok, text in checks if not ok]
     assert failed == [
         "each invoice was written under the lease that completed its job (owner and fence match)"
+    ]
+
+
+# -- the ORM application (examples/orm_app) ---------------------------------------------------
+
+ORM_APP = Path(__file__).resolve().parents[1] / "examples" / "orm_app" / "app.py"
+ORM_SUMMARY = re.compile(
+    r"^PASS: 20 orders, 20 invoices written, (?P<refused>\d+) stale writes refused$", re.MULTILINE
+)
+
+
+def load_orm_app() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("orm_app_example", ORM_APP)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stall", [False, True], ids=["plain", "stall-one"])
+def test_orm_app_bills_every_order_exactly_once(target: str, stall: bool) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ORM_APP), "--url", target, "demo", "--orders", "20", "--ttl", "2"]
+        + (["--stall-one"] if stall else []),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = ORM_SUMMARY.search(proc.stdout)
+    assert summary is not None, proc.stdout
+    assert int(summary["refused"]) >= (1 if stall else 0)
+    assert "[FAILED]" not in proc.stdout
+
+
+def test_orm_app_migrations_are_its_models_and_its_report_can_fail(target: str) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy.orm import Session
+
+    app = load_orm_app()
+    models = sys.modules["models"]
+    app.migrate(target)
+    engine = app.make_engine(target)
+    try:
+        with engine.connect() as conn:
+            # the committed migration creates exactly what the models (and fencing) declare
+            assert compare_metadata(MigrationContext.configure(conn), models.Base.metadata) == []
+        first, second = app.place_orders(target, 2)
+        store = fencing.JobStore(engine, models.jobs)
+        lease = store.claim(f"bill-order-{first}", "w", ttl=60)
+        assert lease is not None and store.complete(lease, "invoiced")
+        with Session(engine) as session, session.begin():  # a broken biller: not the lease's invoice
+            session.add(models.Invoice(order_id=first, total=1, worker="w", fence=lease.fence + 1))
+    finally:
+        engine.dispose()
+    assert app.report(target) == [
+        f"order {first}: invoiced by w (fence {lease.fence + 1}), completed by w (fence {lease.fence})",
+        f"order {second}: 0 invoices",
     ]
