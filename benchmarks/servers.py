@@ -18,11 +18,12 @@ Jobs per second through the whole life of a job: ``claim`` (one transaction) the
     the floor.
 ``store``
     ``fencing.JobStore(sqlalchemy.create_engine(url), table)``: ``store.claim(id, owner,
-    ttl=60, now=...)`` then ``store.complete(lease, "ok", now=...)``. The store runs these on
-    its ``DriverPath`` (``fencing.execution``): statements compiled once for the dialect and
-    executed on DBAPI connections it took from ``engine.raw_connection()`` and detached from
-    the pool, one cursor and one driver transaction per operation. SQLAlchemy's
-    ``Connection``, its events and the pool's reset-on-return are not on this path.
+    ttl=60, now=...)`` then ``store.complete(lease, "ok", now=...)``. Nothing observes the
+    engine, so the store runs these on its fast path (``fencing.execution.Runner``):
+    statements compiled once for the dialect and executed on a connection checked out of the
+    engine's pool for each operation (``fencing.checkout``) and returned with its
+    transaction ended, one driver transaction per operation. SQLAlchemy's ``Connection`` and
+    the pool's reset-on-return are not on this path; the pool's accounting is.
 
 Before timing, one claim -> complete of each way runs on a *recording driver connection*
 and the two transcripts must be identical, else the run stops; ``--show-sql`` prints them.
@@ -90,7 +91,7 @@ URLs default to the local test servers (``--postgresql-url``, ``--mariadb-url`` 
 ``--profile`` then runs the store loop once more in this process (caller clock, N jobs) with
 one cProfile profiler around the claims and another around the completes, and prints per
 operation the microseconds in the driver calls (execute, fetch, commit, rollback, cursors),
-in the rest of ``DriverPath.run`` (fencing's execution layer), in the store's own code
+in the rest of ``Runner.run`` (fencing's execution layer, with the pool checkout), in the store's own code
 (argument checks, parameters, ``Lease``) and, as a check that it is off the path, in
 SQLAlchemy, then the top functions.
 ``--json FILE`` writes every figure, the per-repetition runs, the SQL transcripts and the
@@ -730,7 +731,7 @@ def _breakdown(stats: dict[Any, Any], total: float, n: int) -> dict[str, dict[st
         driver += seconds
         out[f"driver {group}"] = {"us": seconds / n * 1e6, "calls": calls / n}
     run_calls, in_transaction = _cumulative(stats, [STORE_TRANSACTION])
-    out["fencing DriverPath.run (checkout, cursor, compiled SQL, args; not the driver)"] = {
+    out["fencing Runner.run (pool checkout, compiled SQL, args; not the driver)"] = {
         "us": (in_transaction - driver) / n * 1e6,
         "calls": run_calls / n,
     }

@@ -602,9 +602,12 @@ def test_sqlite_application_transactions_begin_deferred_unless_asked(engine: Eng
         conn.execution_options(fencing_begin="IMMEDIATE")
         conn.execute(select(fencing.jobs)).all()
         conn.commit()
+    with Session(engine) as session:  # the README's way for an ORM unit of work
+        session.connection(execution_options={"fencing_begin": "IMMEDIATE"})
+        session.commit()
     store.enqueue("j")
     begins = [sql for sql in statements if sql.startswith("BEGIN")]
-    assert begins == ["BEGIN DEFERRED", "BEGIN IMMEDIATE", "BEGIN IMMEDIATE"]
+    assert begins == ["BEGIN DEFERRED", "BEGIN IMMEDIATE", "BEGIN IMMEDIATE", "BEGIN IMMEDIATE"]
 
 
 # -- joining the application's unit of work -------------------------------------------------------
