@@ -856,7 +856,7 @@ def print_profiles(rows: list[dict[str, Any]]) -> None:
         for group, seconds in groups.items():
             print(f"    {us(seconds)}    {group}")
         rest = wall - sum(kinds.values()) - groups.get("library backoff sleeps", 0.0)
-        print(f"    {us(rest)}    the rest: Python (store, Runner and pool checkout, this loop, the profiler)")
+        print(f"    {us(rest)}    the rest: Python (store, Runner, pool checkout, this loop, profiler)")
         lock = profile["lock"]
         if lock:
             print(
