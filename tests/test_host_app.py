@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import queue
+import sqlite3
 import threading
 import time
 import traceback
@@ -465,6 +466,26 @@ def test_sqlite_autocommit_is_harmless_the_store_still_opens_real_transactions(t
         assert store.state("j") == fencing.JobState("j", "w", T0 + TTL, 1, None, False)
     finally:
         engine.dispose()
+
+
+class PEP249Mode(sqlite3.Connection):
+    """What ``sqlite3.connect(autocommit=False)`` gives on Python 3.12+: a connection that opens
+    a transaction itself after every commit (written as a class attribute, so every Python
+    version can make one)."""
+
+    autocommit = False
+
+
+@pytest.mark.backend("sqlite")
+def test_sqlite_connections_that_open_their_own_transactions_are_refused(tmp_path: Any) -> None:
+    engine = fencing.create_sqlite_engine(tmp_path / "pep249.db", connect_args={"factory": PEP249Mode})
+    try:
+        with pytest.raises(ConfigurationError, match="autocommit=False"):
+            JobStore(engine).create_table()
+    finally:
+        engine.dispose()
+    with sqlite3.connect(tmp_path / "pep249.db") as raw:  # nothing was made
+        assert raw.execute("SELECT name FROM sqlite_master").fetchall() == []
 
 
 @pytest.mark.parametrize("pool", [StaticPool, SingletonThreadPool])
