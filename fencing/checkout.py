@@ -24,7 +24,9 @@ from sqlalchemy import Engine
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionFairy, _ConnectionRecord
 
-__all__ = ["checkout", "give_back"]
+from .engines import NO_STAMP, registry_stamp
+
+__all__ = ["Checkout", "give_back"]
 
 
 def _record_path_available() -> bool:
@@ -46,32 +48,41 @@ RECORDS = _record_path_available()
 
 
 def _plain(pool: Any) -> bool:
-    """Nothing in the pool needs the proxy: no checkout/checkin/reset listener, no pre-ping,
-    no debug logging of checkouts."""
+    """Nothing in the pool needs the proxy: no checkout/checkin/reset listener, no pre-ping."""
     dispatch = pool.dispatch
-    return not (
-        pool._pre_ping
-        or dispatch.checkout
-        or dispatch.checkin
-        or getattr(dispatch, "reset", None)
-        or pool._should_log_debug()
-    )
+    return not (pool._pre_ping or dispatch.checkout or dispatch.checkin or getattr(dispatch, "reset", None))
 
 
-def checkout(engine: Engine) -> tuple[Any, bool]:
-    """A connection of ``engine``'s pool: ``(record, True)`` on the lean path, else
+class Checkout:
+    """Checks connections out of one engine's pool: ``(record, True)`` on the lean path, else
     ``(proxy, False)``. Both have ``dbapi_connection``, ``info`` and ``invalidate()``; give
-    it back with :func:`give_back`."""
-    pool = engine.pool
-    if RECORDS and _plain(pool):
-        record: Any = pool._do_get()  # the pool's accounting and its wait (pool_timeout)
-        try:
-            record.get_connection()  # (re)connects if invalidated or due for recycling
-        except BaseException as exc:
-            record._checkin_failed(exc, _fairy_was_created=False)
-            raise
-        return record, True
-    return engine.raw_connection(), False
+    each back with :func:`give_back`. Whether the pool is plain is looked at again only when
+    SQLAlchemy's listener registry changed or the engine has a new pool (``dispose()``);
+    debug logging of the pool is read every time."""
+
+    __slots__ = ("_cache", "engine")
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cache: tuple[object, object, bool] = (None, NO_STAMP, False)
+
+    def __call__(self) -> tuple[Any, bool]:
+        pool = self.engine.pool
+        if RECORDS and not pool._should_log_debug():
+            stamp = registry_stamp()
+            cached_pool, cached_stamp, plain = self._cache
+            if stamp is NO_STAMP or stamp != cached_stamp or cached_pool is not pool:
+                plain = _plain(pool)
+                self._cache = (pool, stamp, plain)
+            if plain:
+                record: Any = pool._do_get()  # the pool's accounting and its wait (pool_timeout)
+                try:
+                    record.get_connection()  # (re)connects if invalidated or due for recycling
+                except BaseException as exc:
+                    record._checkin_failed(exc, _fairy_was_created=False)
+                    raise
+                return record, True
+        return self.engine.raw_connection(), False
 
 
 def give_back(held: Any, lean: bool, *, ended: bool) -> None:

@@ -23,6 +23,7 @@ from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 from .errors import ConfigurationError
 
 __all__ = [
+    "NO_STAMP",
     "SHARING_POOLS",
     "Observers",
     "autocommit_probe",
@@ -30,6 +31,7 @@ __all__ = [
     "refuse_autocommit_connection",
     "refuse_autocommit_engine",
     "refuse_sharing_pool",
+    "registry_stamp",
 ]
 
 #: pools that hand one DBAPI connection to transactions that must stay apart (every thread,
@@ -74,22 +76,22 @@ class Observers:
     def __init__(self, engine: Engine, own_begin_listeners: int) -> None:
         self.engine = engine
         self.own_begin_listeners = own_begin_listeners
-        self._cache: tuple[object, bool] = (_NO_STAMP, True)
+        self._cache: tuple[object, bool] = (NO_STAMP, True)
 
     def __bool__(self) -> bool:
         engine = self.engine
         if engine._execution_options or engine._should_log_info():
             return True
-        stamp = _registry_stamp()
+        stamp = registry_stamp()
         cached_stamp, listening = self._cache
-        if stamp is _NO_STAMP or stamp != cached_stamp:
+        if stamp is NO_STAMP or stamp != cached_stamp:
             # the stamp is read before the listeners: a change after it shows next time
             listening = listeners(engine, self.own_begin_listeners)
             self._cache = (stamp, listening)
         return listening
 
 
-_NO_STAMP = object()
+NO_STAMP = object()
 _REGISTRY: dict[Any, Any] | None
 try:  # every event.listen() of the process, by (target, event, function): SQLAlchemy's own
     from sqlalchemy.event.registry import _key_to_collection as _REGISTRY
@@ -97,16 +99,17 @@ except ImportError:  # pragma: no cover - a SQLAlchemy without it: look every ti
     _REGISTRY = None
 
 
-def _registry_stamp() -> object:
-    """Changes whenever a listener is added or removed anywhere (insertion order: the newest
-    key moves with every addition, the size with every removal)."""
+def registry_stamp() -> object:
+    """A value that changes whenever a listener is added or removed anywhere (insertion
+    order: the newest key moves with every addition, the size with every removal), or
+    :data:`NO_STAMP` when it cannot be read."""
     registry = _REGISTRY
     if registry is None:
-        return _NO_STAMP
+        return NO_STAMP
     try:
         return (len(registry), next(reversed(registry), None))
     except RuntimeError:  # changed by another thread while we looked
-        return _NO_STAMP
+        return NO_STAMP
 
 
 def observed(engine: Engine, own_begin_listeners: int) -> bool:

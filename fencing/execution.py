@@ -46,7 +46,7 @@ from sqlalchemy.sql import Executable
 
 from . import forks
 from . import sqlite as sqlite_glue
-from .checkout import checkout, give_back
+from .checkout import Checkout, give_back
 from .dberrors import is_transient
 from .engines import Observers, autocommit_probe, refuse_autocommit_connection
 from .errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
@@ -270,6 +270,7 @@ class Runner:
         self._observers = Observers(engine, 1 if settings is not None else 0)
         self._fast = dialect.driver in FAST_DRIVERS
         self._root = forks.root(engine)
+        self._checkout_from = Checkout(engine)
         self._autocommit = autocommit_probe(engine)
         self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
@@ -467,7 +468,7 @@ class Runner:
     def _checkout(self) -> tuple[Any, bool]:
         """A connection from the pool (:mod:`fencing.checkout`) and whether it is a bare
         pool record; on SQLite with the short busy handler its BEGIN waits in."""
-        held, lean = checkout(self.engine)
+        held, lean = self._checkout_from()
         forks.in_use(held, self._root)
         try:
             if self._settings is not None:

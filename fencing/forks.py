@@ -90,6 +90,8 @@ def _cut_loose(held: Any) -> Any:
         record.dbapi_connection = None
     with contextlib.suppress(AttributeError):
         held.dbapi_connection = None
+    with contextlib.suppress(Exception):
+        held.info.clear()  # e.g. the store's cursor, which would keep the connection alive
     return dbapi
 
 
@@ -99,15 +101,21 @@ def _after_fork_in_child() -> None:
     kept_sqlite: set[int] = set()
     in_flight = list(_IN_USE.values())
     _IN_USE.clear()
-    for fairy, thread, engine in in_flight:
-        dbapi = _cut_loose(fairy)
-        if thread != me and dbapi is not None:
-            # another thread may have been inside the driver at the fork: never close it
-            _INHERITED.append(dbapi)
-            if engine.dialect.name == "sqlite":
-                kept_sqlite.add(id(engine))
-        # else: this very thread held it (e.g. a fenced() block around the fork); dropping
-        # the handle closes it here without a word to the server, and frees SQLite's entry
+    for held, thread, engine in in_flight:
+        dbapi = _cut_loose(held)
+        if dbapi is None:
+            continue
+        if engine.dialect.name == "sqlite" and thread == me:
+            # this very thread held it (e.g. a fenced() block around the fork): closing it
+            # here tells no one anything and frees this child's copy of SQLite's lock table
+            with contextlib.suppress(Exception):
+                dbapi.close()
+            continue
+        # a server connection (closing it would end the parent's session), or one another
+        # thread may have been inside the driver with at the fork: kept, never touched
+        _INHERITED.append(dbapi)
+        if engine.dialect.name == "sqlite":
+            kept_sqlite.add(id(engine))
     seen: set[int] = set()
     for engine in list(_ENGINES):
         pool = engine.pool

@@ -12,7 +12,9 @@ under ``CI=true``, where a missing backend is a failure.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -97,3 +99,39 @@ def store(engine: Engine) -> Iterator[object]:
         yield s
     finally:
         s.engine.dispose()
+
+
+@pytest.fixture
+def logging_kept() -> Iterator[None]:
+    """Alembic's env.py runs ``logging.config.fileConfig``, which disables every logger it
+    does not name (``fencing.heartbeat`` too, which later tests in this process capture):
+    put logging back as it was."""
+    root = logging.getLogger()
+    loggers = [lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
+    saved = [(lg, lg.disabled, lg.level, list(lg.handlers), lg.propagate) for lg in [root, *loggers]]
+    try:
+        yield
+    finally:
+        for lg, disabled, level, handlers, propagate in saved:
+            lg.disabled, lg.propagate = disabled, propagate
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+
+
+@pytest.fixture
+def imports_kept(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that imports an example application's modules (and lets Alembic put ``.`` on
+    ``sys.path``) leaves ``sys.path``, those modules and the path finders' caches as it found
+    them (libraries it imported for the first time stay: importing them twice is not safe)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    modules = set(sys.modules)
+    finders = dict(sys.path_importer_cache)
+    examples = str(Path(__file__).resolve().parent.parent / "examples")
+    try:
+        yield
+    finally:
+        for name in set(sys.modules) - modules:
+            if (getattr(sys.modules[name], "__file__", None) or "").startswith(examples):
+                del sys.modules[name]
+        sys.path_importer_cache.clear()
+        sys.path_importer_cache.update(finders)

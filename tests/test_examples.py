@@ -164,6 +164,7 @@ def test_orm_app_bills_every_order_exactly_once(target: str, stall: bool) -> Non
     assert "[FAILED]" not in proc.stdout
 
 
+@pytest.mark.usefixtures("logging_kept", "imports_kept")
 def test_orm_app_migrations_are_its_models_and_its_report_can_fail(target: str) -> None:
     from alembic.autogenerate import compare_metadata
     from alembic.migration import MigrationContext

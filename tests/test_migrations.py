@@ -9,7 +9,6 @@ clean too.
 from __future__ import annotations
 
 import ast
-import logging
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,22 +118,6 @@ def reflected(engine: Engine, name: str) -> tuple[Any, ...]:
     ]
     indexes = sorted(tuple(ix["column_names"]) for ix in insp.get_indexes(name))
     return columns, insp.get_pk_constraint(name)["constrained_columns"], indexes
-
-
-@pytest.fixture
-def logging_kept() -> Iterator[None]:
-    """env.py's ``fileConfig`` disables every logger it does not name (``fencing.heartbeat``
-    too, which later tests in this process capture): put logging back as it was."""
-    root = logging.getLogger()
-    loggers = [lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)]
-    saved = [(lg, lg.disabled, lg.level, list(lg.handlers), lg.propagate) for lg in [root, *loggers]]
-    try:
-        yield
-    finally:
-        for lg, disabled, level, handlers, propagate in saved:
-            lg.disabled, lg.propagate = disabled, propagate
-            lg.setLevel(level)
-            lg.handlers[:] = handlers
 
 
 @pytest.fixture
