@@ -353,7 +353,8 @@ class Runner:
         try:
             refuse_autocommit_connection(conn, self._autocommit)
             if self._sqlite:
-                conn.execution_options(**{sqlite_glue.BEGIN_OPTION: "IMMEDIATE" if write else "DEFERRED"})
+                begin = "IMMEDIATE" if write else "DEFERRED"
+                conn.execution_options(**{sqlite_glue.BEGIN_OPTION: begin, sqlite_glue.STORE_OPTION: True})
             trans = conn.begin()
             try:
                 yield conn

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import Any, Literal, get_args
 
 import sqlalchemy
@@ -57,6 +58,9 @@ BEGIN_MODES = ("DEFERRED", "IMMEDIATE", "EXCLUSIVE")
 #: the execution option that says how a connection's next transaction begins
 BEGIN_OPTION = "fencing_begin"
 DEFAULT_BUSY_TIMEOUT = 5.0
+
+#: the execution option that marks a connection's transaction as the store's own
+STORE_OPTION = "fencing_store"
 
 _MARK = "fencing_sqlite_settings"
 #: in a pooled connection's ``info``: its busy_timeout is the store's short one, not the engine's
@@ -106,17 +110,30 @@ class _Settings:
         self._records.add(connection_record)
 
     def on_begin(self, conn: sqlalchemy.Connection) -> None:
-        # a connection the store's fast path used last still waits STARVING at most: every
-        # transaction through a Connection (or Session) has the engine's busy_timeout back
+        options = conn.get_execution_options()
         info = conn.connection.info
+        mode = options.get(BEGIN_OPTION, self.begin)
+        execute = _executor(conn)
+        if options.get(STORE_OPTION):
+            # the store's own transaction: the connection keeps the short busy handler its
+            # BEGIN IMMEDIATE waits in, as on the fast path (set once, not per transaction)
+            if mode == "DEFERRED":
+                execute("BEGIN DEFERRED")
+                return
+            if not info.get(_SHORT_HANDLER):
+                execute(self._short_sql)
+                info[_SHORT_HANDLER] = True
+            self.write_lock.begin(execute, "BEGIN IMMEDIATE", DB_ERRORS, lowered=True)
+            return
+        # the application's: a connection the store used last still waits STARVING at most;
+        # it gets the engine's busy_timeout back before the transaction's first statement
         if info.get(_SHORT_HANDLER):
-            conn.exec_driver_sql(self._full_sql).close()
+            execute(self._full_sql)
             del info[_SHORT_HANDLER]
-        mode = conn.get_execution_options().get(BEGIN_OPTION, self.begin)
         if mode == "DEFERRED":
-            conn.exec_driver_sql("BEGIN DEFERRED")
+            execute("BEGIN DEFERRED")
         elif mode in BEGIN_MODES:
-            self.write_lock.begin(lambda sql: conn.exec_driver_sql(sql).close(), f"BEGIN {mode}", DB_ERRORS)
+            self.write_lock.begin(execute, f"BEGIN {mode}", DB_ERRORS)
         else:
             raise InvalidArgument(
                 f"execution option {BEGIN_OPTION} must be one of {BEGIN_MODES}, got {mode!r}"
@@ -137,6 +154,11 @@ class _Settings:
         """In a forked child, after the idle connections were closed: whether any connection
         this engine made before the fork is still open (it was in use at the fork)."""
         return any(record.dbapi_connection is not None for record in list(self._records))
+
+
+def _executor(conn: sqlalchemy.Connection) -> Callable[[str], object]:
+    """Runs one statement through Core (so the engine's logging and events see it)."""
+    return lambda sql: conn.exec_driver_sql(sql).close()
 
 
 def _check_options(durability: object, busy_timeout: object, begin: object) -> tuple[Durability, float, str]:
