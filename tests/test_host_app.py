@@ -318,6 +318,16 @@ def test_every_operation_is_seen_by_cursor_event_listeners(
     assert after == seen  # each statement completed, seen on both sides
 
 
+@pytest.mark.backend("sqlite")
+def test_an_observer_sees_the_stores_transaction_and_nothing_else(engine: Engine, store: JobStore) -> None:
+    store.enqueue("j", ready_at=0.0)
+    seen: list[str] = []
+    event.listen(engine, "before_cursor_execute", lambda c, cur, sql, *a: seen.append(sql.split()[0]))
+    store.claim("j", "w", now=T0, ttl=TTL)
+    # the busy handler the BEGIN waits in was set on this pooled connection once, before
+    assert seen == ["BEGIN", "UPDATE"]  # COMMIT goes through the DBAPI's commit(), as Core's does
+
+
 def test_statements_are_logged_with_echo(
     made: Callable[..., Engine], caplog: pytest.LogCaptureFixture
 ) -> None:
