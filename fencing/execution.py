@@ -47,8 +47,14 @@ from sqlalchemy.sql import Executable
 from . import forks
 from . import sqlite as sqlite_glue
 from .checkout import Checkout, give_back
-from .dberrors import is_transient
-from .engines import Observers, autocommit_probe, refuse_autocommit_connection
+from .dberrors import DB_ERRORS, driver_errors, is_transient
+from .engines import (
+    Observers,
+    autocommit_probe,
+    refuse_autocommit_connection,
+    refuse_autocommit_engine,
+    refuse_sharing_pool,
+)
 from .errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
 from .writelock import busy_error, poll_pause
 
@@ -256,6 +262,23 @@ class Runner:
     ``errors``: what a database call can raise here (SQLAlchemy's errors and the driver's
     own); they are retried, or passed up for the caller to wrap.
     """
+
+    @classmethod
+    def admit(cls, engine: Engine) -> Runner:
+        """The runner for a store (or ``FenceMarks``) on ``engine``, after refusing an engine
+        under which lock + check + write cannot be one transaction (:class:`ConfigurationError`):
+        a SQLite engine without the library's ``BEGIN IMMEDIATE`` listener, ``AUTOCOMMIT`` on
+        a server, a pool that shares one connection between transactions."""
+        if engine.dialect.name == "sqlite" and sqlite_glue.settings_of(engine) is None:
+            raise ConfigurationError(
+                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
+                "compare-and-set would not be atomic: create it with "
+                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
+            )
+        refuse_sharing_pool(engine)
+        refuse_autocommit_engine(engine)
+        # SQLAlchemy's errors, and the driver's own on the fast path, which calls it directly
+        return cls(engine, DB_ERRORS + driver_errors(engine))
 
     def __init__(self, engine: Engine, errors: tuple[type[BaseException], ...]) -> None:
         self.engine = engine

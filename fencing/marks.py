@@ -45,18 +45,15 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
-from . import sqlite as sqlite_glue
 from .checks import FENCE_MAX, check_fence, check_new_table, check_text
 from .clock import database_now
 from .dberrors import (
     DB_ERRORS,
-    driver_errors,
     is_duplicate_key,
     is_transient,
     sqlalchemy_error,
     wrap_database_error,
 )
-from .engines import refuse_autocommit_engine, refuse_sharing_pool
 from .errors import (
     ConfigurationError,
     FencingError,
@@ -202,17 +199,9 @@ class FenceMarks:
         dialect = engine.dialect.name
         if dialect not in SUPPORTED_DIALECTS:
             raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {dialect!r}")
-        if dialect == "sqlite" and sqlite_glue.settings_of(engine) is None:
-            raise ConfigurationError(
-                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
-                "compare-and-set would not be atomic: create it with "
-                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
-            )
-        refuse_sharing_pool(engine)
-        refuse_autocommit_engine(engine)
+        self._runner = Runner.admit(engine)
         self.engine = engine
-        self._errors = DB_ERRORS + driver_errors(engine)
-        self._runner = Runner(engine, self._errors)
+        self._errors = self._runner.errors
         self.marks = marks
         self.keys = keys
         self._s = _Statements(marks, keys)

@@ -20,7 +20,6 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy import Connection, Engine, Table
 
 from . import forks
-from . import sqlite as sqlite_glue
 from .checks import (
     FENCE_MAX,
     check_fence,
@@ -34,14 +33,12 @@ from .checks import (
 )
 from .dberrors import (
     DB_ERRORS,
-    driver_errors,
     is_duplicate_key,
     is_transient,
     sqlalchemy_error,
     wrap_database_error,
 )
-from .engines import refuse_autocommit_engine, refuse_sharing_pool
-from .errors import ConfigurationError, DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
+from .errors import DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
 from .execution import CallerConnection, CoreExecutor, Executor, Runner, forked_away
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import COMPLETE_CHUNK, Statements, batch_size
@@ -76,20 +73,11 @@ class JobStore:
         if not isinstance(table, Table):
             raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
         dialect = engine.dialect
-        if dialect.name == "sqlite" and sqlite_glue.settings_of(engine) is None:
-            raise ConfigurationError(
-                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
-                "compare-and-set would not be atomic: create it with "
-                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
-            )
-        refuse_sharing_pool(engine)
-        refuse_autocommit_engine(engine)
+        self._runner = Runner.admit(engine)
         self.engine = engine
         self.table = table
-        #: what a database call can raise here: SQLAlchemy's errors, and the driver's own
-        #: on the fast path, which calls the driver directly
-        self._errors = DB_ERRORS + driver_errors(engine)
-        self._runner = Runner(engine, self._errors)
+        #: what a database call can raise here
+        self._errors = self._runner.errors
         self._by_caller = Statements(table, "caller")
         self._by_database = Statements(table, "database")
         self._returning = bool(getattr(dialect, "update_returning", False))

@@ -81,6 +81,8 @@ _HANDLER_WAITED = 0.0005
 _PRIORITY_FDS: set[int] = set()
 #: what a failed statement can raise (SQLAlchemy's errors and the driver's own)
 _Errors = tuple[type[BaseException], ...]
+#: a first try that got the lock
+_BEGUN = object()
 
 
 def _after_fork_in_child() -> None:
@@ -138,14 +140,13 @@ def _priority_taken(fd: int) -> bool:
 class Wait:
     """One call's wait for the lock, from its first ``BEGIN`` that did not get it at once."""
 
-    __slots__ = ("attempts", "budget", "changed", "done", "held_back", "priority", "started")
+    __slots__ = ("attempts", "budget", "changed", "held_back", "priority", "started")
 
     def __init__(self, budget: float, started: float) -> None:
         self.budget = budget
         self.started = started
         self.attempts = 0
         self.changed = False  # the connection's busy_timeout is not the engine's
-        self.done = False  # the transaction has begun
         self.held_back = 0.0  # time spent letting a priority holder go first
         self.priority: int | None = None  # our own descriptor of the sidecar, flocked exclusively
 
@@ -206,17 +207,27 @@ class WriteLock:
         connections' too: it is lowered for this call only and restored before it returns.
         """
         started = time.monotonic()
-        if lowered and not self._priority_taken():  # the store's usual case: one look, one BEGIN
-            try:
-                execute(begin_sql)  # waits in SQLite's handler, STARVING at most
-                return
-            except errors as exc:
-                if not is_transient(exc):
-                    raise
-                lost: BaseException | None = exc
-        else:
-            lost = None
-        self._begin_waiting(execute, begin_sql, errors, Wait(self.budget, started), lost, lowered)
+        if lowered:  # the store's usual case: one look, one BEGIN
+            outcome = self._first_try(execute, begin_sql, errors)
+            if outcome is not _BEGUN:
+                self._begin_waiting(execute, begin_sql, errors, Wait(self.budget, started), outcome, lowered)
+            return
+        self._begin_waiting(execute, begin_sql, errors, Wait(self.budget, started), None, lowered)
+
+    def _first_try(
+        self, execute: Callable[[str], object], begin_sql: str, errors: _Errors
+    ) -> BaseException | object | None:
+        """One ``BEGIN`` unless another waiter has priority: :data:`_BEGUN`, the lost race's
+        error, or ``None`` (held back, not tried)."""
+        if self._priority_taken():
+            return None
+        try:
+            execute(begin_sql)  # waits in SQLite's handler, STARVING at most
+        except errors as exc:
+            if not is_transient(exc):
+                raise
+            return exc
+        return _BEGUN
 
     def _begin_waiting(
         self,
@@ -224,25 +235,21 @@ class WriteLock:
         begin_sql: str,
         errors: _Errors,
         wait: Wait,
-        lost: BaseException | None,
+        lost: BaseException | object | None,
         lowered: bool,
     ) -> None:
+        """Wait for the lock (:meth:`_wait`), with the connection's busy handler lowered for
+        the wait unless it is already (``lowered``), and restored afterwards."""
         restore = self.handler_sql if lowered else self._full_sql
         if not lowered and self._short_sql is not None:
             execute(self._short_sql)
             wait.changed = True
         try:
-            if lost is None and not lowered and not self._priority_taken():
-                try:
-                    execute(begin_sql)  # waits in SQLite's handler, STARVING at most
-                except errors as exc:
-                    if not is_transient(exc):
-                        raise
-                    lost = exc
-                else:
-                    wait.done = True
-            if not wait.done:
-                self._wait(execute, begin_sql, errors, wait, lost)
+            if not lowered:
+                lost = self._first_try(execute, begin_sql, errors)
+            if lost is not _BEGUN:
+                error = lost if isinstance(lost, BaseException) else None
+                self._wait(execute, begin_sql, errors, wait, error)
         except BaseException:
             if wait.changed:
                 with contextlib.suppress(Exception):  # a broken connection is dropped by the caller
@@ -276,7 +283,6 @@ class WriteLock:
                 tried = time.monotonic()
                 try:
                     execute(begin_sql)
-                    wait.done = True
                     return
                 except errors as exc:
                     if not is_transient(exc):

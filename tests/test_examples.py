@@ -40,8 +40,9 @@ def run_example(target: str, *extra: str) -> str:
     return proc.stdout
 
 
-def load_example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("worker_pool_example", EXAMPLE)
+def load_example(path: Path = EXAMPLE, name: str = "worker_pool_example") -> ModuleType:
+    """An example's module, imported from its file."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -138,14 +139,6 @@ ORM_SUMMARY = re.compile(
 )
 
 
-def load_orm_app() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("orm_app_example", ORM_APP)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("stall", [False, True], ids=["plain", "stall-one"])
 def test_orm_app_bills_every_order_exactly_once(target: str, stall: bool) -> None:
@@ -170,7 +163,7 @@ def test_orm_app_migrations_are_its_models_and_its_report_can_fail(target: str) 
     from alembic.migration import MigrationContext
     from sqlalchemy.orm import Session
 
-    app = load_orm_app()
+    app = load_example(ORM_APP, "orm_app_example")
     models = sys.modules["models"]
     app.migrate(target)
     engine = app.make_engine(target)
