@@ -66,7 +66,7 @@ class Checkout:
         self.engine = engine
         self._cache: tuple[object, object, bool] = (None, NO_STAMP, False)
 
-    def __call__(self) -> tuple[Any, bool]:
+    def __call__(self) -> tuple[Any, bool, Pool]:
         pool = self.engine.pool
         if RECORDS and not pool._should_log_debug():
             stamp = registry_stamp()
@@ -81,13 +81,23 @@ class Checkout:
                 except BaseException as exc:
                     record._checkin_failed(exc, _fairy_was_created=False)
                     raise
-                return record, True
-        return self.engine.raw_connection(), False
+                return record, True, pool
+        return self.engine.raw_connection(), False, pool
 
 
-def give_back(held: Any, lean: bool, *, ended: bool) -> None:
-    """Return what :func:`checkout` gave. ``ended``: its transaction was committed or rolled
-    back by the store (else it is rolled back here, or dropped if that fails)."""
+def give_back(held: Any, lean: bool, pool: Pool, engine: Engine, *, ended: bool) -> None:
+    """Return what a :class:`Checkout` gave (``pool``: the engine's pool then). ``ended``: its
+    transaction was committed or rolled back by the store (else it is rolled back here, or
+    dropped if that fails). A connection whose pool the engine has since replaced
+    (``engine.dispose()``) is closed, not handed to a pool no one will close."""
+    if engine.pool is not pool:
+        # close the DBAPI connection: the old pool takes back only the empty record (a proxy
+        # checks itself in when invalidated)
+        with contextlib.suppress(Exception):
+            held.invalidate()
+        if not lean:
+            return
+        ended = True
     if not lean:
         if ended:
             held._close_special(transaction_reset=True)  # what Core does after its own COMMIT

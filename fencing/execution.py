@@ -347,14 +347,14 @@ class Runner:
             rows = self.run(lambda x: x.rows(stmt, params), write=False)
             return rows[0] if rows else None
         compiled = self._compiled_for(stmt)
-        held, lean = self._checkout()
+        held, lean, pool = self._checkout()
         try:
             row = held.dbapi_connection.execute(compiled.sql, compiled.args(params)).fetchone()
         except self.errors:
-            self._checkin(held, lean, ended=False)
+            self._checkin(held, lean, pool, ended=False)
             rows = self.run(lambda x: x.rows(stmt, params), write=False)
             return rows[0] if rows else None
-        self._checkin(held, lean, ended=True)
+        self._checkin(held, lean, pool, ended=True)
         if row is None or compiled.convert is None:
             return row
         return compiled.convert([row])[0]
@@ -370,6 +370,7 @@ class Runner:
         """
         self._usable_here()
         generation = forks.GENERATION[0]
+        pool = self.engine.pool
         conn = self.engine.connect()
         fairy = conn.connection
         forks.in_use(fairy, self._root)
@@ -392,6 +393,9 @@ class Runner:
         finally:
             if forks.GENERATION[0] == generation:
                 forks.released(fairy)
+                if self.engine.pool is not pool:  # disposed meanwhile: close, do not return
+                    with contextlib.suppress(Exception):
+                        conn.invalidate()
                 conn.close()
 
     def forked_since(self, generation: int) -> bool:
@@ -424,7 +428,7 @@ class Runner:
                 exc = again
 
     def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
-        held, lean = self._checkout()
+        held, lean, pool = self._checkout()
         conn = held.dbapi_connection  # these drivers' own connection objects
         info = held.info  # kept with the DBAPI connection from checkout to checkout
         ended = False  # the transaction was committed or rolled back: nothing for the pool to reset
@@ -462,7 +466,7 @@ class Runner:
                 verdict.again = _DEAD_IDLE
             raise
         finally:
-            self._checkin(held, lean, ended)
+            self._checkin(held, lean, pool, ended)
 
     def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
         committing = False
@@ -489,10 +493,10 @@ class Runner:
         if why is not None:
             raise ConfigurationError(why)
 
-    def _checkout(self) -> tuple[Any, bool]:
-        """A connection from the pool (:mod:`fencing.checkout`) and whether it is a bare
-        pool record; on SQLite with the short busy handler its BEGIN waits in."""
-        held, lean = self._checkout_from()
+    def _checkout(self) -> tuple[Any, bool, Any]:
+        """A connection from the pool (:mod:`fencing.checkout`), whether it is a bare pool
+        record, and the pool; on SQLite with the short busy handler its BEGIN waits in."""
+        held, lean, pool = self._checkout_from()
         forks.in_use(held, self._root)
         try:
             if self._settings is not None:
@@ -503,13 +507,13 @@ class Runner:
                     "or a connect listener that sets it): lock + check + write must be one transaction"
                 )
         except BaseException:
-            self._checkin(held, lean, ended=False)
+            self._checkin(held, lean, pool, ended=False)
             raise
-        return held, lean
+        return held, lean, pool
 
-    def _checkin(self, held: Any, lean: bool, ended: bool) -> None:
+    def _checkin(self, held: Any, lean: bool, pool: Any, ended: bool) -> None:
         forks.released(held)
-        give_back(held, lean, ended=ended)
+        give_back(held, lean, pool, self.engine, ended=ended)
 
     def _compiled_for(self, stmt: Executable) -> _Compiled:
         try:

@@ -117,9 +117,11 @@ def used_then_forked_inside_a_fenced_block(target: str) -> dict[str, Any]:
     fenced block), forks inside an open fenced block, and both sides then work at once."""
     prepare(target)
     engine = engine_for(target)
-    made: set[int] = set()  # every DBAPI connection the pool made, in this process
+    # every DBAPI connection the pool made in this process, kept alive so that no id() of
+    # theirs is reused by a connection the child makes after closing its copies of them
+    made: list[Any] = []
     checked_out: list[int] = []
-    event.listen(engine, "connect", lambda dbapi, record: made.add(id(dbapi)))
+    event.listen(engine, "connect", lambda dbapi, record: made.append(dbapi))
     event.listen(engine, "checkout", lambda dbapi, record, proxy: checked_out.append(id(dbapi)))
     store = JobStore(engine)
     marks = FenceMarks(engine)
@@ -139,7 +141,7 @@ def used_then_forked_inside_a_fenced_block(target: str) -> dict[str, Any]:
         if pid == 0:
 
             def child() -> dict[str, Any]:
-                parents = set(made)  # ids stay the same across fork(): these are the parent's
+                parents = {id(dbapi) for dbapi in made}  # ids stay across fork(): the parent's
                 checked_out.clear()
                 _finalize_as_at_exit()  # must not end (or talk on) the parent's transaction
                 _say(to_parent_w, "finalized")

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, func, select
 from sqlalchemy.orm import Session, sessionmaker
@@ -92,12 +93,12 @@ def place_orders(url: str, count: int) -> list[int]:
         engine.dispose()
 
 
-def work(url: str, name: str, stall: bool = False, ttl: float = TTL) -> dict[str, int]:
+def work(url: str, name: str, stall: bool = False, ttl: float = TTL, claimed: Any = None) -> dict[str, int]:
     """A worker: claim a job, compute its invoice, write it fenced; until the queue has been
     empty for two TTLs (long enough for the lease of a worker that died to expire).
 
     ``stall``: freeze once past the lease just before writing, as a GC pause or a suspended
-    VM would; the write must then be refused.
+    VM would; the write must then be refused. ``claimed``: an event set after the first claim.
     """
     engine = make_engine(url)
     store = JobStore(engine, jobs)
@@ -112,6 +113,8 @@ def work(url: str, name: str, stall: bool = False, ttl: float = TTL) -> dict[str
                 continue
             idle_since = time.monotonic()
             lease = leases[0]
+            if claimed is not None:
+                claimed.set()
             order_id = int(lease.job_id.removeprefix("bill-order-"))
             try:
                 with Heartbeat(store, lease, ttl=ttl) as beat:
@@ -169,8 +172,8 @@ def report(url: str) -> list[str]:
     return problems
 
 
-def _worker_process(url: str, name: str, stall: bool, ttl: float, out: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
-    out.put((name, work(url, name, stall, ttl)))
+def _worker_process(url: str, name: str, stall: bool, ttl: float, out: Any, claimed: Any) -> None:
+    out.put((name, work(url, name, stall, ttl, claimed)))
 
 
 def demo(url: str, orders: int, workers: int, stall_one: bool, ttl: float) -> int:
@@ -178,12 +181,16 @@ def demo(url: str, orders: int, workers: int, stall_one: bool, ttl: float) -> in
     place_orders(url, orders)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
+    claimed = ctx.Event()
+    stalls = [stall_one and n == 0 for n in range(workers)]
     procs = [
-        ctx.Process(target=_worker_process, args=(url, f"worker-{n}", stall_one and n == 0, ttl, out))
+        ctx.Process(target=_worker_process, args=(url, f"worker-{n}", stalls[n], ttl, out, claimed))
         for n in range(workers)
     ]
-    for proc in procs:
+    for n, proc in enumerate(procs):
         proc.start()
+        if stall_one and n == 0:
+            claimed.wait(120)  # the worker that will stall holds a job before the others start
     results = dict(out.get(timeout=300) for _ in procs)
     for proc in procs:
         proc.join(60)
