@@ -186,4 +186,6 @@ def _creation_error(path: str, exc: DatabaseError) -> DatabaseError:
 
 
 def _dispose(store: JobStore) -> None:
+    # threads may still be using the evicted store: what they hand back is closed too
+    store._runner.retire()
     store.engine.dispose()

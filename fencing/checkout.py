@@ -103,11 +103,15 @@ def give_back(held: Any, lean: bool, pool: Pool, engine: Engine, *, ended: bool)
             held._close_special(transaction_reset=True)  # what Core does after its own COMMIT
         else:
             held.close()  # the pool resets (rolls back) or discards it
-        return
-    if not ended and held.dbapi_connection is not None:
-        try:
-            held.dbapi_connection.rollback()
-        except Exception as exc:  # a dead connection: the pool replaces it
-            with contextlib.suppress(Exception):
-                held.invalidate(exc)
-    held.checkin(_fairy_was_created=False)
+    else:
+        if not ended and held.dbapi_connection is not None:
+            try:
+                held.dbapi_connection.rollback()
+            except Exception as exc:  # a dead connection: the pool replaces it
+                with contextlib.suppress(Exception):
+                    held.invalidate(exc)
+        held.checkin(_fairy_was_created=False)
+    if engine.pool is not pool:
+        # disposed while it was being returned: close what the dropped pool now holds
+        with contextlib.suppress(Exception):
+            pool.dispose()

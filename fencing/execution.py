@@ -297,7 +297,16 @@ class Runner:
         self._autocommit = autocommit_probe(engine)
         self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
+        #: the owner of the engine has disposed of it for good (:meth:`retire`)
+        self.retired = False
         forks.register(engine)
+
+    def retire(self) -> None:
+        """The engine's owner is done with it (a cache evicted the store) while threads may
+        still use it: from now on every connection handed back is closed, not kept. Call it
+        before ``engine.dispose()``: a connection returned meanwhile is closed by one or
+        the other."""
+        self.retired = True
 
     # -- the caller's transaction -----------------------------------------------------------
 
@@ -397,6 +406,9 @@ class Runner:
                     with contextlib.suppress(Exception):
                         conn.invalidate()
                 conn.close()
+                if self.retired or self.engine.pool is not pool:  # disposed while it was returned
+                    with contextlib.suppress(Exception):
+                        pool.dispose()
 
     def forked_since(self, generation: int) -> bool:
         return forks.GENERATION[0] != generation
@@ -514,6 +526,9 @@ class Runner:
     def _checkin(self, held: Any, lean: bool, pool: Any, ended: bool) -> None:
         forks.released(held)
         give_back(held, lean, pool, self.engine, ended=ended)
+        if self.retired:
+            with contextlib.suppress(Exception):
+                pool.dispose()
 
     def _compiled_for(self, stmt: Executable) -> _Compiled:
         try:
