@@ -5,8 +5,12 @@ Every function takes the SQLite database file path first, or a database URL
 ``now`` is the caller's clock; ``now=None`` reads the database server's clock instead.
 
 Stores (engine + connections) are cached per database by :class:`fencing.cache.StoreCache`:
-bounded, fork-safe, thread-safe, and never serving a file that was deleted or replaced
-since it was opened. Rows are never cached: ``state`` reads the database every time.
+bounded, fork-safe, thread-safe, and never running a statement on a connection to a file
+that was deleted or replaced since it was opened. Replacing a SQLite file while any process
+has it open is not supported by SQLite itself (its ``-wal`` goes by the path); the cases the
+cache can see are refused (see its docstring). Rows are never cached: ``state`` reads the
+database every time. ``init_db`` checks an existing jobs table's pages (``PRAGMA
+quick_check``) and refuses a damaged file with ``fencing.DatabaseCorrupt``, writing nothing.
 """
 
 from __future__ import annotations
@@ -42,7 +46,11 @@ def state(path: Any, job_id: str) -> dict[str, Any] | None:
 
 
 def claim(path: Any, job_id: str, owner: str, now: float | None, ttl: float) -> int | None:
-    """The new fence, or ``None`` for a missing, done or held job. ``ValueError`` if ``ttl <= 0``."""
+    """The new fence, or ``None`` for a missing, done or held job. ``ValueError`` if ``ttl <= 0``.
+
+    ``fencing.FencesExhausted`` if the job's fence is already 2**63-1: it cannot go up by one,
+    and ``None`` would say "held, try later" of a job that can never be claimed again.
+    """
     check_ttl(ttl)
     lease = _stores.get(path).claim(job_id, owner, now=now, ttl=ttl)
     return None if lease is None else lease.fence

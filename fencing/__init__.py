@@ -9,8 +9,10 @@ from __future__ import annotations
 from .errors import (
     ConfigurationError,
     DatabaseBusy,
+    DatabaseCorrupt,
     DatabaseError,
     DatabaseMissing,
+    FencesExhausted,
     FencingError,
     InvalidArgument,
     InvalidArgumentType,
@@ -30,9 +32,11 @@ from .values import JobState, Lease
 __all__ = [
     "ConfigurationError",
     "DatabaseBusy",
+    "DatabaseCorrupt",
     "DatabaseError",
     "DatabaseMissing",
     "FenceMarks",
+    "FencesExhausted",
     "FencingError",
     "Heartbeat",
     "InvalidArgument",

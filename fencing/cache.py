@@ -5,8 +5,21 @@ leaks descriptors. The hazards a cache must survive:
 
 * thousands of files: least recently used stores are evicted and their connections closed;
 * a file deleted (and maybe re-created) between calls: each lookup compares the file's
-  identity (device, inode) with the one the store opened, and replaces a stale store.
-  An open connection keeps the old inode allocated, so a new file cannot reuse its number;
+  identity (device, inode) with the one the store opened, and replaces a stale store (its
+  connections are closed before the new file is opened), so no statement ever runs on a
+  connection to a file that is no longer at the path. An open connection keeps the old
+  inode allocated, so a new file cannot reuse its number.
+
+  What the cache cannot fix is SQLite's: the ``-wal`` and ``-shm`` files go by the path,
+  and while any connection (of any process) has the old database open they stay its own;
+  SQLite opening a non-empty new file at the path reads it through the old database's WAL
+  (old rows, and the new file's pages overwritten at the next checkpoint). SQLite does not
+  support replacing or deleting a database file that is in use (sqlite.org/howtocorrupt.html,
+  2.4). The cache refuses the case it can see, with :class:`ConfigurationError`: the file it
+  had open was replaced by a non-empty one while the ``-wal`` its own connections use is
+  still at the path (until that file is gone). A process that never had the old file open
+  cannot tell whose WAL it finds; a new *empty* file (``init_db`` after a delete) is safe,
+  since SQLite discards the WAL of an empty database;
 * ``fork()``: the engines' pools are replaced in the child (:mod:`fencing.forks`), so a
   cached store goes on working there and never uses or closes its parent's connections;
 * threads: lookups and evictions happen under one lock.
@@ -24,13 +37,16 @@ from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from .dberrors import database_errors
-from .errors import DatabaseError, DatabaseMissing, InvalidArgument, InvalidArgumentType
-from .sqlite import create_engine
+from .errors import ConfigurationError, DatabaseError, DatabaseMissing, InvalidArgument, InvalidArgumentType
+from .sqlite import create_engine, settings_of
 from .store import JobStore
 
 __all__ = ["StoreCache", "normalize_target"]
 
 _Identity = tuple[int, int]
+#: a WAL file: (device, inode) and its 32-byte header, which gets a random salt whenever
+#: SQLite starts writing the file from the top (a new WAL on a reused inode is not the old)
+_WalMark = tuple[int, int, bytes]
 
 
 @dataclass
@@ -83,6 +99,9 @@ class StoreCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._normalized: dict[str, tuple[str, str]] = {}
+        #: files replaced under this cache whose old WAL is still at the path: refused until
+        #: that file is gone (see the module's docstring)
+        self._stale_wals: dict[str, _WalMark] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -117,7 +136,14 @@ class StoreCache:
                     return entry.store  # another thread opened it meanwhile
                 # the file at this path is not the one the store's connections have open
                 del self._entries[key]
+                old_wal = _old_wal_at(key, entry)  # before closing: they pin its inode
                 _dispose(entry.store)
+                if old_wal is not None and identity is not None and os.path.getsize(key) > 0:
+                    self._stale_wals[key] = old_wal
+            if key in self._stale_wals:
+                if _wal_mark(key) == self._stale_wals[key]:
+                    raise ConfigurationError(_stale_wal_message(key))
+                del self._stale_wals[key]  # gone (or another file now): safe to open
             store = _open(kind, key)
             if identity is None:
                 # open (and so create) the file now, so the identity we keep is the one in use
@@ -189,3 +215,37 @@ def _dispose(store: JobStore) -> None:
     # threads may still be using the evicted store: what they hand back is closed too
     store._runner.retire()
     store.engine.dispose()
+
+
+def _wal_mark(path: str) -> _WalMark | None:
+    """The WAL at ``path``'s ``-wal``, or ``None`` if there is none or it has no header
+    yet (SQLite reads nothing from such a file)."""
+    try:
+        with open(path + "-wal", "rb") as wal:
+            st = os.fstat(wal.fileno())
+            header = wal.read(32)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, header) if len(header) == 32 else None
+
+
+def _old_wal_at(path: str, entry: _Entry) -> _WalMark | None:
+    """The WAL at the path if it is the one the entry's open connections use, for the file
+    the entry was made for: the old database's, while the path now names another file."""
+    settings = settings_of(entry.store.engine)
+    files = None if settings is None else settings.files_in_use()
+    if files is None or files[0] != entry.identity:
+        return None  # nothing open, or opened after the file was replaced: not the old one
+    mark = _wal_mark(path)
+    return mark if mark is not None and mark[:2] == files[1] else None
+
+
+def _stale_wal_message(path: str) -> str:
+    return (
+        f"the SQLite file {path!r} was replaced while this process had the old one open, and "
+        f"{path + '-wal'!r} is still the old database's write-ahead log: SQLite would read the "
+        "new file through it (old rows; the new file's pages overwritten at the next "
+        "checkpoint). Nothing was opened. Once no process has the old database open, delete "
+        f"{path + '-wal'!r} and {path + '-shm'!r}; replace a database file only while no "
+        "connection has it open (sqlite.org/howtocorrupt.html#unlink)"
+    )

@@ -20,6 +20,7 @@ __all__ = [
     "DB_ERRORS",
     "database_errors",
     "driver_errors",
+    "is_corrupt",
     "is_duplicate_key",
     "is_transient",
     "sqlalchemy_error",
@@ -51,6 +52,17 @@ def is_transient(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """SQLite found the file damaged: SQLITE_CORRUPT or SQLITE_NOTADB (any extended code)."""
+    orig = _driver_error(exc)
+    if not isinstance(orig, sqlite3.DatabaseError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (11, 26)
+    return "malformed" in str(orig) or "not a database" in str(orig)
 
 
 def is_duplicate_key(exc: BaseException) -> bool:

@@ -11,8 +11,10 @@ from __future__ import annotations
 __all__ = [
     "ConfigurationError",
     "DatabaseBusy",
+    "DatabaseCorrupt",
     "DatabaseError",
     "DatabaseMissing",
+    "FencesExhausted",
     "FencingError",
     "InvalidArgument",
     "InvalidArgumentType",
@@ -59,9 +61,20 @@ class DatabaseBusy(DatabaseError):
     """The database stayed locked by other writers past the retry budget; nothing changed."""
 
 
+class DatabaseCorrupt(DatabaseError):
+    """SQLite's ``PRAGMA quick_check`` found the jobs table's pages damaged (``create_table``,
+    ``service.init_db``); nothing was changed. The ``__cause__`` is the driver's error when the
+    damage stopped the check itself, else ``None`` (the check's findings are in the message)."""
+
+
 class PoolTimeout(DatabaseError):
     """No connection came free in the engine's pool within its ``pool_timeout`` (its
     ``pool_size`` + ``max_overflow`` were all in use); nothing was changed."""
+
+
+class FencesExhausted(FencingError):
+    """A job has handed out the last fence a signed 64-bit integer holds (2**63-1): it can
+    never be claimed or revoked again, since a fence is never reset or reused. Nothing changed."""
 
 
 class LeaseLost(FencingError):

@@ -66,6 +66,18 @@ _MARK = "fencing_sqlite_settings"
 #: in a pooled connection's ``info``: its busy_timeout is the store's short one, not the engine's
 _SHORT_HANDLER = "fencing_short_busy_handler"
 
+#: a file's (device, inode)
+FileId = tuple[int, int]
+
+
+def file_id(path: str) -> FileId | None:
+    """The (device, inode) of the file at ``path``, or ``None`` if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
 
 class _Settings:
     """What :func:`configure` installed on one engine; the store reads it back."""
@@ -85,6 +97,9 @@ class _Settings:
         self._full_sql = self.pragmas[0]
         # every connection made for this engine, to tell a forked child which are still open
         self._records: weakref.WeakSet[ConnectionPoolEntry] = weakref.WeakSet()
+        self._path = database if sidecar_path(database) is not None else None  # a file, by path
+        #: the (database, -wal) files the latest connection opened (see :meth:`files_in_use`)
+        self._files: tuple[FileId | None, FileId | None] | None = None
 
     def on_connect(self, dbapi_connection: Any, connection_record: ConnectionPoolEntry) -> None:
         try:
@@ -101,6 +116,8 @@ class _Settings:
             try:
                 for pragma in self.pragmas:
                     cursor.execute(pragma)
+                if self._path is not None:
+                    self._files = self._opened(cursor)
             finally:
                 cursor.close()
         except BaseException:
@@ -108,6 +125,15 @@ class _Settings:
             dbapi_connection.close()
             raise
         self._records.add(connection_record)
+
+    def _opened(self, cursor: Any) -> tuple[FileId | None, FileId | None]:
+        """The database and -wal files a new connection opened (two stats per connection)."""
+        assert self._path is not None
+        wal = file_id(self._path + "-wal")
+        if wal is None:  # a database just switched to WAL: its first read opens the WAL
+            cursor.execute("PRAGMA schema_version")
+            wal = file_id(self._path + "-wal")
+        return (file_id(self._path), wal)
 
     def on_begin(self, conn: sqlalchemy.Connection) -> None:
         options = conn.get_execution_options()
@@ -153,7 +179,17 @@ class _Settings:
     def inherited_alive(self) -> bool:
         """In a forked child, after the idle connections were closed: whether any connection
         this engine made before the fork is still open (it was in use at the fork)."""
+        return self.any_open()
+
+    def any_open(self) -> bool:
+        """Whether any connection this engine made is still open."""
         return any(record.dbapi_connection is not None for record in list(self._records))
+
+    def files_in_use(self) -> tuple[FileId | None, FileId | None] | None:
+        """The (database, -wal) files the engine's latest connection opened, as (device,
+        inode), while any of its connections is open, else ``None``. While one is open,
+        SQLite neither deletes that WAL nor can its inode number go to another file."""
+        return self._files if self.any_open() else None
 
 
 def _executor(conn: sqlalchemy.Connection) -> Callable[[str], object]:
