@@ -14,8 +14,12 @@ from sqlalchemy import MetaData
 from .errors import InvalidArgument, InvalidArgumentType
 
 __all__ = [
+    "DATABASE_CLOCK_MIN_TTL",
     "FENCE_MAX",
+    "check_count",
+    "check_database_ttl",
     "check_fence",
+    "check_interval",
     "check_new_table",
     "check_now",
     "check_result",
@@ -24,16 +28,26 @@ __all__ = [
     "check_ttl",
     "check_until",
     "fence_can_match",
+    "show_value",
 ]
 
 _PREVIEW = 80
 
 
-def _show(value: object) -> str:
-    text = repr(value)
+def show_value(value: object) -> str:
+    """``repr(value)`` for a message: cut at 80 characters, and never an error itself."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past sys.get_int_max_str_digits() has no decimal repr
+        if isinstance(value, int):
+            return f"an int of {value.bit_length()} bits"
+        return f"a {type(value).__name__} too long to print"
     if len(text) > _PREVIEW:
         text = text[:_PREVIEW] + f"... ({len(text)} chars)"
     return text
+
+
+_show = show_value
 
 
 def _number(name: str, value: object) -> float:
@@ -46,7 +60,12 @@ def _number(name: str, value: object) -> float:
         raise InvalidArgumentType(
             f"{name} must be a real number (int or float), got {type(value).__name__} {_show(value)}"
         )
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int or Fraction past the largest double
+        raise InvalidArgument(
+            f"{name} must be a finite number within a float's range (about 1.8e308), got {_show(value)}"
+        ) from None
     if not math.isfinite(number):
         raise InvalidArgument(f"{name} must be a finite number, got {_show(value)}")
     return number
@@ -68,6 +87,43 @@ def check_ttl(value: object, *, name: str = "ttl") -> float:
     if ttl <= 0:
         raise InvalidArgument(f"{name} must be > 0, got {_show(value)}")
     return ttl
+
+
+#: the shortest ``ttl`` (or ``delay``) on the database's clock (``now=None``): SQLite's clock
+#: ticks in milliseconds, so a shorter lease can be expired the moment it is taken and every
+#: claimant "wins"; one floor for every backend, so the rule does not depend on the database
+DATABASE_CLOCK_MIN_TTL = 0.001
+
+
+def check_database_ttl(value: object, *, name: str = "ttl") -> float:
+    """A duration on the database's clock: :func:`check_ttl`, and at least
+    :data:`DATABASE_CLOCK_MIN_TTL` (on the caller's clock, :func:`check_until` guards instead)."""
+    ttl = check_ttl(value, name=name)
+    if ttl < DATABASE_CLOCK_MIN_TTL:
+        raise InvalidArgument(
+            f"{name} must be at least {DATABASE_CLOCK_MIN_TTL} s with the database's clock (now=None), "
+            f"got {_show(value)}"
+        )
+    return ttl
+
+
+def check_interval(value: object, ttl: float) -> float:
+    """A heartbeat's ``interval``: ``None`` (``ttl / 3``), or a real number > 0 and < ``ttl``
+    (the ``ttl`` already checked)."""
+    if value is None:
+        return ttl / 3
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        kind = type(value).__name__
+        raise InvalidArgumentType(
+            f"interval must be a real number (int or float) or None, got {kind} {_show(value)}"
+        )
+    try:
+        interval = float(value)
+    except OverflowError:  # beyond a float either way: not between 0 and a finite ttl
+        interval = math.nan
+    if not 0 < interval < ttl:  # also false for nan
+        raise InvalidArgument(f"interval must be > 0 and < ttl ({ttl!r}), got {_show(value)}")
+    return interval
 
 
 def check_until(now: float, ttl: float) -> float:
@@ -112,6 +168,15 @@ def check_fence(value: object) -> int:
     """A fence token: an ``int`` (not bool). Out-of-range values are valid input that never match."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgumentType(f"fence must be an int, got {type(value).__name__} {_show(value)}")
+    return value
+
+
+def check_count(name: str, value: object) -> int:
+    """A count such as ``limit`` or ``max_attempts``: an ``int`` (not bool) from 1 to 2**63-1."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__} {_show(value)}")
+    if not 1 <= value <= FENCE_MAX:
+        raise InvalidArgument(f"{name} must be between 1 and 2**63-1, got {_show(value)}")
     return value
 
 

@@ -19,7 +19,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import Double
 
-__all__ = ["database_now"]
+__all__ = ["RESOLUTION", "database_now"]
 
 
 class database_now(FunctionElement[float]):
@@ -51,3 +51,9 @@ def _postgresql(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
 @compiles(database_now, "mariadb")
 def _mysql(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
     return "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) * 1e-6)"
+
+
+#: how finely each database's clock (:class:`database_now`) counts, in seconds: SQLite's
+#: ``julianday('now')`` counts milliseconds, PostgreSQL's and MariaDB's microseconds. A
+#: reading is up to this much earlier than the instant it was taken.
+RESOLUTION = {"sqlite": 1e-3, "postgresql": 1e-6, "mysql": 1e-6, "mariadb": 1e-6}

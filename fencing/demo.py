@@ -24,7 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO, TypeAlias, TypeVar
 
-from .errors import FencingError
+from .checks import check_ttl
+from .errors import FencingError, InvalidArgument
 from .sqlite import create_engine
 from .store import JobStore
 from .values import JobState
@@ -235,8 +236,9 @@ def _wait_until_expired(until: float) -> None:
 
 def run_demo(ttl: float = DEFAULT_TTL, *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Play the story; 0 if it went as it must, 1 (with the reasons on ``err``) otherwise."""
+    ttl = check_ttl(ttl)  # a number too large for a float is refused here, by name
     if not ttl >= MIN_TTL:
-        raise ValueError(f"ttl must be at least {MIN_TTL} s, got {ttl!r}")
+        raise InvalidArgument(f"ttl must be at least {MIN_TTL} s, got {ttl!r}")
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     tl = _Timeline(out, time.time())

@@ -25,9 +25,11 @@ Every store transaction begins ``IMMEDIATE`` on SQLite (through the engine's
 :class:`~fencing.writelock.WriteLock`: SQLite's busy handler for short waits, then priority
 for the longest waiter, within ``busy_timeout``); PostgreSQL and MariaDB wait for row locks
 in the server. A unit the database rolled back whole for a lock race (busy, deadlock, lock
-timeout, serialization failure) is run again, bounded (:class:`LockWait`); a unit whose
-``COMMIT`` was sent is never run again. A connection the server closed while idle is
-replaced once.
+timeout, serialization failure), at any statement or at ``COMMIT`` (PostgreSQL reports a
+serialization failure there under ``SERIALIZABLE``; the transaction is gone, so nothing of
+it was kept), is run again, bounded (:class:`LockWait`): a unit is the store's own
+statements and returns nothing before it commits. A connection the server closed while idle
+is replaced once; one that died during ``COMMIT`` is not (the outcome is unknown).
 """
 
 from __future__ import annotations
@@ -123,12 +125,6 @@ class LockWait:
         if self.budget is None:
             return DatabaseBusy(f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed")
         return busy_error(self.budget, exc)
-
-
-def _busy_at_commit() -> DatabaseBusy:
-    # the database refused the COMMIT for a lock race and rolled the transaction back;
-    # running the unit again could repeat effects the caller already acted on, so it is not
-    return DatabaseBusy("COMMIT lost a lock race; the transaction was rolled back, nothing was changed")
 
 
 def _unknown_outcome() -> DatabaseError:
@@ -466,9 +462,7 @@ class Runner:
         except self.errors as exc:
             _drop_cursor(info)
             ended = self._rollback(conn)
-            if is_transient(exc):
-                if committing:
-                    raise _busy_at_commit() from exc
+            if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
                 verdict.again = _LOCK_RACE
             elif self._disconnected(exc, conn):
                 ended = False
@@ -488,9 +482,7 @@ class Runner:
                 committing = True  # the block's end sends COMMIT
             return result
         except self.errors as exc:
-            if is_transient(exc):
-                if committing:
-                    raise _busy_at_commit() from exc
+            if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
                 verdict.again = _LOCK_RACE
             elif getattr(exc, "connection_invalidated", False):
                 if committing:

@@ -3,29 +3,47 @@
 A worker holding a lease for longer than one ``ttl`` must renew it, and must stop before
 anything irreversible once it can no longer vouch for it. :class:`Heartbeat` renews every
 ``interval`` on a daemon thread and keeps a *local deadline*: ``time.monotonic()`` read
-before sending the last successful renewal, plus ``ttl``. The server computed the new
-``until`` from a later instant, so (clock rates being equal) the local deadline is never
-later than the real one.
+before sending the last successful renewal, plus ``ttl``, less twice the resolution of the
+database's clock when it renews on that clock (SQLite's counts milliseconds, so 2 ms there;
+2 µs on PostgreSQL and MariaDB). The database computed the new ``until`` from a later
+instant, read at that resolution, so (clock rates being equal) the local deadline is never
+later than the real one: it is early by the round trip of the renewal plus that margin.
 
 ``held`` turns ``False`` (and ``lost`` is set) the moment a renewal is refused, a
 renewal fails with an error that cannot get better, database errors last past the local
 deadline, or the local deadline passes, even if the thread is blocked inside a renewal.
 Once ``False`` it never turns ``True`` again: a lost lease is never revived.
+
+**With a fenced block on the same lease** (``store.fenced(heartbeat.lease)`` while the
+heartbeat runs, in any thread of this process), the block holds the job's row until its
+transaction ends, so the heartbeat sends no renewal meanwhile: it waits for the block
+(:mod:`fencing.holds`), and :meth:`stop` inside the block returns at once. The block itself
+extends the lease by the heartbeat's ``ttl`` when it begins, so it has a whole ``ttl`` to
+finish, and once it commits the heartbeat counts its deadline from there. A block that
+completes the job ends the heartbeat quietly (``held`` is ``False``, ``lost`` is not set).
+Starting a heartbeat inside a block on its own lease is refused at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
-import numbers
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Protocol
 
-from .checks import check_time, check_ttl
-from .errors import DatabaseError, FencingError, InvalidArgument, InvalidArgumentType, LeaseLost
+from . import holds
+from .checks import check_interval, check_time, check_ttl
+from .errors import (
+    ConfigurationError,
+    DatabaseError,
+    FencingError,
+    InvalidArgumentType,
+    LeaseLost,
+)
 from .values import Lease
 
 __all__ = ["Heartbeat", "LeaseKeeper", "LeaseLost"]
@@ -34,6 +52,10 @@ logger = logging.getLogger(__name__)
 
 #: after a database error, retry this many times per interval (never past the deadline)
 RETRIES_PER_INTERVAL = 4
+#: while a fenced block of this process holds the lease's row: how often to look again (s)
+HOLD_POLL = 0.05
+#: the margin for a store that does not say its clock's resolution (``clock_resolution``)
+UNKNOWN_CLOCK_MARGIN = 0.002
 
 
 class LeaseKeeper(Protocol):
@@ -60,8 +82,10 @@ class Heartbeat:
     if ``release_on_exit``, or if the block raised and ``release_on_error`` (only while still
     held; a failing release is logged, never raised over the block's outcome).
 
-    Call :meth:`stop` before ``store.complete(heartbeat.lease, ...)``: a renewal of a done
-    job is refused, and would be reported as a loss. Stopping does not shorten the lease.
+    ``store.complete(heartbeat.lease, ...)`` may be called while it runs: a renewal then
+    refused because this very lease completed the job (read back from the store's
+    ``state``) ends the heartbeat quietly (``held`` is ``False``, ``lost`` is not set).
+    Calling :meth:`stop` first saves that read. Stopping does not shorten the lease.
     """
 
     def __init__(
@@ -86,7 +110,7 @@ class Heartbeat:
                 f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r:.80}"
             )
         self._ttl = check_ttl(ttl)
-        self._interval = _check_interval(interval, self._ttl)
+        self._interval = check_interval(interval, self._ttl)
         for name, value in (("clock", clock), ("on_lost", on_lost)):
             if value is not None and not callable(value):
                 raise InvalidArgumentType(f"{name} must be callable or None, got {type(value).__name__}")
@@ -95,6 +119,16 @@ class Heartbeat:
                 raise InvalidArgumentType(f"{name} must be a bool, got {type(flag).__name__} {flag!r:.80}")
         self._store = store
         self._clock = clock
+        #: where this process's fenced blocks on the same table can be seen (JobStore only)
+        self._key: holds.Key | None = getattr(store, "holds_key", None)
+        #: taken off every deadline: the database's clock reads up to its resolution early
+        resolution = getattr(store, "clock_resolution", None)
+        if clock is not None:
+            self._margin = 0.0  # the caller's clock is read after the send; held also checks it
+        elif isinstance(resolution, float) and resolution >= 0:
+            self._margin = 2 * resolution
+        else:
+            self._margin = UNKNOWN_CLOCK_MARGIN
         self._on_lost = on_lost
         self._release_on_exit = release_on_exit
         self._release_on_error = release_on_error
@@ -107,6 +141,7 @@ class Heartbeat:
         self._reason: str | None = None
         self._error: BaseException | None = None
         self._failure: BaseException | None = None  # the last renewal error, while retrying
+        self._completed = False  # the job was completed under this lease: nothing to keep
         self._lost = threading.Event()
         self._stopping = threading.Event()
         self._started = False
@@ -115,6 +150,7 @@ class Heartbeat:
     def __repr__(self) -> str:
         lease = self.lease
         state = "held" if self.held else "lost" if self._lost.is_set() else "not held"
+        state = "completed" if self._completed else state
         return f"<Heartbeat job={lease.job_id!r} owner={lease.owner!r} fence={lease.fence} {state}>"
 
     # -- what a worker reads -----------------------------------------------------------------
@@ -126,6 +162,11 @@ class Heartbeat:
     @property
     def interval(self) -> float:
         return self._interval
+
+    @property
+    def margin(self) -> float:
+        """Seconds taken off each local deadline for the database clock's resolution."""
+        return self._margin
 
     @property
     def lease(self) -> Lease:
@@ -179,22 +220,37 @@ class Heartbeat:
         Raises :class:`LeaseLost` if this first renewal is refused, and lets a database
         error from it propagate (no thread is started then, and the heartbeat is spent).
         """
+        job_id = self._lease.job_id
+        if self._key is not None and holds.held_here(self._key, job_id) is not None:
+            raise ConfigurationError(
+                f"a fenced block of this thread holds job {job_id!r}: a renewal would wait for it; "
+                "start the Heartbeat before the block (the block then extends the lease itself)"
+            )
         with self._lock:
             if self._started:
                 raise RuntimeError("a Heartbeat can only be started once")
             self._started = True
         sent = time.monotonic()
-        renewed = self._store.renew(self._lease, ttl=self._ttl, now=self._now())
+        with self._renewing() as blocked:
+            # a block of another thread may hold the row: this first renewal waits for it
+            del blocked
+            renewed = self._store.renew(self._lease, ttl=self._ttl, now=self._now())
         if renewed is None:
             with self._lock:
                 self._mark_lost_locked("the first renewal was refused (stale fence, done or expired)", None)
             raise LeaseLost(self._describe_loss())
         self._accept(renewed, sent)
+        if self._key is not None:
+            holds.keep(self._key, job_id, self)
         thread = threading.Thread(
             target=self._run, name=f"fencing-heartbeat-{renewed.job_id:.40}", daemon=True
         )
         self._thread = thread
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            self._forget()
+            raise
         return self
 
     def stop(self) -> None:
@@ -230,22 +286,57 @@ class Heartbeat:
         except BaseException as exc:  # nothing may escape a thread; the loss is the report
             with self._lock:
                 self._mark_lost_locked(f"the heartbeat failed: {exc!r}", exc)
+        finally:
+            self._forget()
         if self._lost.is_set():
             self._report_lost()
 
+    def _forget(self) -> None:
+        if self._key is not None:
+            holds.forget(self._key, self._lease.job_id, self)
+
+    @contextlib.contextmanager
+    def _renewing(self) -> Iterator[holds.Hold | None]:
+        if self._key is None:
+            yield None
+            return
+        with holds.renewing(self._key, self._lease.job_id) as blocking:
+            yield blocking
+
+    def _wait_for_hold(self, hold: holds.Hold) -> bool:
+        """Wait (sending nothing) while a block of this process holds the lease's row;
+        False once stopped or lost meanwhile."""
+        while hold.live():
+            if self._stopping.is_set():
+                return False
+            with self._lock:
+                if self._lost.is_set() or self._expire_locked(self._now()):
+                    return False
+            holds.wait_for_change(min(HOLD_POLL, max(0.0, self.deadline - time.monotonic())))
+        return not self._stopping.is_set()
+
     def _beat(self) -> None:
-        next_at = self.deadline - self._ttl + self._interval  # one interval after the first send
+        # one interval after the first send
+        next_at = self.deadline - self._ttl + self._margin + self._interval
         while not self._stopping.wait(max(0.0, next_at - time.monotonic())):
             sent = time.monotonic()  # before reading the clock: the deadline stays conservative
             now = self._now()
             with self._lock:
-                if self._lost.is_set():
+                if self._lost.is_set() or self._completed:
                     return
                 if self._expire_locked(now):
                     return
                 lease = self._lease
             try:
-                renewed = self._store.renew(lease, ttl=self._ttl, now=now)
+                with self._renewing() as blocking:
+                    if blocking is None:
+                        renewed = self._store.renew(lease, ttl=self._ttl, now=now)
+                if blocking is not None:
+                    if not self._wait_for_hold(blocking):
+                        return
+                    with self._lock:
+                        next_at = self._deadline - self._ttl + self._margin + self._interval
+                    continue
             except DatabaseError as exc:
                 # maybe transient (a server restart, a network blip): retry, but not past the deadline
                 with self._lock:
@@ -255,6 +346,8 @@ class Heartbeat:
                 next_at = min(time.monotonic() + self._interval / RETRIES_PER_INTERVAL, self.deadline)
                 continue
             if renewed is None:
+                if self._completed_here(lease):
+                    return
                 with self._lock:
                     self._mark_lost_locked("a renewal was refused (stale fence, done or expired)", None)
                 return
@@ -276,8 +369,36 @@ class Heartbeat:
         # a clock that returns nan would make "now >= until" false forever: refuse it, by name
         return None if self._clock is None else check_time("clock()", self._clock())
 
+    def _completed_here(self, lease: Lease) -> bool:
+        """Whether a refused renewal met the job completed under this very lease (by a
+        fenced block or ``complete`` the heartbeat was not stopped for): not a loss."""
+        state = getattr(self._store, "state", None)
+        if state is None:
+            return False
+        try:
+            row = state(lease.job_id)
+        except FencingError:
+            return False
+        done = row is not None and row.done and (row.owner, row.fence) == (lease.owner, lease.fence)
+        if done:
+            with self._lock:
+                self._completed = True
+        return done
+
+    def _completed_by_block(self) -> None:
+        """A fenced block completed the job under this lease and committed (called by the store)."""
+        with self._lock:
+            if not self._lost.is_set():
+                self._completed = True
+        self._stopping.set()  # nothing left to renew
+
+    def _extended(self, renewed: Lease, sent: float) -> None:
+        """A fenced block that extended the lease has committed (called by the store)."""
+        if renewed.fence == self._lease.fence and renewed.owner == self._lease.owner:
+            self._accept(renewed, sent)
+
     def _held_locked(self, now: float | None) -> bool:
-        if self._lost.is_set() or self._released or self._deadline == -math.inf:
+        if self._completed or self._lost.is_set() or self._released or self._deadline == -math.inf:
             return False
         return not self._expire_locked(now)  # whoever notices first records the loss
 
@@ -301,7 +422,7 @@ class Heartbeat:
             if self._lost.is_set():
                 return False
             self._lease = renewed
-            self._deadline = sent + self._ttl
+            self._deadline = sent + self._ttl - self._margin
             self._failure = None
             return True
 
@@ -315,6 +436,8 @@ class Heartbeat:
     def _describe_loss(self) -> str:
         with self._lock:
             lease, reason, released = self._lease, self._reason, self._released
+        if reason is None and self._completed:
+            reason = "the job was completed under it"
         if reason is None:
             reason = "it was released" if released else "no renewal has succeeded yet"
         token = f"job {lease.job_id!r}, owner {lease.owner!r}, fence {lease.fence}"
@@ -330,20 +453,11 @@ class Heartbeat:
                 return
             self._released = True  # once it is sent, the lease can no longer be vouched for
             lease = self._lease
+        if self._key is not None and holds.held_here(self._key, lease.job_id) is not None:
+            # the release would wait for this thread's own fenced block, which rolls back
+            logger.warning("not releasing %r inside a fenced block on it; it expires at its until", lease)
+            return
         try:
             self._store.release(lease)
         except Exception:
             logger.warning("releasing %r failed; it expires at its until instead", lease, exc_info=True)
-
-
-def _check_interval(value: object, ttl: float) -> float:
-    if value is None:
-        return ttl / 3
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise InvalidArgumentType(
-            f"interval must be a real number (int or float) or None, got {type(value).__name__} {value!r:.80}"
-        )
-    interval = float(value)
-    if not 0 < interval < ttl:  # also false for nan
-        raise InvalidArgument(f"interval must be > 0 and < ttl ({ttl!r}), got {value!r}")
-    return interval

@@ -45,7 +45,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
-from .checks import FENCE_MAX, check_fence, check_new_table, check_text
+from .checks import FENCE_MAX, check_fence, check_new_table, check_text, show_value
 from .clock import database_now
 from .dberrors import (
     DB_ERRORS,
@@ -252,7 +252,7 @@ class FenceMarks:
     def _fence(value: object) -> int:
         fence = check_fence(value)
         if not 0 <= fence <= FENCE_MAX:
-            raise InvalidArgument(f"fence must be between 0 and 2**63-1, got {fence!r}")
+            raise InvalidArgument(f"fence must be between 0 and 2**63-1, got {show_value(fence)}")
         return fence
 
     # -- the tables ------------------------------------------------------------------------

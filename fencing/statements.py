@@ -37,6 +37,7 @@ from sqlalchemy.sql.expression import FromClause, Update
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import TypeEngine
 
+from .checks import FENCE_MAX
 from .clock import database_now
 from .schema import KEY_TYPE, as_text
 
@@ -50,6 +51,7 @@ _ONE: ColumnElement[int] = literal_column("1")
 #: an id enqueued again continues above every fence it ever handed out
 TOMBSTONE = 2
 _TOMBSTONE: ColumnElement[int] = literal_column(str(TOMBSTONE))
+_FENCE_MAX: ColumnElement[int] = literal_column(str(FENCE_MAX))
 
 #: whose clock decides whether a lease is live: the caller's ``now`` or the database's
 Clock = Literal["caller", "database"]
@@ -150,13 +152,18 @@ class Statements:
         #: a tombstone is a deleted job: it has no state
         self.state: Executable = select(*row).where(job, t.c.done != _TOMBSTONE)
 
+        #: a fence can still go up: at 2**63-1, fence + 1 overflows (SQLite to a float that
+        #: every later claimer gets again, the servers to an error), so such a row never matches
+        fence_left = t.c.fence < _FENCE_MAX
         #: claimable: not done and the lease (if any) has expired; the fence only goes up
-        claimable = and_(job, t.c.done == _ZERO, t.c.until <= now)
+        claimable = and_(job, t.c.done == _ZERO, t.c.until <= now, fence_left)
         claim_values = {"owner": _key("holder"), "until": new_until, "fence": t.c.fence + _ONE}
         self.claim_returning: Executable = (
             update(t).where(claimable).values(claim_values).returning(t.c.fence, t.c.until)
         )
         self.claim_counting: Executable = update(t).where(claimable).values(claim_values)
+        #: why a claim or revoke matched nothing, asked only then: the job's fences are used up
+        self.exhausted: Executable = select(t.c.fence).where(job, t.c.done == _ZERO, t.c.fence >= _FENCE_MAX)
         #: read back a claim or renewal under the row lock its UPDATE took, same transaction
         self.lease_of: Executable = select(t.c.fence, t.c.until).where(job)
 
@@ -183,7 +190,9 @@ class Statements:
         self.release_later: Executable = update(t).where(current_holder).values(owner=null(), until=new_until)
         #: revoke: the fence moves on, so the holder's token is stale at once
         self.revoke: Executable = (
-            update(t).where(job, t.c.done == _ZERO).values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
+            update(t)
+            .where(job, t.c.done == _ZERO, fence_left)
+            .values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
         )
         self.delete: Executable = (
             update(t)
@@ -193,21 +202,25 @@ class Statements:
 
         # -- the next ready jobs --------------------------------------------------------------
         #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
+        #: (max_fence <= 2**63-1, so a job at the last fence is never ready)
         ready = and_(t.c.done == _ZERO, t.c.until <= now, t.c.fence < bindparam("max_fence"))
         #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie)
         #: insertion order. SKIP LOCKED: a worker never waits for rows another worker is
         #: claiming (ignored on SQLite, where BEGIN IMMEDIATE serializes claims)
         longest_ready = (t.c.until, insertion_order(t.c.id))
-        self.pick_ready = (
+        pick = (
             select(as_text(t.c.id))
             .where(ready)
             .order_by(*longest_ready)
             .limit(bindparam("limit"))
             .with_for_update(skip_locked=True)
         )
+        #: for databases without RETURNING: the pick reads each fence too; it locks the rows,
+        #: so the ones claim_ids' UPDATE claimed are exactly those at the picked fence + 1
+        self.pick_ready = pick.add_columns(t.c.fence)
         # MATERIALIZED: PostgreSQL may otherwise re-run the pick per outer row, each time
         # skipping the rows this very statement just locked, and claim past the LIMIT
-        picked = self.pick_ready.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
+        picked = pick.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
         self.claim_next_returning: Executable = (
             update(t)
             .where(t.c.id.in_(select(picked.c.id)), ready)

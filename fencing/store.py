@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -19,9 +21,11 @@ from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
 
-from . import forks
+from . import forks, holds
 from .checks import (
     FENCE_MAX,
+    check_count,
+    check_database_ttl,
     check_fence,
     check_now,
     check_result,
@@ -30,7 +34,9 @@ from .checks import (
     check_ttl,
     check_until,
     fence_can_match,
+    show_value,
 )
+from .clock import RESOLUTION
 from .dberrors import (
     DB_ERRORS,
     is_duplicate_key,
@@ -38,7 +44,15 @@ from .dberrors import (
     sqlalchemy_error,
     wrap_database_error,
 )
-from .errors import DatabaseError, InvalidArgument, InvalidArgumentType, LeaseLost
+from .errors import (
+    ConfigurationError,
+    DatabaseBusy,
+    DatabaseError,
+    FencesExhausted,
+    InvalidArgument,
+    InvalidArgumentType,
+    LeaseLost,
+)
 from .execution import CallerConnection, CoreExecutor, Executor, Runner, forked_away
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import COMPLETE_CHUNK, Statements, batch_size
@@ -47,6 +61,12 @@ from .values import JobState, Lease
 __all__ = ["JobStore"]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+#: SQLite: a fenced block that keeps the write lock longer than this fraction of the
+#: shortest ``ttl`` the store has seen is logged (every other writer waited for it)
+LONG_BLOCK_FRACTION = 0.25
 
 
 #: more threads than this only queue for the same row lock
@@ -91,6 +111,17 @@ class JobStore:
         self._batch_completion = {"postgresql": "returning", "mysql": "locking", "mariadb": "locking"}.get(
             dialect.name, "each"
         )
+        #: where this process's fenced blocks and heartbeats on this table meet (fencing.holds)
+        self.holds_key = holds.store_key(engine, table)
+        #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
+        #: fraction of it is logged)
+        self._shortest_ttl = float("inf")
+
+    @property
+    def clock_resolution(self) -> float:
+        """How finely the database's clock counts (seconds): a ``now=None`` reading is up to
+        this much earlier than the instant it was taken (SQLite 0.001, the servers 1e-6)."""
+        return RESOLUTION.get(self.engine.dialect.name, 1e-3)
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -98,13 +129,37 @@ class JobStore:
 
     # -- running units of work -------------------------------------------------------------
 
-    def _run(self, unit: Callable[[Executor], T], conn: CallerConnection | None, *, write: bool = True) -> T:
+    def _run(
+        self,
+        unit: Callable[[Executor], T],
+        conn: CallerConnection | None,
+        *,
+        write: bool = True,
+        job: str | None = None,
+    ) -> T:
         try:
             if conn is None:
+                if holds.HELD[0] and (write or not self._sqlite):
+                    self._refuse_self_wait(job)
                 return self._runner.run(unit, write=write)
             return unit(CoreExecutor(self._runner.caller(conn, self.table)))
         except self._errors as exc:
             self._fail(exc)
+
+    def _refuse_self_wait(self, job: str | None) -> None:
+        """Refuse, at once, an operation on a connection of its own that would wait for a
+        lock this thread holds in a fenced block (SQLite: any write; servers: that job)."""
+        if job is None and not self._sqlite:
+            return
+        blocking = holds.held_here(self.holds_key, None if self._sqlite else job)
+        if blocking is None:
+            return
+        what = "the database's write lock" if self._sqlite else f"job {job!r}'s row"
+        raise ConfigurationError(
+            f"a fenced block (or a check(conn=)) of this thread holds {what} until its transaction "
+            "ends: this operation would wait for it forever; pass conn= (the block's connection) "
+            "or run it after the block"
+        )
 
     def _fail(self, exc: BaseException) -> NoReturn:
         """Raise the library's error for a database error, as SQLAlchemy would wrap it."""
@@ -136,14 +191,19 @@ class JobStore:
             raise InvalidArgumentType(f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r}")
         return self._key("job_id", lease.job_id), self._key("owner", lease.owner), check_fence(lease.fence)
 
-    def _clock(self, now: object, ttl: object | None = None) -> tuple[Statements, dict[str, Any]]:
-        """The statements for whose clock ``now`` names, and its bind parameters."""
-        ttl_s = None if ttl is None else check_ttl(ttl)
+    def _clock(
+        self, now: object, ttl: object | None = None, *, name: str = "ttl"
+    ) -> tuple[Statements, dict[str, Any]]:
+        """The statements for whose clock ``now`` names, and its bind parameters. ``ttl`` (a
+        duration called ``name``) is at least DATABASE_CLOCK_MIN_TTL on the database's clock."""
+        if ttl is None:
+            return (self._by_database, {}) if now is None else (self._by_caller, {"now": check_now(now)})
+        ttl_s = check_ttl(ttl, name=name) if now is not None else check_database_ttl(ttl, name=name)
+        if name == "ttl" and ttl_s < self._shortest_ttl:
+            self._shortest_ttl = ttl_s  # a lease's length: what a long SQLite block is measured against
         if now is None:
-            return self._by_database, ({} if ttl_s is None else {"ttl": ttl_s})
+            return self._by_database, {"ttl": ttl_s}
         now_s = check_now(now)
-        if ttl_s is None:
-            return self._by_caller, {"now": now_s}
         return self._by_caller, {"now": now_s, "new_until": check_until(now_s, ttl_s)}
 
     # -- the table -------------------------------------------------------------------------
@@ -214,7 +274,7 @@ class JobStore:
         else:
             s, params = self._by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
         enqueue = self._enqueue
-        return self._run(lambda x: enqueue(x, s, params), conn)
+        return self._run(lambda x: enqueue(x, s, params), conn, job=job_id)
 
     def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
@@ -247,12 +307,14 @@ class JobStore:
         """Take the lease on ``job_id`` if it is not done and not held (``until <= now``).
 
         The fence goes up by one and is part of the returned :class:`Lease`; ``None`` for a
-        missing, done or held job.
+        missing, done or held job. :class:`FencesExhausted` (nothing changed) for a job whose
+        fence is already 2**63-1, the last one a signed 64-bit fence holds: it can never be
+        claimed again, so it is said at once, even while the last lease is held.
         """
         job_id = self._key("job_id", job_id)
         owner = self._key("owner", owner)
         s, clock = self._clock(now, ttl)
-        return self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn)
+        return self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn, job=job_id)
 
     def _claim_unit(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
         job_id, owner = params["job_id"], params["holder"]
@@ -260,12 +322,16 @@ class JobStore:
 
             def returning(x: Executor) -> Lease | None:
                 rows = x.rows(s.claim_returning, params)
-                return Lease(job_id, owner, int(rows[0][0]), float(rows[0][1])) if rows else None
+                if rows:
+                    return Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]))
+                _refuse_if_exhausted(x, s, job_id)
+                return None
 
             return returning
 
         def counting(x: Executor) -> Lease | None:
             if x.count(s.claim_counting, params) != 1:
+                _refuse_if_exhausted(x, s, job_id)
                 return None
             fence, until = x.rows(s.lease_of, params)[0]
             return Lease(job_id, owner, int(fence), float(until))
@@ -302,7 +368,7 @@ class JobStore:
                 return None
             return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
 
-        return self._run(unit, conn)
+        return self._run(unit, conn, job=job_id)
 
     def complete(
         self,
@@ -322,7 +388,7 @@ class JobStore:
         if not fence_can_match(fence):
             return False
         params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}
-        return self._run(lambda x: x.count(s.complete, params) == 1, conn)
+        return self._run(lambda x: x.count(s.complete, params) == 1, conn, job=job_id)
 
     def release(
         self,
@@ -342,26 +408,37 @@ class JobStore:
         if delay is None:
             stmt = self._by_caller.release
         else:
-            s, clock = self._clock(now, check_ttl(delay, name="delay"))
+            s, clock = self._clock(now, delay, name="delay")
             stmt = s.release_later
         if not fence_can_match(fence):
             return False
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
-        return self._run(lambda x: x.count(stmt, params) == 1, conn)
+        return self._run(lambda x: x.count(stmt, params) == 1, conn, job=job_id)
 
     def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Take the lease away at once: the fence moves on, so the holder's token is stale
-        for every later write; the job is claimable again. ``False`` if missing or done."""
-        params = {"job_id": self._key("job_id", job_id)}
-        stmt = self._by_caller.revoke
-        return self._run(lambda x: x.count(stmt, params) == 1, conn)
+        for every later write; the job is claimable again. ``False`` if missing or done.
+
+        :class:`FencesExhausted` if the job's fence is already 2**63-1: it cannot move on, so
+        the holder of that last fence keeps it (nothing changed)."""
+        job_id = self._key("job_id", job_id)
+        params = {"job_id": job_id}
+        s = self._by_caller
+
+        def unit(x: Executor) -> bool:
+            if x.count(s.revoke, params) == 1:
+                return True
+            _refuse_if_exhausted(x, s, job_id)
+            return False
+
+        return self._run(unit, conn, job=job_id)
 
     def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
         is enqueued again continues above every fence it ever had. ``False`` if missing."""
         params = {"job_id": self._key("job_id", job_id)}
         stmt = self._by_caller.delete
-        return self._run(lambda x: x.count(stmt, params) == 1, conn)
+        return self._run(lambda x: x.count(stmt, params) == 1, conn, job=params["job_id"])
 
     @contextmanager
     def fenced(
@@ -396,7 +473,27 @@ class JobStore:
             with Session(engine) as session, session.begin():
                 with store.fenced(lease, conn=session, complete=True, result="paid"):
                     session.add(Invoice(job=lease.job_id, total=99))
+
+        **The clock at the end.** The final check is made at the moment the block ends on
+        either clock: the database's (``now=None``) is read then; the caller's ``now`` is taken
+        as the instant :meth:`fenced` was called and advanced by the time the block took
+        (``time.monotonic()``). A block that runs past the lease's ``until`` is rolled back
+        with :class:`LeaseLost` either way.
+
+        **With a** :class:`~fencing.Heartbeat` **on the lease**, the block's first check also
+        extends the lease by the heartbeat's ``ttl`` (in the block's transaction), so the block
+        has a whole ``ttl``; the heartbeat sends nothing while the block holds the row, and
+        ``heartbeat.stop()`` inside the block returns at once. Inside the block, any other
+        operation of this thread that would wait for the block's lock (this job on a server;
+        any write on SQLite) is refused with :class:`ConfigurationError` instead of hanging.
+
+        **On SQLite** the block holds the database's write lock from start to end: every
+        other writer (claims, renewals, completions of other workers) waits for it. Do the
+        slow work before the block and keep only the writes inside it; a block that holds the
+        lock longer than a quarter of the shortest ``ttl`` the store has seen is logged (a
+        warning on ``fencing.store``).
         """
+        entered = time.monotonic()
         job_id, owner, fence = self._lease(lease)
         if not isinstance(complete, bool):
             kind = type(complete).__name__
@@ -405,36 +502,99 @@ class JobStore:
         checked = self._result(result)
         params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": checked, **clock}
         if conn is not None:
-            with self._joined(conn, s, params, complete) as yours:
+            with self._joined(conn, s, params, complete, entered) as yours:
                 yield yours
             return
         runner = self._runner
+        hold = self._take_hold(job_id, None)
         generation = forks.GENERATION[0]
         ours = True  # whether an error comes from the library's statements, not the block
-        start = " at the start of the fenced block; rolled back"
+        ending = False
         try:
             with runner.transaction() as own:
-                self._hold(CoreExecutor(own), s, params, start, joined=False)
+                x = CoreExecutor(own)
+                block = self._begin_block(x, s, params, joined=False)
                 ours = False
                 yield own
                 if runner.forked_since(generation):
                     raise forked_away()
-                ours = True
-                self._finish(CoreExecutor(own), s, params, complete)
+                ours = ending = True  # the block ran: the end check, then COMMIT
+                self._finish(x, s, params, complete, block, entered)
+            block.committed(complete)
         except self._errors as exc:
             if not ours:
                 raise  # the block's own statement failed: its error, as it was
+            if ending and is_transient(exc):
+                # the server rolled the block back at its end check or at COMMIT (e.g. a
+                # serialization failure): its writes are the caller's, so only the caller can
+                # run them again
+                raise DatabaseBusy(
+                    "the database rolled the fenced block back at its end (the final check or "
+                    "COMMIT lost a lock race or a serialization check): nothing of the block was "
+                    "kept; run the block again"
+                ) from sqlalchemy_error(exc, self.engine.dialect)
             self._fail(exc)
+        finally:
+            hold.end()
+
+    def _take_hold(self, job_id: str, conn: Connection | None) -> holds.Hold:
+        """Register a block's hold on ``job_id`` (:mod:`fencing.holds`), or refuse one this
+        thread would wait for itself."""
+        try:
+            return holds.hold(self.holds_key, job_id, conn, whole=self._sqlite)
+        except holds.SelfWait:
+            what = "the database's write lock" if self._sqlite else f"job {job_id!r}'s row"
+            raise ConfigurationError(
+                f"a fenced block (or a check(conn=)) of this thread already holds {what} on another "
+                "connection: this block would wait for it forever; nest it with conn= (the outer "
+                "block's connection) or run it after the outer block"
+            ) from None
+
+    def _begin_block(self, x: Executor, s: Statements, params: dict[str, Any], *, joined: bool) -> _Block:
+        """The first check of a fenced block: lock the lease's row, or raise LeaseLost. With
+        heartbeats keeping the lease, extend it by their ``ttl`` in the same statement."""
+        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
+        beats = [
+            hb
+            for hb in holds.beats(self.holds_key, job_id)
+            if (hb.lease.owner, hb.lease.fence) == (owner, fence)
+        ]
+        sent = time.monotonic()
+        renewed = None
+        if beats and fence_can_match(fence):
+            until = self._extend(x, s, params, max(hb.ttl for hb in beats))
+            if until is None:
+                raise LeaseLost(f"lease on {job_id!r} (fence {fence}) is not current{_AT_START}")
+            renewed = Lease(job_id, owner, fence, until)
+        else:
+            self._hold(x, s, params, _AT_START, joined=joined)
+        return _Block(beats, renewed, sent)
+
+    def _extend(self, x: Executor, s: Statements, params: dict[str, Any], ttl: float) -> float | None:
+        """Renew the lease in the block's transaction: its new ``until``, or ``None``."""
+        p = dict(params)
+        if "now" in p:
+            p["new_until"] = check_until(p["now"], ttl)
+        else:
+            p["ttl"] = ttl
+        if self._returning:
+            rows = x.rows(s.renew_returning, p)
+            return float(rows[0][0]) if rows else None
+        if x.count(s.renew_counting, p) != 1:
+            return None
+        return float(x.rows(s.lease_of, p)[0][1])
 
     @contextmanager
     def _joined(
-        self, conn: CallerConnection, s: Statements, params: dict[str, Any], complete: bool
+        self, conn: CallerConnection, s: Statements, params: dict[str, Any], complete: bool, entered: float
     ) -> Iterator[Any]:
-        """:meth:`fenced` inside the caller's transaction, the block in a SAVEPOINT."""
+        """:meth:`fenced` inside the caller's transaction, the block in a SAVEPOINT. The row
+        stays held (:mod:`fencing.holds`) until the caller's transaction ends."""
         try:
             connection = self._runner.caller(conn, self.table)
             x = CoreExecutor(connection)
-            self._hold(x, s, params, " at the start of the fenced block; rolled back", joined=True)
+            self._take_hold(params["job_id"], connection)
+            block = self._begin_block(x, s, params, joined=True)
             session = None if isinstance(conn, Connection) else conn
             savepoint = (connection if session is None else session).begin_nested()
         except self._errors as exc:
@@ -452,7 +612,7 @@ class JobStore:
         try:
             if session is not None:
                 session.flush()
-            self._finish(x, s, params, complete)
+            self._finish(x, s, params, complete, block, entered)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 savepoint.rollback()
@@ -473,13 +633,50 @@ class JobStore:
             job, token = params["job_id"], params["token"]
             raise LeaseLost(f"lease on {job!r} (fence {token}) is not current{when}")
 
-    def _finish(self, x: Executor, s: Statements, params: dict[str, Any], complete: bool) -> None:
-        """The end of a fenced block: complete the job, or check the lease once more."""
+    def _finish(
+        self,
+        x: Executor,
+        s: Statements,
+        params: dict[str, Any],
+        complete: bool,
+        block: _Block,
+        entered: float,
+    ) -> None:
+        """The end of a fenced block: complete the job, or check the lease once more, at the
+        moment the block ends (the caller's ``now`` advanced by the block's duration)."""
+        ended = time.monotonic()
+        if "now" in params:
+            params = {**params, "now": params["now"] + (ended - entered)}
+        if self._sqlite:
+            self._warn_if_long(params, ended - block.sent)
         if not complete:
             self._hold(x, s, params, " at the end of the fenced block; rolled back", joined=False)
         elif x.count(s.complete, params) != 1:
             job, token = params["job_id"], params["token"]
             raise LeaseLost(f"lease on {job!r} (fence {token}) was lost before completing")
+
+    def _warn_if_long(self, params: dict[str, Any], held: float) -> None:
+        """SQLite: say so when a fenced block kept every other writer waiting too long."""
+        shortest = min(
+            [self._shortest_ttl, *(hb.ttl for hb in holds.beats(self.holds_key, params["job_id"]))]
+        )
+        if held > LONG_BLOCK_FRACTION * shortest:
+            logger.warning(
+                "a fenced block on job %r held SQLite's write lock for %.3f s, more than %.0f%% of "
+                "the shortest ttl seen (%.3f s): every other writer waited; do the slow work "
+                "before the block",
+                params["job_id"],
+                held,
+                100 * LONG_BLOCK_FRACTION,
+                shortest,
+                extra={
+                    "job_id": params["job_id"],
+                    "owner": params["holder"],
+                    "fence": params["token"],
+                    "held_seconds": held,
+                    "shortest_ttl": shortest,
+                },
+            )
 
     def check(self, lease: Lease, *, now: float | None = None, conn: CallerConnection | None = None) -> None:
         """Raise :class:`LeaseLost` unless ``lease`` is current and live.
@@ -499,9 +696,18 @@ class JobStore:
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         when = ""
         if conn is None:
-            self._run(lambda x: self._hold(x, s, params, when, joined=False), None, write=False)
-        else:
-            self._run(lambda x: self._hold(x, s, params, when, joined=True), conn)
+            self._run(lambda x: self._hold(x, s, params, when, joined=False), None, write=False, job=job_id)
+            return
+
+        def unit(x: Executor) -> None:
+            self._hold(x, s, params, when, joined=True)
+
+        try:
+            connection = self._runner.caller(conn, self.table)
+        except self._errors as exc:
+            self._fail(exc)
+        self._take_hold(job_id, connection)  # the row stays locked until the caller's transaction ends
+        self._run(unit, connection)
 
     # -- workers that do not know job ids ---------------------------------------------------
 
@@ -537,14 +743,20 @@ class JobStore:
             return [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
 
         def picking(x: Executor) -> list[Lease]:
-            ids = [row[0] for row in x.rows(s.pick_ready, params)]
-            if not ids:
+            picked = {job_id: int(fence) for job_id, fence in x.rows(s.pick_ready, params)}
+            if not picked:
                 return []
-            claim, read = s.claim_ids(len(ids))
-            both = {**params, **{f"id_{i}": job_id for i, job_id in enumerate(ids)}}
+            claim, read = s.claim_ids(len(picked))
+            both = {**params, **{f"id_{i}": job_id for i, job_id in enumerate(picked)}}
             x.count(claim, both)
-            rows = x.rows(read, both)
-            return [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+            # the pick locked these rows: the UPDATE claimed those now one fence above the pick.
+            # Another (no longer ready at the UPDATE's own now) may still carry this owner from
+            # an earlier, expired lease: its old fence must not be handed out a second time
+            return [
+                Lease(job_id, owner, int(fence), float(until))
+                for job_id, fence, until in x.rows(read, both)
+                if int(fence) == picked[job_id] + 1
+            ]
 
         return self._run(returning if self._returning else picking, conn)
 
@@ -687,6 +899,29 @@ class JobStore:
             return [f.result() for f in futures]
 
 
+_AT_START = " at the start of the fenced block; rolled back"
+
+
+class _Block:
+    """What a fenced block knows between its checks: the heartbeats keeping its lease, the
+    lease as its first check extended it (if it did), and when that check was sent."""
+
+    __slots__ = ("beats", "renewed", "sent")
+
+    def __init__(self, beats: list[Any], renewed: Lease | None, sent: float) -> None:
+        self.beats = beats
+        self.renewed = renewed
+        self.sent = sent
+
+    def committed(self, completed: bool) -> None:
+        """The block's transaction committed: tell the heartbeats what it did to the lease."""
+        for hb in self.beats:
+            if completed:
+                hb._completed_by_block()
+            elif self.renewed is not None:
+                hb._extended(self.renewed, self.sent)
+
+
 #: job_id, owner, fence, result: one checked item of complete_many
 _Completion = tuple[str, str, int, "str | None"]
 #: result characters per batch statement: a statement stays far below MariaDB's packet limit
@@ -728,8 +963,14 @@ def _completion_binds(size: int) -> tuple[tuple[str, str, str, str, str], ...]:
 
 
 def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__} {value!r:.80}")
-    if not 1 <= value <= FENCE_MAX:
-        raise InvalidArgument(f"{name} must be between 1 and 2**63-1, got {value!r}")
-    return value
+    return check_count(name, value)
+
+
+def _refuse_if_exhausted(x: Executor, s: Statements, job_id: str) -> None:
+    """After a claim or revoke matched nothing: raise :class:`FencesExhausted` if that is
+    because the job's fence is at 2**63-1 (its guard, ``fence < 2**63-1``, is in the WHERE)."""
+    if x.rows(s.exhausted, {"job_id": job_id}):
+        raise FencesExhausted(
+            f"job {show_value(job_id)} has handed out its last fence ({FENCE_MAX}, 2**63-1): "
+            "it can never be claimed or revoked again"
+        )

@@ -224,47 +224,73 @@ def test_a_callers_connection_still_waits_the_whole_busy_timeout(tmp_path: Path)
 
 
 class CommitRefused(sqlite3.Connection):
-    """A connection whose COMMIT fails as a lost lock race would (before committing)."""
+    """A connection whose COMMIT fails as a lost lock race would (before committing), the
+    first ``refusals`` times."""
 
     commits = 0
+    refusals = 1
 
     def cursor(self, factory: Any = None) -> Any:
         return super().cursor(factory or CommitRefusedCursor)
 
     def commit(self) -> None:
+        CommitRefused.refuse()
+        super().commit()
+
+    @staticmethod
+    def refuse() -> None:
         CommitRefused.commits += 1
-        raise sqlite3.OperationalError("database is locked")
+        if CommitRefused.commits <= CommitRefused.refusals:
+            raise sqlite3.OperationalError("database is locked")
 
 
 class CommitRefusedCursor(sqlite3.Cursor):
     def execute(self, sql: str, parameters: Any = (), /) -> Any:
         if sql.strip().upper() == "COMMIT":
-            CommitRefused.commits += 1
-            raise sqlite3.OperationalError("database is locked")
+            CommitRefused.refuse()
         return super().execute(sql, parameters)
 
 
-def test_a_refused_commit_is_not_retried_and_changes_nothing(tmp_path: Path) -> None:
+def test_a_refused_commit_is_rolled_back_and_run_again_once(tmp_path: Path) -> None:
+    # a lock race at COMMIT: the store rolls its unit back (SQLite keeps the transaction
+    # open after a busy COMMIT; the servers have already rolled it back) and runs it again,
+    # so the claim is made exactly once
     path = tmp_path / "commit.db"
     with sqlite_store(path) as store:
         store.enqueue("j", ready_at=0.0)
         fencing.FenceMarks(store.engine).create_tables()
     engine = fencing.create_sqlite_engine(path, connect_args={"factory": CommitRefused})
     store = JobStore(engine)
-    CommitRefused.commits = 0
+    CommitRefused.commits, CommitRefused.refusals = 0, 1
     try:
-        with pytest.raises(DatabaseBusy, match="COMMIT"):
-            store.claim("j", "w", now=NOW, ttl=TTL)
-        assert CommitRefused.commits == 1
-        assert store.state("j") == JobState("j", None, 0.0, 0, None, False)
+        assert store.claim("j", "w", now=NOW, ttl=TTL) == Lease("j", "w", 1, NOW + TTL)
+        assert CommitRefused.commits == 2
+        assert store.state("j") == JobState("j", "w", NOW + TTL, 1, None, False)
         # the engine-owned transactions (FenceMarks) follow the same rule
         marks = fencing.FenceMarks(engine)
         CommitRefused.commits = 0
-        with pytest.raises(DatabaseBusy, match="COMMIT"):
-            marks.accept("r", 1)
-        assert CommitRefused.commits == 1
+        assert marks.accept("r", 1)
+        assert CommitRefused.commits == 2
+        assert marks.highest("r") == 1
     finally:
         store.engine.dispose()
+        engine.dispose()
+
+
+def test_a_commit_refused_past_the_budget_is_busy_and_changes_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "commit.db"
+    with sqlite_store(path) as store:
+        store.enqueue("j", ready_at=0.0)
+    engine = fencing.create_sqlite_engine(path, busy_timeout=0.3, connect_args={"factory": CommitRefused})
+    store = JobStore(engine)
+    CommitRefused.commits, CommitRefused.refusals = 0, 10**9
+    try:
+        with pytest.raises(DatabaseBusy):
+            store.claim("j", "w", now=NOW, ttl=TTL)
+        assert CommitRefused.commits >= 2  # retried, within the budget
+        CommitRefused.refusals = 0
+        assert store.state("j") == JobState("j", None, 0.0, 0, None, False)
+    finally:
         engine.dispose()
 
 

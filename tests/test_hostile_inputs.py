@@ -21,6 +21,8 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ import fencing
 import service
 from fencing import (
     ConfigurationError,
+    DatabaseCorrupt,
     DatabaseError,
     DatabaseMissing,
     FenceMarks,
@@ -55,6 +58,11 @@ DOWN_PG = "postgresql+psycopg://postgres@127.0.0.1:1/test?connect_timeout=2"
 DOWN_MYSQL = "mysql+pymysql://root@127.0.0.1:1/test?connect_timeout=2"
 
 SQL = "'; DROP TABLE jobs; --"
+
+#: how a message shows 10**400 (or -10**400), an int too large for a float: its repr, cut
+HUGE = "1" + "0" * 79 + "... (401 chars)"
+HUGE_RANGE = "must be a finite number within a float's range (about 1.8e308), got "
+DB_FLOOR = "must be at least 0.001 s with the database's clock (now=None), got "
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,13 @@ ROWS: list[Row] = [
     ),
     Row(
         "JobStore.enqueue",
+        "a negative int too large for a float as a time",
+        'store.enqueue("new", ready_at=-10**400)',
+        InvalidArgument,
+        "ready_at " + HUGE_RANGE + "-" + HUGE[:79] + "... (402 chars)",
+    ),
+    Row(
+        "JobStore.enqueue",
         "SQL in the job id (valid data)",
         f"store.enqueue({SQL!r})",
         None,
@@ -239,6 +254,36 @@ ROWS: list[Row] = [
     ),
     Row(
         "JobStore.claim",
+        "a TTL below the database clock's tick (1 ms)",
+        'store.claim("free", "w", ttl=1e-9)',
+        InvalidArgument,
+        "ttl " + DB_FLOOR + "1e-09",
+        note="now=None: SQLite's clock counts milliseconds; one floor on every backend",
+    ),
+    Row(
+        "JobStore.claim",
+        "an int too large for a float as the clock",
+        'store.claim("free", "w", ttl=10, now=10**400)',
+        InvalidArgument,
+        "now " + HUGE_RANGE + HUGE,
+    ),
+    Row(
+        "JobStore.claim",
+        "an int too large for a float as the TTL",
+        'store.claim("free", "w", ttl=10**400, now=110.0)',
+        InvalidArgument,
+        "ttl " + HUGE_RANGE + HUGE,
+    ),
+    Row(
+        "JobStore.claim",
+        "a Decimal as the TTL",
+        'store.claim("free", "w", ttl=Decimal("1e400"), now=110.0)',
+        InvalidArgumentType,
+        "ttl must be a real number (int or float), got Decimal Decimal('1E+400')",
+        note="a Decimal of any size: not a real number to Python's numeric tower",
+    ),
+    Row(
+        "JobStore.claim",
         "a job id over the key limit (2000 bytes)",
         'store.claim("x" * 2001, "w", ttl=10, now=110.0)',
         InvalidArgument,
@@ -300,6 +345,20 @@ ROWS: list[Row] = [
         "delay must be a finite number, got -inf",
     ),
     Row(
+        "JobStore.release",
+        "a delay too large for a float",
+        "store.release(lease, delay=10**400, now=110.0)",
+        InvalidArgument,
+        "delay " + HUGE_RANGE + HUGE,
+    ),
+    Row(
+        "JobStore.release",
+        "a delay below the database clock's tick (1 ms)",
+        "store.release(lease, delay=5e-4)",
+        InvalidArgument,
+        "delay " + DB_FLOOR + "0.0005",
+    ),
+    Row(
         "JobStore.revoke",
         "`None` as the job id",
         "store.revoke(None)",
@@ -356,6 +415,21 @@ ROWS: list[Row] = [
         "limit must be between 1 and 2**63-1, got 0",
     ),
     Row(
+        "JobStore.claim_next",
+        "a Fraction too large for a float as the TTL",
+        'store.claim_next("w", ttl=Fraction(10**400), now=110.0)',
+        InvalidArgument,
+        "ttl " + HUGE_RANGE + "Fraction(" + "1" + "0" * 70 + "... (414 chars)",
+    ),
+    Row(
+        "JobStore.claim_next",
+        "an int too long to print as the limit",
+        'store.claim_next("w", ttl=10, now=110.0, limit=10**5000)',
+        InvalidArgument,
+        "limit must be between 1 and 2**63-1, got an int of 16610 bits",
+        note="past Python's 4300-digit limit for printing an int",
+    ),
+    Row(
         "JobStore.complete_many",
         "a bare Lease where a pair goes",
         "store.complete_many([lease], now=110.0)",
@@ -407,6 +481,20 @@ ROWS: list[Row] = [
         "Heartbeat(store, lease, 10, interval=10)",
         InvalidArgument,
         "interval must be > 0 and < ttl (10.0), got 10",
+    ),
+    Row(
+        "Heartbeat",
+        "an interval too large for a float",
+        "Heartbeat(store, lease, 10, interval=10**400)",
+        InvalidArgument,
+        "interval must be > 0 and < ttl (10.0), got " + HUGE,
+    ),
+    Row(
+        "Heartbeat",
+        "a TTL too large for a float",
+        "Heartbeat(store, lease, 10**400)",
+        InvalidArgument,
+        "ttl " + HUGE_RANGE + HUGE,
     ),
     Row(
         "Heartbeat",
@@ -465,6 +553,14 @@ ROWS: list[Row] = [
         'marks.accept("invoice-7", -1)',
         InvalidArgument,
         "fence must be between 0 and 2**63-1, got -1",
+    ),
+    Row(
+        "FenceMarks.accept",
+        "a fence too long to print",
+        'marks.accept("invoice-7", 10**5000)',
+        InvalidArgument,
+        "fence must be between 0 and 2**63-1, got an int of 16610 bits",
+        note="past Python's 4300-digit limit for printing an int",
     ),
     Row(
         "FenceMarks.accept",
@@ -617,6 +713,21 @@ ROWS: list[Row] = [
         "now must be a finite number, got nan",
     ),
     Row(
+        "service.claim",
+        "an int too large for a float as the clock",
+        'service.claim(db, "free", "w", 10**400, 10.0)',
+        InvalidArgument,
+        "now " + HUGE_RANGE + HUGE,
+    ),
+    Row(
+        "service.claim",
+        "a TTL below the database clock's tick (1 ms)",
+        'service.claim(db, "free", "w", None, 5e-4)',
+        InvalidArgument,
+        "ttl " + DB_FLOOR + "0.0005",
+        note="now=None is the library's extension of the contract; the caller's clock keeps its rule",
+    ),
+    Row(
         "service.release",
         "`None` as the owner",
         'service.release(db, "job", None, 1)',
@@ -753,12 +864,15 @@ ROWS: list[Row] = [
     ),
     Row(
         "service.init_db",
-        "a database whose pages are garbage (passes)",
+        "a database whose pages are garbage",
         "service.init_db(path)",
-        None,
-        returns="None",
+        DatabaseCorrupt,
+        "the SQLite database '{tmp}/jobs.db' is corrupt: PRAGMA quick_check of table 'jobs' and its "
+        "indexes found: database disk image is malformed. Nothing was changed; restore the file from "
+        "a backup (sqlite.org/recovery.html can salvage rows)",
+        cause=sa_exc.DatabaseError,
         setup="corrupt_pages",
-        note="init_db reads the schema (page 1) only; the first operation on the rows fails as above",
+        note="init_db (create_table) checks the jobs table's pages once, before anything is written",
     ),
     # -- servers that are down ---------------------------------------------------------------------
     Row(
@@ -826,6 +940,7 @@ NAMESPACE_DOC = [
     ("path", "the file (or directory) the row's setup made in `tmp`"),
     ("create_engine", "`sqlalchemy.create_engine`"),
     ("nan, inf", "`math.nan`, `math.inf`"),
+    ("Fraction, Decimal", "`fractions.Fraction`, `decimal.Decimal`"),
     ("DOWN_PG", f"`{DOWN_PG}` (nothing listens on port 1)"),
     ("DOWN_MYSQL", f"`{DOWN_MYSQL}`"),
 ]
@@ -896,6 +1011,8 @@ def namespace(tracker: Tracker, tmp: Path, **names: Any) -> dict[str, Any]:
         "MetaData": MetaData,
         "nan": math.nan,
         "inf": math.inf,
+        "Fraction": Fraction,
+        "Decimal": Decimal,
         "DOWN_PG": DOWN_PG,
         "DOWN_MYSQL": DOWN_MYSQL,
         "lease": Lease("job", "w", 1, 150.0),

@@ -26,6 +26,8 @@ def test_real_store_survives_every_fault(target: str) -> None:
     for kind in ("stop", "kill", "revoke"):
         assert tally[("fault", kind)] >= 1, f"no {kind} fault was injected\n{report}"
     assert tally[("claim",)] >= SHORT["jobs"], report
+    # fenced blocks ran with their heartbeat renewing around them, and none hung
+    assert tally[("write", "nested")] >= 1, report
     # the late writers were there, and were refused (by the store or their heartbeat)
     refused = sum(n for key, n in tally.items() if "refused" in key) + tally[("skip",)]
     assert refused >= 1, report

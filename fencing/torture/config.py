@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..checks import show_value
 from ..errors import InvalidArgument, InvalidArgumentType
 
 __all__ = ["FINISH_MODES", "TortureConfig"]
@@ -59,11 +60,11 @@ class TortureConfig:
         if not isinstance(self.url, str) or not self.url:
             raise InvalidArgumentType("url must be a non-empty str")
         if not 1 <= self.workers <= 256:
-            raise InvalidArgument(f"workers must be between 1 and 256, got {self.workers}")
+            raise InvalidArgument(f"workers must be between 1 and 256, got {show_value(self.workers)}")
         if not 1 <= self.jobs <= 10_000_000:
-            raise InvalidArgument(f"jobs must be between 1 and 10,000,000, got {self.jobs}")
+            raise InvalidArgument(f"jobs must be between 1 and 10,000,000, got {show_value(self.jobs)}")
         if not 1 <= self.batch <= 1000:
-            raise InvalidArgument(f"batch must be between 1 and 1000, got {self.batch}")
+            raise InvalidArgument(f"batch must be between 1 and 1000, got {show_value(self.batch)}")
         for name, low in (
             ("seconds", 0.0),
             ("ttl", 0.05),
@@ -72,14 +73,14 @@ class TortureConfig:
             ("drain", 1.0),
         ):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise InvalidArgument(f"{name} must be a finite number of seconds, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+                raise InvalidArgument(f"{name} must be a finite number of seconds, got {show_value(value)}")
             if value < low:
                 raise InvalidArgument(f"{name} must be at least {low:g} s, got {value!r}")
         for name in ("check_heartbeat", "release_rate"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise InvalidArgument(f"{name} must be a probability in [0, 1], got {value!r}")
+                raise InvalidArgument(f"{name} must be a probability in [0, 1], got {show_value(value)}")
         if self.finish not in FINISH_MODES:
             raise InvalidArgument(f"finish must be one of {', '.join(FINISH_MODES)}, got {self.finish!r}")
         unknown = set(self.faults) - set(FAULT_KINDS)
@@ -87,6 +88,13 @@ class TortureConfig:
             raise InvalidArgument(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
         if ":" not in self.store_factory:
             raise InvalidArgument(f"store_factory must be 'module:callable', got {self.store_factory!r}")
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past the largest double: no time is that long
+        return False
 
 
 #: SIGSTOP past the TTL then SIGCONT (the late writer); SIGKILL anywhere, or while the

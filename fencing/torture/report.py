@@ -27,6 +27,7 @@ def summary(run: Run) -> str:
             ("claims (claim_next)", count("claim")),
             ("renewals / refused", f"{count('renew')} / {count('renew', 'refused')}"),
             ("completions accepted", count("write", "accepted")),
+            ("fenced blocks run under their running heartbeat", count("write", "nested")),
             ("external writes accepted", count("external", "accepted")),
             ("jobs given back with a delay", count("release-delayed")),
             ("database errors reported (retried by the worker)", count("error")),

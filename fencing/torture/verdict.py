@@ -101,6 +101,8 @@ def _tally(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -
             tallies[("renew", "refused")] += 1
     for write in by_kind["write"]:
         tallies[("write", "accepted") if write["ok"] else ("write", "refused", write["how"])] += 1
+        if write.get("nested"):
+            tallies[("write", "nested")] += 1
     for external in by_kind["external"]:
         tallies[("external", "accepted" if external["ok"] else "refused")] += 1
     for release in by_kind["release"]:

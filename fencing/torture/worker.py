@@ -2,8 +2,9 @@
 
 The cycle: ``claim_next`` (a batch) → per lease a :class:`fencing.Heartbeat` → simulated work
 → sometimes a write to an "external" resource guarded by :meth:`fencing.FenceMarks.accept`
-→ finish the job: a fenced block that writes the application's own row and completes,
-a plain ``complete``, or ``complete_many`` over the batch. Sometimes the job is given back
+→ finish the job: a fenced block that writes the application's own row and completes
+(half of them with the heartbeat still renewing, nested around the block), a plain
+``complete``, or ``complete_many`` over the batch. Sometimes the job is given back
 with a delay instead (a retry). Every call's outcome goes to the worker's journal.
 
 The worker publishes where it is (idle, holding a lease, inside a write transaction) in a
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
+from .. import holds
 from ..errors import FencingError, LeaseLost
 from ..heartbeat import Heartbeat
 from ..marks import FenceMarks
@@ -58,6 +60,10 @@ def result_of(lease: Lease) -> str:
     return f"{lease.owner}#{lease.fence}"
 
 
+#: the share of fenced blocks run with the lease's heartbeat still renewing
+NESTED_RATE = 0.5
+
+
 def _record(journal: Journal, event: str, lease: Lease, t0: float, **fields: object) -> None:
     """One call on ``lease`` that started at ``t0`` and has just returned."""
     journal.record(
@@ -71,6 +77,15 @@ class _JournaledKeeper:
     def __init__(self, store: JobStore, journal: Journal) -> None:
         self._store = store
         self._journal = journal
+
+    @property
+    def holds_key(self) -> holds.Key:
+        """The store's: the heartbeat meets the worker's fenced blocks through it."""
+        return self._store.holds_key
+
+    @property
+    def clock_resolution(self) -> float:
+        return self._store.clock_resolution
 
     def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None:
         t0 = time.time()
@@ -169,12 +184,17 @@ class _Worker:
                 return
             if rng.random() < 0.5 and self.checked(heartbeat, "external"):
                 self.write_external(heartbeat.lease)
-            heartbeat.stop()  # a renewal racing the completion would be refused and look like a loss
             mode = finish_mode(config, lease.job_id)
+            # half the fenced blocks run with the heartbeat still going (the block extends the
+            # lease and completes it; the heartbeat then ends quietly); before any other finish
+            # it stops, as a renewal racing the completion would be refused and look like a loss
+            nested = mode == "fenced" and rng.random() < NESTED_RATE
+            if not nested:
+                heartbeat.stop()
             if mode == "batch":
                 batched.append(heartbeat.lease)
             elif self.checked(heartbeat, mode):
-                self.finish(heartbeat.lease, mode)
+                self.finish(heartbeat.lease, mode, nested=nested)
 
     def checked(self, heartbeat: Heartbeat, before: str) -> bool:
         """Sometimes look before writing; otherwise leave the refusal to the store."""
@@ -208,7 +228,7 @@ class _Worker:
         self.at(HOLDING)
         _record(self.journal, "external", lease, t0, ok=accepted)
 
-    def finish(self, lease: Lease, mode: str) -> None:
+    def finish(self, lease: Lease, mode: str, *, nested: bool = False) -> None:
         t0 = time.time()
         if mode == "fenced":
             row = {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence}
@@ -222,7 +242,10 @@ class _Worker:
         else:
             accepted = self.store.complete(lease, result_of(lease))
         self.at(HOLDING)
-        _record(self.journal, "write", lease, t0, how=mode, ok=accepted)
+        if nested:
+            _record(self.journal, "write", lease, t0, how=mode, ok=accepted, nested=True)
+        else:
+            _record(self.journal, "write", lease, t0, how=mode, ok=accepted)
 
     def finish_batch(self, leases: list[Lease]) -> None:
         t0 = time.time()
