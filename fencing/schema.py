@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.schema import CreateIndex, CreateTable
+from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
 from .checks import check_new_table
 from .dberrors import is_corrupt
@@ -127,9 +127,11 @@ def _jobs_table(metadata: MetaData, name: str, schema: str | None, *, id_nullabl
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
         Column("result", _RESULT, nullable=True),
         Column("done", Integer, nullable=False, server_default=text("0")),
-        # claim_next's search: ready jobs in the order they became ready. An index, not a
-        # column: the contract's columns stay as they are
-        Index(f"ix_{name}_ready", "done", "until"),
+        # claim_next's search: ready jobs in the order they became ready, ties by id, which
+        # is the claim order itself (ORDER BY until, id), so the pick walks the index from
+        # its start and stops at LIMIT: no sort of the ready set at any backlog. An index,
+        # not a column: the contract's columns stay as they are
+        Index(f"ix_{name}_ready", "done", "until", "id"),
         schema=schema,
         mysql_charset="utf8mb4",
         mariadb_charset="utf8mb4",
@@ -168,8 +170,10 @@ _EXPECTED = (
 def ensure_jobs_table(conn: Connection, table: Table = jobs) -> None:
     """Create ``table`` if it is missing, then check that what exists matches.
 
-    Never drops, alters or empties anything: an existing table with other columns
-    raises :class:`SchemaMismatch` naming every difference and is left as it was. On SQLite
+    Never drops, alters or empties a table: an existing table with other columns raises
+    :class:`SchemaMismatch` naming every difference and is left as it was. Its index for
+    ``claim_next`` is created if missing, and replaced if an older version made it with
+    other columns (earlier versions made ``(done, until)``). On SQLite
     a table whose pages are damaged raises :class:`DatabaseCorrupt` (:func:`_check_pages`).
     """
     conn.execute(CreateTable(table, if_not_exists=True))
@@ -182,10 +186,18 @@ def ensure_jobs_table(conn: Connection, table: Table = jobs) -> None:
             f"existing table {where!r} does not match the jobs schema (left unchanged): "
             + "; ".join(problems)
         )
-    # a table made by the contract's plain DDL (or an older version) gets the index too
-    present = {ix["name"] for ix in inspect(conn).get_indexes(table.name, schema=table.schema)}
+    # a table made by the contract's plain DDL gets the index too; one made by an older
+    # version, whose index of that name had other columns, gets it replaced (an index holds
+    # no data: dropping it loses nothing, and claim_next needs the claim order in it)
+    present = {
+        ix["name"]: list(ix["column_names"])
+        for ix in inspect(conn).get_indexes(table.name, schema=table.schema)
+    }
     for index in table.indexes:
         if index.name not in present:
+            conn.execute(CreateIndex(index))
+        elif present[index.name] != [c.name for c in index.columns]:
+            conn.execute(DropIndex(index))
             conn.execute(CreateIndex(index))
 
 

@@ -15,19 +15,22 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from sqlalchemy import (
+    ARRAY,
+    BigInteger,
     ColumnElement,
     Double,
     Integer,
     Table,
+    Text,
     and_,
     bindparam,
     column,
+    func,
     literal_column,
     null,
     select,
     union_all,
     update,
-    values,
 )
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
@@ -35,7 +38,6 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FromClause, Update
 from sqlalchemy.sql.functions import FunctionElement
-from sqlalchemy.types import TypeEngine
 
 from .checks import FENCE_MAX
 from .clock import database_now
@@ -72,25 +74,31 @@ def batch_size(count: int) -> int:
     return 1 << (count - 1).bit_length()
 
 
-class insertion_order(FunctionElement[Any]):
-    """The tie-break among jobs ready at the same instant: SQLite's ``rowid``, which grows
-    with every insert (the library never deletes rows), so equal ``until`` comes out in
-    enqueue order; elsewhere the job id, for a deterministic order (their µs clocks already
-    set separate enqueues apart)."""
+class unindexed(FunctionElement[Any]):
+    """A column read as a value, never as a way into an index: SQLite's unary ``+``,
+    MariaDB's ``col + 0`` (PostgreSQL: the column as is). For a re-check next to a search by
+    primary key, which SQLite's planner (a claim) or MariaDB's (a batch completion joined to
+    its derived table) would otherwise drive through the ready index, testing ready rows."""
 
     inherit_cache = True
-    name = "insertion_order"
+    name = "unindexed"
 
 
-@compiles(insertion_order)
-def _by_id(element: insertion_order, compiler: SQLCompiler, **kw: Any) -> str:
+@compiles(unindexed)
+def _as_is(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
     return compiler.process(element.clauses, **kw)
 
 
-@compiles(insertion_order, "sqlite")
-def _by_rowid(element: insertion_order, compiler: SQLCompiler, **kw: Any) -> str:
-    # the index on (done, until) carries the rowid: ordering by it needs no sort
-    return "rowid"
+@compiles(unindexed, "sqlite")
+def _plus(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "+" + compiler.process(element.clauses, **kw)
+
+
+@compiles(unindexed, "mysql")
+@compiles(unindexed, "mariadb")
+def _plus_zero(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    # MariaDB's optimizer may drive a join through the ready index on these columns
+    return "(" + compiler.process(element.clauses, **kw) + " + 0)"
 
 
 class Statements:
@@ -204,10 +212,11 @@ class Statements:
         #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
         #: (max_fence <= 2**63-1, so a job at the last fence is never ready)
         ready = and_(t.c.done == _ZERO, t.c.until <= now, t.c.fence < bindparam("max_fence"))
-        #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie)
-        #: insertion order. SKIP LOCKED: a worker never waits for rows another worker is
-        #: claiming (ignored on SQLite, where BEGIN IMMEDIATE serializes claims)
-        longest_ready = (t.c.until, insertion_order(t.c.id))
+        #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie) by
+        #: id: the order of the ready index (done, until, id), so no backend sorts. SKIP
+        #: LOCKED: a worker never waits for rows another worker is claiming (ignored on
+        #: SQLite, where BEGIN IMMEDIATE serializes claims)
+        longest_ready = (t.c.until, t.c.id)
         pick = (
             select(as_text(t.c.id))
             .where(ready)
@@ -221,9 +230,15 @@ class Statements:
         # MATERIALIZED: PostgreSQL may otherwise re-run the pick per outer row, each time
         # skipping the rows this very statement just locked, and claim past the LIMIT
         picked = pick.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
+        #: the picked rows, found by primary key; still ready (a re-check that costs nothing)
+        ready_again = and_(
+            unindexed(t.c.done) == _ZERO,
+            unindexed(t.c.until) <= now,
+            unindexed(t.c.fence) < bindparam("max_fence"),
+        )
         self.claim_next_returning: Executable = (
             update(t)
-            .where(t.c.id.in_(select(picked.c.id)), ready)
+            .where(t.c.id.in_(select(picked.c.id)), ready_again)
             .values(claim_values)
             .returning(as_text(t.c.id), t.c.fence, t.c.until)
         )
@@ -238,6 +253,8 @@ class Statements:
         )
         self._now = now
         self._lease_live = lease_live
+        #: the same, for a row found by its primary key: never a way into the ready index
+        self._lease_live_by_key = unindexed(t.c.until) > now
         self._batches: dict[tuple[str, int], Executable] = {}
 
     def claim_ids(self, count: int) -> tuple[Executable, Executable]:
@@ -281,29 +298,37 @@ class Statements:
         """complete's guard, per completion: the job of ``v.id`` held by ``v.holder`` under
         ``v.token``, not done, lease live; then its result and done = 1."""
         t = self.table
-        current = and_(t.c.id == v.c.id, t.c.owner == v.c.holder, t.c.fence == v.c.token, t.c.done == _ZERO)
-        return update(t).where(current, self._lease_live).values(result=v.c.result, done=_ONE)
+        current = and_(
+            t.c.id == v.c.id, t.c.owner == v.c.holder, t.c.fence == v.c.token, unindexed(t.c.done) == _ZERO
+        )
+        return update(t).where(current, self._lease_live_by_key).values(result=v.c.result, done=_ONE)
 
-    def complete_batch_returning(self, size: int) -> Executable:
-        """``size`` completions in one ``UPDATE ... FROM (VALUES ...)``, returning the
-        positions (``n``) of the accepted ones (PostgreSQL). Each row of the VALUES list
-        meets the guard on its own; a padding row of NULLs matches nothing."""
+    def complete_batch_arrays(self) -> Executable:
+        """Any number of completions in one ``UPDATE ... FROM unnest(arrays)``, returning the
+        positions (``n``) of the accepted ones (PostgreSQL). Binds five arrays, ``ns``,
+        ``ids``, ``holders``, ``tokens``, ``results``, so the statement's text is the same
+        for every batch size: psycopg prepares it once, and nothing is re-parsed per call.
+        Each row of the arrays meets the guard on its own."""
 
         def build() -> Executable:
             t = self.table
-            names = ("n", "id", "holder", "token", "result")
-            types: tuple[TypeEngine[Any], ...] = (
-                Integer(),
-                KEY_TYPE,
-                KEY_TYPE,
-                t.c.fence.type,
-                t.c.result.type,
+            arrays = func.unnest(
+                bindparam("ns", type_=ARRAY(Integer())),
+                bindparam("ids", type_=ARRAY(Text())),
+                bindparam("holders", type_=ARRAY(Text())),
+                bindparam("tokens", type_=ARRAY(BigInteger())),
+                bindparam("results", type_=ARRAY(Text())),
             )
-            v = values(*(column(n, ty) for n, ty in zip(names, types, strict=True)), name="v")
-            v = v.data(self._completions(size))
+            v = arrays.table_valued(
+                column("n", Integer()),
+                column("id", t.c.id.type),
+                column("holder", t.c.owner.type),
+                column("token", t.c.fence.type),
+                column("result", t.c.result.type),
+            ).render_derived(name="v")
             return self._complete_joined(v).returning(v.c.n)
 
-        return self._batch("complete_returning", size, build)
+        return self._batch("complete_arrays", 0, build)
 
     def lock_live(self, size: int) -> Executable:
         """For databases without ``UPDATE ... RETURNING``: lock the rows of ``size`` job ids

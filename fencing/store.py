@@ -105,9 +105,10 @@ class JobStore:
         self._max_id_bytes = ID_MAX_BYTES.get(dialect.name)
         self._nul_ok = dialect.name != "postgresql"  # PostgreSQL text cannot hold U+0000
         self._enqueue = self._enqueue_unit(dialect.name)
-        #: how complete_many reaches the database: one UPDATE ... FROM (VALUES ...) RETURNING
-        #: (PostgreSQL), a locking read and one joined UPDATE (MariaDB/MySQL, no RETURNING),
-        #: or an UPDATE per completion (SQLite, where a statement costs no round trip)
+        #: how complete_many reaches the database: one UPDATE ... FROM unnest(arrays) RETURNING
+        #: (PostgreSQL, one statement text for every batch size), a locking read and one
+        #: joined UPDATE (MariaDB/MySQL, no RETURNING), or an UPDATE per completion (SQLite,
+        #: where a statement costs no round trip)
         self._batch_completion = {"postgresql": "returning", "mysql": "locking", "mariadb": "locking"}.get(
             dialect.name, "each"
         )
@@ -822,14 +823,12 @@ class JobStore:
 
         chunks = _chunks(batch, todo)
         if self._batch_completion == "returning":
+            stmt = s.complete_batch_arrays()
 
             def returning(x: Executor) -> set[int]:
                 accepted: set[int] = set()
                 for chunk in chunks:
-                    size = batch_size(len(chunk))
-                    rows = x.rows(
-                        s.complete_batch_returning(size), {**_completion_params(batch, chunk, size), **clock}
-                    )
+                    rows = x.rows(stmt, {**_completion_arrays(batch, chunk), **clock})
                     accepted.update(int(row[0]) for row in rows)
                 return accepted
 
@@ -956,9 +955,22 @@ def _completion_params(batch: list[_Completion], chunk: list[int], size: int) ->
     return params
 
 
+def _completion_arrays(batch: list[_Completion], chunk: list[int]) -> dict[str, Any]:
+    """The five arrays :meth:`Statements.complete_batch_arrays` binds, for ``chunk``."""
+    rows = [batch[i] for i in chunk]
+    return {
+        "ns": chunk,
+        "ids": [r[0] for r in rows],
+        "holders": [r[1] for r in rows],
+        "tokens": [r[2] for r in rows],
+        "results": [r[3] for r in rows],
+    }
+
+
 @functools.lru_cache(maxsize=16)
 def _completion_binds(size: int) -> tuple[tuple[str, str, str, str, str], ...]:
-    """The names :meth:`Statements.complete_batch_returning` and friends bind, per row."""
+    """The names :meth:`Statements.complete_batch_joined` and :meth:`Statements.lock_live`
+    bind, per row."""
     return tuple((f"n_{k}", f"id_{k}", f"holder_{k}", f"token_{k}", f"result_{k}") for k in range(size))
 
 

@@ -166,7 +166,7 @@ def test_first_migration_applies_as_generated_and_the_second_is_empty(
     created = " ".join(upgrade_statements(first))
     for name in TABLES:
         assert f"op.create_table('{name}'" in created
-    assert "op.create_index('ix_jobs_ready', 'jobs', ['done', 'until']" in created
+    assert "op.create_index('ix_jobs_ready', 'jobs', ['done', 'until', 'id']" in created
     project.upgrade()
 
     app = App.tables()
@@ -180,6 +180,25 @@ def test_first_migration_applies_as_generated_and_the_second_is_empty(
     for name, columns in TABLES.items():
         assert [c["name"] for c in inspect(engine).get_columns(name)] == columns
         assert inspect(engine).get_pk_constraint(name)["constrained_columns"] == columns[:1]
+
+
+def test_a_table_migrated_by_an_older_version_gets_the_claim_order_index_from_autogenerate(
+    project: Project, engine: Engine
+) -> None:
+    project.autogenerate("initial tables")
+    project.upgrade()
+    on = " ON jobs" if engine.dialect.name in ("mysql", "mariadb") else ""
+    with engine.begin() as conn:  # the index as fencing before 0.2 declared it
+        conn.exec_driver_sql(f"DROP INDEX ix_jobs_ready{on}")
+        conn.exec_driver_sql("CREATE INDEX ix_jobs_ready ON jobs (done, until)")
+    second = project.autogenerate("the ready index in claim order")
+    changes = " ".join(upgrade_statements(second))
+    assert "op.drop_index(op.f('ix_jobs_ready'), table_name='jobs')" in changes
+    assert "op.create_index('ix_jobs_ready', 'jobs', ['done', 'until', 'id']" in changes
+    project.upgrade()
+    assert differences(engine, App.tables().metadata) == []
+    [ready] = [ix for ix in inspect(engine).get_indexes("jobs") if ix["name"] == "ix_jobs_ready"]
+    assert ready["column_names"] == ["done", "until", "id"]
 
 
 def test_migrated_tables_are_the_ones_the_library_creates(project: Project, engine: Engine) -> None:

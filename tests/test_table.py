@@ -506,7 +506,7 @@ def test_table_from_contracts_literal_ddl_is_accepted_and_usable_by_service(targ
 
     service.init_db(target)
     # the table is untouched; the only addition is claim_next's index (an index, not a column)
-    ready_index = ("index", "ix_jobs_ready", "CREATE INDEX ix_jobs_ready ON jobs (done, until)")
+    ready_index = ("index", "ix_jobs_ready", "CREATE INDEX ix_jobs_ready ON jobs (done, until, id)")
     assert sorted(sqlite_schema(target), key=repr) == sorted([*schema_before, ready_index], key=repr)
     assert table_info(target) == EXPECTED_TABLE_INFO
     assert service.state(target, "old") == {

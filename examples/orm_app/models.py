@@ -2,7 +2,8 @@
 
 Alembic sees all of them (``migrations/env.py``: ``target_metadata = Base.metadata``), so
 ``alembic revision --autogenerate`` writes the library's tables into the application's own
-migrations, as any other table; ``migrations/versions/0001_initial.py`` is what it wrote.
+migrations, as any other table; ``migrations/versions/0001_initial.py`` is what it wrote,
+and ``0002_ready_index_in_claim_order.py`` what it wrote when fencing changed its index.
 """
 
 from __future__ import annotations
