@@ -728,11 +728,18 @@ class JobStore:
         ``max_attempts``) claimed fewer than that many times, the fence being the attempt
         count. The jobs that have been ready longest come first (by ``until``: enqueue
         time, lease expiry or retry time; with :meth:`enqueue`'s default that is first-come
-        first-served), ties in insertion order on SQLite and by id on the servers; the
-        order of the returned list is the database's. On PostgreSQL and MariaDB workers
+        first-served), ties by id (the order of the ready index, so the pick walks it from
+        its start and stops at ``limit``, at any backlog); the order of the returned list
+        is the database's. On PostgreSQL and MariaDB workers
         skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
         ``BEGIN IMMEDIATE`` serializes claims.
         """
+        return self._run(self._claim_next_unit(owner, ttl, now, limit, max_attempts), conn)
+
+    def _claim_next_unit(
+        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object
+    ) -> Callable[[Executor], list[Lease]]:
+        """The unit of :meth:`claim_next`, its arguments checked."""
         owner = self._key("owner", owner)
         limit = _positive_int("limit", limit)
         max_fence = FENCE_MAX if max_attempts is None else _positive_int("max_attempts", max_attempts)
@@ -759,7 +766,7 @@ class JobStore:
                 if int(fence) == picked[job_id] + 1
             ]
 
-        return self._run(returning if self._returning else picking, conn)
+        return returning if self._returning else picking
 
     def complete_many(
         self,
@@ -785,6 +792,15 @@ class JobStore:
                 "completions must be an iterable of (lease, result) pairs, "
                 f"got {type(completions).__name__} {completions!r:.80}"
             )
+        size, unit = self._completions_unit(completions, now)
+        accepted = self._run(unit, conn) if unit is not None else set()
+        return [i in accepted for i in range(size)]
+
+    def _completions_unit(
+        self, completions: Iterable[tuple[Lease, str | None]], now: object
+    ) -> tuple[int, Callable[[Executor], set[int]] | None]:
+        """The unit of :meth:`complete_many`, every item checked: how many items there are,
+        and the unit returning the positions accepted (``None``: none can be)."""
         s, clock = self._clock(now)
         batch: list[_Completion] = []
         for item in completions:
@@ -800,8 +816,47 @@ class JobStore:
             for i, (job_id, owner, fence, _) in enumerate(batch)
             if fence_can_match(fence) and first.setdefault((job_id, owner, fence), i) == i
         ]
-        accepted = self._run(self._complete_many(s, clock, batch, todo), conn) if todo else set()
-        return [i in accepted for i in range(len(batch))]
+        return len(batch), (self._complete_many(s, clock, batch, todo) if todo else None)
+
+    def complete_and_claim_next(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: CallerConnection | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        """A worker's step: :meth:`complete_many` of ``completions``, then :meth:`claim_next`
+        for ``owner``, in **one** transaction (one commit, so on SQLite one fsync, where the
+        two calls take two).
+
+        Returns ``(accepted, leases)``: which completions were accepted, in input order (each
+        judged on its own, exactly as :meth:`complete_many` does; a refused one does not stop
+        the claim), and the new leases. All arguments are checked before anything runs::
+
+            [lease] = store.claim_next("w", ttl=30) or [None]
+            while lease is not None:
+                result = work(lease.job_id)
+                _, leases = store.complete_and_claim_next([(lease, result)], "w", ttl=30)
+                lease = leases[0] if leases else None
+        """
+        if isinstance(completions, (str, bytes)) or not isinstance(completions, Iterable):
+            raise InvalidArgumentType(
+                "completions must be an iterable of (lease, result) pairs, "
+                f"got {type(completions).__name__} {completions!r:.80}"
+            )
+        size, complete = self._completions_unit(completions, now)
+        claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts)
+
+        def step(x: Executor) -> tuple[set[int], list[Lease]]:
+            accepted = complete(x) if complete is not None else set()
+            return accepted, claim(x)
+
+        accepted, leases = self._run(step, conn)
+        return [i in accepted for i in range(size)], leases
 
     def _complete_many(
         self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]

@@ -445,6 +445,28 @@ ROWS: list[Row] = [
         "completions must be an iterable of (lease, result) pairs, got NoneType None",
     ),
     Row(
+        "JobStore.complete_and_claim_next",
+        "a bare Lease where a pair goes",
+        'store.complete_and_claim_next([lease], "w", ttl=10, now=110.0)',
+        InvalidArgumentType,
+        "completions must hold (lease, result) pairs, got Lease(job_id='job', owner='w', fence=1, "
+        "until=150.0)",
+    ),
+    Row(
+        "JobStore.complete_and_claim_next",
+        "a zero limit (the completion is not made either)",
+        'store.complete_and_claim_next([(lease, "paid")], "w", ttl=10, now=110.0, limit=0)',
+        InvalidArgument,
+        "limit must be between 1 and 2**63-1, got 0",
+    ),
+    Row(
+        "JobStore.complete_and_claim_next",
+        "`None` as the owner",
+        'store.complete_and_claim_next([(lease, "paid")], None, ttl=10, now=110.0)',
+        InvalidArgumentType,
+        "owner must be a str, got NoneType None",
+    ),
+    Row(
         "JobStore.poisoned",
         "`None` as the attempt count",
         "store.poisoned(None)",

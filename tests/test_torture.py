@@ -28,6 +28,9 @@ def test_real_store_survives_every_fault(target: str) -> None:
     assert tally[("claim",)] >= SHORT["jobs"], report
     # fenced blocks ran with their heartbeat renewing around them, and none hung
     assert tally[("write", "nested")] >= 1, report
+    # every way of finishing a job was taken, the one-transaction step included
+    for how in ("fenced", "plain", "batch", "step"):
+        assert tally[("write", "how", how)] >= 1, f"no {how} write\n{report}"
     # the late writers were there, and were refused (by the store or their heartbeat)
     refused = sum(n for key, n in tally.items() if "refused" in key) + tally[("skip",)]
     assert refused >= 1, report

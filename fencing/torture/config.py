@@ -11,8 +11,9 @@ from ..errors import InvalidArgument, InvalidArgumentType
 __all__ = ["FINISH_MODES", "TortureConfig"]
 
 #: how a worker finishes a job: in a fenced block with the application's own write, by a
-#: plain complete(), or by complete_many() over its batch; "mixed" picks one per job
-FINISH_MODES = ("mixed", "fenced", "plain", "batch")
+#: plain complete(), by complete_many() over its batch, or by complete_and_claim_next()
+#: (the completion and the next claim in one transaction); "mixed" picks one per job
+FINISH_MODES = ("mixed", "fenced", "plain", "batch", "step")
 
 
 @dataclass(frozen=True)

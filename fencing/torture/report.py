@@ -24,7 +24,7 @@ def summary(run: Run) -> str:
     section(
         "operations",
         [
-            ("claims (claim_next)", count("claim")),
+            ("claims (claim_next, complete_and_claim_next)", count("claim")),
             ("renewals / refused", f"{count('renew')} / {count('renew', 'refused')}"),
             ("completions accepted", count("write", "accepted")),
             ("fenced blocks run under their running heartbeat", count("write", "nested")),
@@ -48,6 +48,7 @@ def summary(run: Run) -> str:
             ("fenced block (LeaseLost, rolled back)", count("write", "refused", "fenced")),
             ("complete()", count("write", "refused", "plain")),
             ("complete_many()", count("write", "refused", "batch")),
+            ("complete_and_claim_next()", count("write", "refused", "step")),
             ("external resource (FenceMarks.accept)", count("external", "refused")),
             ("not attempted: the heartbeat said the lease was lost", count("skip")),
         ],

@@ -101,6 +101,7 @@ def _tally(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -
             tallies[("renew", "refused")] += 1
     for write in by_kind["write"]:
         tallies[("write", "accepted") if write["ok"] else ("write", "refused", write["how"])] += 1
+        tallies[("write", "how", write["how"])] += 1
         if write.get("nested"):
             tallies[("write", "nested")] += 1
     for external in by_kind["external"]:

@@ -4,7 +4,8 @@ The cycle: ``claim_next`` (a batch) → per lease a :class:`fencing.Heartbeat` �
 → sometimes a write to an "external" resource guarded by :meth:`fencing.FenceMarks.accept`
 → finish the job: a fenced block that writes the application's own row and completes
 (half of them with the heartbeat still renewing, nested around the block), a plain
-``complete``, or ``complete_many`` over the batch. Sometimes the job is given back
+``complete``, ``complete_many`` over the batch, or ``complete_and_claim_next`` (whose new
+lease the worker then works on). Sometimes the job is given back
 with a delay instead (a retry). Every call's outcome goes to the worker's journal.
 
 The worker publishes where it is (idle, holding a lease, inside a write transaction) in a
@@ -52,7 +53,7 @@ def finish_mode(config: TortureConfig, job_id: str) -> str:
     """How ``job_id`` is finished: fixed by the seed, so the checker knows it too."""
     if config.finish != "mixed":
         return config.finish
-    return ("fenced", "plain", "batch")[zlib.crc32(f"{config.seed}:{job_id}".encode()) % 3]
+    return ("fenced", "plain", "batch", "step")[zlib.crc32(f"{config.seed}:{job_id}".encode()) % 4]
 
 
 def result_of(lease: Lease) -> str:
@@ -149,6 +150,18 @@ class _Worker:
         leases = self.store.claim_next(
             self.owner, ttl=self.config.ttl, limit=self.rng.randint(1, self.config.batch)
         )
+        self.record_claims(leases, t0)
+        batched: list[Lease] = []
+        todo = list(leases)  # a step's completion claims the next job: it joins this list
+        while todo:
+            self.at(HOLDING)
+            self.work_on(todo.pop(0), batched, todo)
+        if batched:
+            self.finish_batch(batched)
+        self.at(IDLE)
+        return bool(leases)
+
+    def record_claims(self, leases: list[Lease], t0: float) -> None:
         t1 = time.time()
         for lease in leases:
             self.journal.record(
@@ -160,22 +173,14 @@ class _Worker:
                 t0=t0,
                 t1=t1,
             )
-        batched: list[Lease] = []
-        for lease in leases:
-            self.at(HOLDING)
-            self.work_on(lease, batched)
-        if batched:
-            self.finish_batch(batched)
-        self.at(IDLE)
-        return bool(leases)
 
-    def work_on(self, lease: Lease, batched: list[Lease]) -> None:
+    def work_on(self, lease: Lease, batched: list[Lease], todo: list[Lease]) -> None:
         try:
-            self.keep_and_finish(lease, batched)
+            self.keep_and_finish(lease, batched, todo)
         except LeaseLost:  # only the heartbeat's first renewal raises it: expired while queued in the batch
             self.journal.record("lost", job=lease.job_id, fence=lease.fence, where="start", t=time.time())
 
-    def keep_and_finish(self, lease: Lease, batched: list[Lease]) -> None:
+    def keep_and_finish(self, lease: Lease, batched: list[Lease], todo: list[Lease]) -> None:
         config, rng = self.config, self.rng
         with Heartbeat(self.keeper, lease, config.ttl) as heartbeat:
             time.sleep(rng.uniform(0.0, config.work))
@@ -193,7 +198,11 @@ class _Worker:
                 heartbeat.stop()
             if mode == "batch":
                 batched.append(heartbeat.lease)
-            elif self.checked(heartbeat, mode):
+            elif not self.checked(heartbeat, mode):
+                pass
+            elif mode == "step":
+                todo += self.step(heartbeat.lease)
+            else:
                 self.finish(heartbeat.lease, mode, nested=nested)
 
     def checked(self, heartbeat: Heartbeat, before: str) -> bool:
@@ -246,6 +255,16 @@ class _Worker:
             _record(self.journal, "write", lease, t0, how=mode, ok=accepted, nested=True)
         else:
             _record(self.journal, "write", lease, t0, how=mode, ok=accepted)
+
+    def step(self, lease: Lease) -> list[Lease]:
+        """Complete ``lease`` and claim the next job in one transaction: the new leases."""
+        t0 = time.time()
+        [accepted], leases = self.store.complete_and_claim_next(
+            [(lease, result_of(lease))], self.owner, ttl=self.config.ttl, limit=1
+        )
+        self.record_claims(leases, t0)
+        _record(self.journal, "write", lease, t0, how="step", ok=accepted)
+        return leases
 
     def finish_batch(self, leases: list[Lease]) -> None:
         t0 = time.time()
