@@ -118,8 +118,11 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The benchmarks: per-op on SQLite, the servers' claim/complete cycle, the worker cycle.
 
-    ``nox -s bench -- ops`` (or ``servers``, ``cycle``) runs one of them.
+    ``nox -s bench -- ops`` (or ``servers``, ``cycle``, ``backlog``, ``peers``) runs one of
+    them; ``peers`` installs the job queues it compares with (bench-only dependencies).
     """
     _install(session, *filter(None, DATABASES.values()))
+    if "peers" in session.posargs:
+        session.install("-r", "benchmarks/requirements-peers.txt")
     for name in session.posargs or ["ops", "servers", "cycle"]:
         session.run("python", f"benchmarks/{name}.py")
