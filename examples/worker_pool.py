@@ -28,6 +28,11 @@ The pattern, per worker process (see :class:`Worker`):
    moment. Otherwise it raises ``LeaseLost`` and the invoice insert is rolled back with it.
    This is the one check a pause cannot slip past: a worker that froze after its last
    local check (a GC pause, swap, a suspended VM) does not know it froze; the database does.
+   The last write of a batch is the worker's *step*: inside the same block it also claims
+   the next batch (``store.claim_next(..., conn=conn)``), so the invoice, the completion and
+   the next claim are one commit (on SQLite one fsync) instead of two, and a rejected write
+   takes its claim back with it. (Without an application write of its own, the same step is
+   ``store.complete_and_claim_next([(lease, result)], owner, ttl=ttl)``.)
 4. **On ``LeaseLost``, just move on**: another worker owns the job now and will finish it.
    **On a failure of the work itself**, ``store.release(lease, delay=...)`` hands the job
    back, claimable again after the delay (the next claim gets a higher fence).
@@ -165,8 +170,10 @@ class Worker:
         # wait a little longer than that before deciding the queue is drained
         idle_exit = self.ttl + 1.0
         idle_since = time.monotonic()
+        leases: list[fencing.Lease] = []  # the next batch, when the last write claimed it
         while time.monotonic() - idle_since < idle_exit:
-            leases = self.store.claim_next(self.name, ttl=self.ttl, limit=BATCH)
+            if not leases:
+                leases = self.store.claim_next(self.name, ttl=self.ttl, limit=BATCH)
             if not leases:
                 time.sleep(random.uniform(0.5, 1.5) * POLL)
                 continue
@@ -175,19 +182,23 @@ class Worker:
             heartbeats = [
                 fencing.Heartbeat(self.store, lease, self.ttl, release_on_error=False) for lease in leases
             ]
+            leases = []
             try:
                 for heartbeat in heartbeats:
                     with contextlib.suppress(fencing.LeaseLost):  # refused: process() skips it
                         heartbeat.start()  # renews now, then every ttl/3 on a thread
-                for heartbeat in heartbeats:
-                    outcome = self.process(heartbeat)
+                for n, heartbeat in enumerate(heartbeats, 1):
+                    # the last write of a batch also claims the next batch (the worker's step)
+                    outcome, leases = self.process(heartbeat, claim_next=n == len(heartbeats))
                     self.report[outcome].append((heartbeat.lease.job_id, heartbeat.lease.fence))
             finally:
                 for heartbeat in heartbeats:
                     heartbeat.stop()  # idempotent; a no-op for one never started
             idle_since = time.monotonic()
 
-    def process(self, heartbeat: fencing.Heartbeat) -> str:
+    def process(self, heartbeat: fencing.Heartbeat, *, claim_next: bool) -> tuple[str, list[fencing.Lease]]:
+        """Work on one lease; its outcome, and the next batch if ``claim_next`` and the write
+        committed (the claim is in the write's transaction: one commit for both)."""
         lease = heartbeat.lease
         try:
             heartbeat.check()  # LeaseLost if the lease lapsed before its turn came
@@ -199,11 +210,11 @@ class Worker:
                 heartbeat.stop()
             heartbeat.check()  # a cheap local check: was the lease lost while working?
         except fencing.LeaseLost:
-            return LOST  # another worker owns the job now (or will): nothing to undo
+            return LOST, []  # another worker owns the job now (or will): nothing to undo
         except Exception:
             # the work failed: hand the job back, claimable again after RETRY_DELAY
             self.store.release(lease, delay=RETRY_DELAY)
-            return RELEASED
+            return RELEASED, []
 
         if self.stall_ticket.acquire(block=False):  # --stall-one: freeze after the last check
             pause = self.ttl + 1.0
@@ -218,10 +229,18 @@ class Worker:
                         job_id=lease.job_id, total=total, written_by=lease.owner, fence=lease.fence
                     )
                 )
+                # the worker's step: the next batch is claimed in the same transaction, so the
+                # invoice, the completion and the claim commit together (one commit, on SQLite
+                # one fsync, instead of two), or none of them does
+                claimed = (
+                    self.store.claim_next(self.name, ttl=self.ttl, limit=BATCH, conn=conn)
+                    if claim_next
+                    else []
+                )
         except fencing.LeaseLost as lost:
             say(f"{self.name}: stale write REJECTED, invoice rolled back: {lost}")
-            return REJECTED
-        return COMPLETED
+            return REJECTED, []  # the claim, if made, was rolled back with the invoice
+        return COMPLETED, claimed
 
 
 def worker_main(

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
 import re
 import subprocess
 import sys
+import time
+import zlib
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import sqlalchemy as sa
 
 import fencing
 
@@ -129,6 +133,58 @@ def test_worker_pool_checks_catch_an_invoice_from_a_stale_lease(target: str) -> 
     assert failed == [
         "each invoice was written under the lease that completed its job (owner and fence match)"
     ]
+
+
+def test_worker_pool_step_claims_the_next_batch_with_the_write_or_not_at_all(target: str) -> None:
+    """The last write of a batch claims the next batch in its own transaction: both commit, or
+    a write refused at its final check takes its claim back with it."""
+    example = load_example()
+    store = example.open_store(target)
+    # job ids whose simulated work never fails (it fails on the first attempt of some ids)
+    ids = [f"s-{n:02d}" for n in range(60) if zlib.crc32(f"s-{n:02d}".encode()) % example.FLAKY_ONE_IN]
+    ids = ids[: 2 + 2 * example.BATCH]
+    try:
+        store.create_table()
+        example.app_metadata.create_all(store.engine)
+        for job_id in ids:
+            store.enqueue(job_id)
+
+        def process(job_id: str, ttl: float) -> tuple[str, list[fencing.Lease]]:
+            lease = store.claim(job_id, "worker-1", ttl=ttl)
+            beat = fencing.Heartbeat(store, lease, ttl, release_on_error=False).start()
+            worker = example.Worker("worker-1", store, ttl, 0.0, multiprocessing.Semaphore(0))
+            outcome, claimed = worker.process(beat, claim_next=True)
+            assert (outcome == example.COMPLETED) == (store.state(job_id).result is not None)
+            return outcome, claimed
+
+        # the write and the claim of the next batch commit together
+        outcome, claimed = process(ids[0], 30.0)
+        assert outcome == example.COMPLETED
+        assert [lease.job_id for lease in claimed] == ids[1 : 1 + example.BATCH]
+        assert {store.state(lease.job_id).owner for lease in claimed} == {"worker-1"}
+
+        # the lease runs out inside the block, after its claim: the final check refuses the
+        # write, and the claim is rolled back with the invoice
+        claim_next = store.claim_next
+        claimed_in_block: list[fencing.Lease] = []
+
+        def slow_claim_next(*args: object, **kwargs: object) -> list[fencing.Lease]:
+            claimed_in_block.extend(claim_next(*args, **kwargs))  # type: ignore[arg-type]
+            time.sleep(1.5)  # past the 1 s lease, before the block's final check
+            return claimed_in_block
+
+        store.claim_next = slow_claim_next  # type: ignore[method-assign]
+        outcome, claimed = process(ids[1 + example.BATCH], 1.0)
+        del store.claim_next
+        rolled_back = ids[2 + example.BATCH :]
+        assert [lease.job_id for lease in claimed_in_block] == rolled_back
+        assert (outcome, claimed) == (example.REJECTED, [])
+        assert [store.state(job_id).owner for job_id in rolled_back] == [None] * len(rolled_back)
+        with store.engine.connect() as conn:
+            invoiced = conn.execute(sa.select(example.invoices.c.job_id)).scalars().all()
+        assert invoiced == [ids[0]]
+    finally:
+        example.close_store(store)
 
 
 # -- the ORM application (examples/orm_app) ---------------------------------------------------
