@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from ops import raw_connect  # the store's PRAGMAs on a plain sqlite3 connection
 
 import fencing
 
@@ -89,14 +90,6 @@ def record_step(store: fencing.JobStore) -> list[tuple[str, tuple[Any, ...]]]:
     return [complete, claim]
 
 
-def raw_connect(path: str, durability: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA busy_timeout = 5000")
-    conn.execute("PRAGMA journal_mode = WAL")
-    conn.execute(f"PRAGMA synchronous = {durability.upper()}")
-    return conn
-
-
 class RawWorker:
     """Replays the recorded step; ``commits`` 1 (the step) or 2 (claim, then complete)."""
 
@@ -130,6 +123,9 @@ class RawWorker:
             cur.execute("COMMIT")
         self.lease = (job_id, fence, None)
 
+    def close(self) -> None:
+        self.conn.close()
+
 
 class StoreWorker:
     def __init__(self, store: fencing.JobStore) -> None:
@@ -143,6 +139,9 @@ class StoreWorker:
             if done != [True]:
                 raise RuntimeError(f"store completion of {lease.job_id} refused")
         self.lease = lease
+
+    def close(self) -> None:
+        self.store.engine.dispose()
 
 
 def repetition(root: Path, durability: str, args: argparse.Namespace, rep: int) -> dict[str, float]:
@@ -169,11 +168,8 @@ def repetition(root: Path, durability: str, args: argparse.Namespace, rep: int) 
             started = time.perf_counter()
             workers[way].steps(per_slice)
             spent[way] += time.perf_counter() - started
-    for way, worker in workers.items():
-        if way == "store step":
-            worker.store.engine.dispose()
-        else:
-            worker.conn.close()
+    for worker in workers.values():
+        worker.close()
     shutil.rmtree(workdir)
     return {way: per_slice * args.slices / spent[way] for way in WAYS}
 

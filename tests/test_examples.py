@@ -135,7 +135,9 @@ def test_worker_pool_checks_catch_an_invoice_from_a_stale_lease(target: str) -> 
     ]
 
 
-def test_worker_pool_step_claims_the_next_batch_with_the_write_or_not_at_all(target: str) -> None:
+def test_worker_pool_step_claims_the_next_batch_with_the_write_or_not_at_all(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The last write of a batch claims the next batch in its own transaction: both commit, or
     a write refused at its final check takes its claim back with it."""
     example = load_example()
@@ -173,9 +175,9 @@ def test_worker_pool_step_claims_the_next_batch_with_the_write_or_not_at_all(tar
             time.sleep(1.5)  # past the 1 s lease, before the block's final check
             return claimed_in_block
 
-        store.claim_next = slow_claim_next  # type: ignore[method-assign]
+        monkeypatch.setattr(store, "claim_next", slow_claim_next)
         outcome, claimed = process(ids[1 + example.BATCH], 1.0)
-        del store.claim_next
+        monkeypatch.undo()
         rolled_back = ids[2 + example.BATCH :]
         assert [lease.job_id for lease in claimed_in_block] == rolled_back
         assert (outcome, claimed) == (example.REJECTED, [])
