@@ -46,7 +46,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
-from . import forks
+from . import bridge, forks
 from . import sqlite as sqlite_glue
 from .checkout import Checkout, give_back
 from .dberrors import DB_ERRORS, driver_errors, is_transient
@@ -88,7 +88,11 @@ _BACKOFF_CAP = 0.05
 
 def backoff(attempt: int) -> None:
     """Sleep a little, jittered, longer each attempt (at most 50 ms)."""
-    time.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)))
+    pause = random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt))
+    if bridge.in_bridge():  # only this task waits: the loop runs on
+        bridge.sleep(pause)
+    else:
+        time.sleep(pause)
 
 
 class LockWait:
@@ -260,11 +264,18 @@ class Runner:
     """
 
     @classmethod
-    def admit(cls, engine: Engine) -> Runner:
+    def admit(cls, engine: Engine, *, bridged: bool = False) -> Runner:
         """The runner for a store (or ``FenceMarks``) on ``engine``, after refusing an engine
         under which lock + check + write cannot be one transaction (:class:`ConfigurationError`):
         a SQLite engine without the library's ``BEGIN IMMEDIATE`` listener, ``AUTOCOMMIT`` on
-        a server, a pool that shares one connection between transactions."""
+        a server, a pool that shares one connection between transactions. An asyncio
+        driver's engine only for the async fronts (``bridged``: :mod:`fencing.asyncio`)."""
+        if getattr(engine.dialect, "is_async", False) and not bridged:
+            raise ConfigurationError(
+                f"the engine's driver ({engine.dialect.driver}) is an asyncio driver: its "
+                "statements must be awaited; use fencing.asyncio.AsyncJobStore (or "
+                "AsyncFenceMarks) with the AsyncEngine"
+            )
         if engine.dialect.name == "sqlite" and sqlite_glue.settings_of(engine) is None:
             raise ConfigurationError(
                 "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "

@@ -31,6 +31,8 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table
 
+from . import bridge
+
 __all__ = [
     "ANY_JOB",
     "HELD",
@@ -72,7 +74,7 @@ class Hold:
         self.key = key
         self.job_id = job_id
         self.conn = conn  # None: the store's own block, on a connection of its own
-        self.thread = threading.get_ident()
+        self.thread = bridge.holder()  # a thread, or inside asyncio's bridge the task
         self._ended = False
         self._root: Any = None if conn is None else conn.get_transaction()
 
@@ -130,7 +132,7 @@ def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold
     job = ANY_JOB if whole else job_id
     with _changed:
         _prune_locked()
-        mine = threading.get_ident()
+        mine = bridge.holder()
         for other in _live_locked(key, job_id):
             if other.thread == mine and (conn is None or other.conn is not conn):
                 raise SelfWait(other)
@@ -141,7 +143,7 @@ def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold
         # outside this registry stops it, hence the bound)
         give_up = time.monotonic() + IN_FLIGHT_WAIT
         while _in_flight_locked(key, job) and (left := give_up - time.monotonic()) > 0:
-            _changed.wait(left)
+            _wait_locked(left)
         return new
 
 
@@ -164,7 +166,7 @@ def held_here(key: Key, job_id: str | None) -> Hold | None:
     connection would wait for (``None``: a write to any row), or ``None``."""
     if not HELD[0]:
         return None
-    mine = threading.get_ident()
+    mine = bridge.holder()
     with _changed:
         _prune_locked()
         if job_id is None:
@@ -230,7 +232,25 @@ def beats(key: Key, job_id: str) -> list[Any]:
 def wait_for_change(timeout: float) -> None:
     """Sleep until a hold ends or a renewal arrives, at most ``timeout`` seconds."""
     with _changed:
+        _wait_locked(timeout)
+
+
+#: inside asyncio's bridge a change is looked for this often (the loop must keep running:
+#: the hold or renewal waited for may be another task's)
+_BRIDGE_POLL = 0.002
+
+
+def _wait_locked(timeout: float) -> None:
+    """``_changed.wait(timeout)``; inside asyncio's bridge a short sleep that yields to the
+    loop instead (the caller looks again)."""
+    if not bridge.in_bridge():
         _changed.wait(timeout)
+        return
+    _changed.release()
+    try:
+        bridge.sleep(min(timeout, _BRIDGE_POLL))
+    finally:
+        _changed.acquire()
 
 
 def _after_fork_in_child() -> None:

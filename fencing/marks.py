@@ -190,6 +190,10 @@ class FenceMarks:
     Without it, each call is its own transaction, retried when it loses a lock race.
     """
 
+    #: whether this is the sync rules behind an async front (:mod:`fencing.asyncio`), the
+    #: only way an asyncio driver's engine is taken
+    async_front = False
+
     def __init__(self, engine: Engine, marks: Table = fence_marks, keys: Table = idempotency_keys) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
@@ -199,7 +203,7 @@ class FenceMarks:
         dialect = engine.dialect.name
         if dialect not in SUPPORTED_DIALECTS:
             raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {dialect!r}")
-        self._runner = Runner.admit(engine)
+        self._runner = Runner.admit(engine, bridged=self.async_front)
         self.engine = engine
         self._errors = self._runner.errors
         self.marks = marks

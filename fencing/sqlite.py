@@ -28,9 +28,10 @@ Durability (``PRAGMA journal_mode=WAL`` always; ``synchronous`` by choice):
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 import sqlalchemy
 from sqlalchemy import Engine, event
@@ -42,12 +43,16 @@ from .engines import refuse_sharing_pool
 from .errors import ConfigurationError, InvalidArgument, InvalidArgumentType
 from .writelock import WriteLock, sidecar_path
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
 __all__ = [
     "BEGIN_MODES",
     "BEGIN_OPTION",
     "DEFAULT_BUSY_TIMEOUT",
     "Durability",
     "configure",
+    "create_async_engine",
     "create_engine",
     "is_configured",
 ]
@@ -209,13 +214,20 @@ def _check_options(durability: object, busy_timeout: object, begin: object) -> t
     return durability, float(busy_timeout), begin.upper()  # type: ignore[return-value]
 
 
+#: the SQLite drivers whose transactions the listeners can begin: the standard library's
+#: sqlite3, and aiosqlite (the same module on a thread, for :mod:`fencing.asyncio`)
+DRIVERS = ("pysqlite", "aiosqlite")
+
+E = TypeVar("E")
+
+
 def configure(
-    engine: Engine,
+    engine: E,
     *,
     durability: Durability = "full",
     busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     begin: str = "DEFERRED",
-) -> Engine:
+) -> E:
     """Equip an engine the application made itself; returns it.
 
     Installs the ``connect`` and ``begin`` listeners and disposes the engine's pool so
@@ -225,23 +237,43 @@ def configure(
     connection between transactions (``StaticPool``, ``SingletonThreadPool``, e.g. an
     in-memory database, and ``AssertionPool``) are refused.
     """
-    if not isinstance(engine, Engine):
-        raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
-    if engine.dialect.name != "sqlite":
-        raise ConfigurationError(f"configure() is for SQLite engines, got {engine.dialect.name!r}")
-    if engine.dialect.driver != "pysqlite":
-        raise ConfigurationError(
-            f"the store supports the sqlite3 (pysqlite) driver, got {engine.dialect.driver!r}"
+    sync = sync_engine_of(engine)
+    if not isinstance(sync, Engine):
+        raise InvalidArgumentType(
+            f"engine must be a sqlalchemy Engine or AsyncEngine, got {type(engine).__name__}"
         )
-    if settings_of(engine) is not None:
+    if sync.dialect.name != "sqlite":
+        raise ConfigurationError(f"configure() is for SQLite engines, got {sync.dialect.name!r}")
+    if sync.dialect.driver not in DRIVERS:
+        raise ConfigurationError(
+            f"the store supports the sqlite3 (pysqlite) and aiosqlite drivers, got {sync.dialect.driver!r}"
+        )
+    if settings_of(sync) is not None:
         raise ConfigurationError(f"{engine!r} is already configured by fencing.sqlite.configure()")
-    refuse_sharing_pool(engine)
-    settings = _Settings(*_check_options(durability, busy_timeout, begin), engine.url.database)
-    event.listen(engine, "connect", settings.on_connect)
-    event.listen(engine, "begin", settings.on_begin)
-    setattr(engine, _MARK, settings)
-    engine.dispose()
-    forks.register(engine)
+    refuse_sharing_pool(sync)
+    bridged = sync is not engine  # an AsyncEngine's sync_engine
+    pool: Any = sync.pool
+    if bridged and any(getattr(pool, n, lambda: 0)() for n in ("checkedin", "checkedout")):
+        raise ConfigurationError(
+            "this AsyncEngine has opened connections already, which lack the listeners: "
+            "configure it before its first use (or use fencing.sqlite.create_async_engine())"
+        )
+    settings = _Settings(*_check_options(durability, busy_timeout, begin), sync.url.database)
+    event.listen(sync, "connect", settings.on_connect)
+    event.listen(sync, "begin", settings.on_begin)
+    setattr(sync, _MARK, settings)
+    if not bridged:  # an AsyncEngine has no connection yet (above): nothing to close
+        sync.dispose()
+    forks.register(sync)
+    return engine
+
+
+def sync_engine_of(engine: object) -> object:
+    """``engine``, or the ``sync_engine`` of an ``AsyncEngine`` (without importing asyncio
+    support when nobody made an AsyncEngine)."""
+    ext = sys.modules.get("sqlalchemy.ext.asyncio")
+    if ext is not None and isinstance(engine, ext.AsyncEngine):
+        return engine.sync_engine
     return engine
 
 
@@ -269,6 +301,34 @@ def create_engine(
 
     ``:memory:`` is refused: every connection would see its own empty database.
     """
+    url = _file_url(path, "sqlite")
+    _check_options(durability, busy_timeout, begin)
+    engine = sqlalchemy.create_engine(url, **engine_kwargs)
+    return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)
+
+
+def create_async_engine(
+    path: str | os.PathLike[str],
+    *,
+    durability: Durability = "full",
+    busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    begin: str = "DEFERRED",
+    **engine_kwargs: Any,
+) -> AsyncEngine:
+    """An ``AsyncEngine`` (aiosqlite) on the SQLite file at ``path``, configured exactly as
+    :func:`create_engine` configures a sync one: for :class:`fencing.asyncio.AsyncJobStore`.
+    Needs ``pip install fencing[aiosqlite]``."""
+    from sqlalchemy.ext.asyncio import create_async_engine as create
+
+    url = _file_url(path, "sqlite+aiosqlite")
+    _check_options(durability, busy_timeout, begin)
+    engine = create(url, **engine_kwargs)
+    return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)
+
+
+def _file_url(path: object, drivername: str) -> sqlalchemy.URL:
+    """The URL of the database file at ``path``; ``:memory:`` is refused (every connection
+    would see its own empty database)."""
     if not isinstance(path, (str, os.PathLike)):
         raise InvalidArgumentType(f"path must be a str or os.PathLike, got {type(path).__name__} {path!r}")
     raw = os.fspath(path)
@@ -280,8 +340,5 @@ def create_engine(
         raise InvalidArgument(f"path must not contain NUL bytes, got {raw!r}")
     if os.path.isdir(raw):
         raise InvalidArgument(f"path is a directory, not a database file: {os.path.abspath(raw)!r}")
-    _check_options(durability, busy_timeout, begin)
     # URL.create, not a URL string: a "?" or "#" in a file name is part of the name
-    url = sqlalchemy.URL.create("sqlite", database=os.path.abspath(raw))
-    engine = sqlalchemy.create_engine(url, **engine_kwargs)
-    return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)
+    return sqlalchemy.URL.create(drivername, database=os.path.abspath(raw))

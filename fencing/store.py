@@ -87,13 +87,17 @@ class JobStore:
     ``SingletonThreadPool``, ``AssertionPool``).
     """
 
+    #: whether this is the sync rules behind an async front (:mod:`fencing.asyncio`), the
+    #: only way an asyncio driver's engine is taken
+    async_front = False
+
     def __init__(self, engine: Engine, table: Table = jobs) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
         if not isinstance(table, Table):
             raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
         dialect = engine.dialect
-        self._runner = Runner.admit(engine)
+        self._runner = Runner.admit(engine, bridged=self.async_front)
         self.engine = engine
         self.table = table
         #: what a database call can raise here
@@ -937,6 +941,19 @@ class JobStore:
         On a claimable job exactly one owner gets a lease. Every argument is checked
         before the first claim runs.
         """
+        units = self._claim_units(job_id, owners, ttl, now)
+        if not units:
+            return []
+        workers = min(len(units), CLAIM_MANY_MAX_THREADS)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fencing-claim") as pool:
+            futures = [pool.submit(self._run_own, unit) for unit in units]
+            return [f.result() for f in futures]
+
+    def _claim_units(
+        self, job_id: object, owners: object, ttl: object, now: object
+    ) -> list[Callable[[Executor], Lease | None]]:
+        """:meth:`claim_many`'s units, one per owner, every argument checked first (the
+        async store races them as tasks)."""
         job_id = self._key("job_id", job_id)
         if isinstance(owners, (str, bytes)) or not isinstance(owners, Iterable):
             raise InvalidArgumentType(
@@ -944,13 +961,11 @@ class JobStore:
             )
         owner_list = [self._key("owner", o) for o in owners]
         s, clock = self._clock(now, ttl)
-        if not owner_list:
-            return []
-        units = [self._claim_unit(s, {"job_id": job_id, "holder": o, **clock}) for o in owner_list]
-        workers = min(len(units), CLAIM_MANY_MAX_THREADS)
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fencing-claim") as pool:
-            futures = [pool.submit(self._run, unit, None) for unit in units]
-            return [f.result() for f in futures]
+        return [self._claim_unit(s, {"job_id": job_id, "holder": o, **clock}) for o in owner_list]
+
+    def _run_own(self, unit: Callable[[Executor], T]) -> T:
+        """Run ``unit`` in a transaction of the store's own (retried, errors mapped)."""
+        return self._run(unit, None)
 
 
 _AT_START = " at the start of the fenced block; rolled back"

@@ -7,12 +7,15 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy
 from sqlalchemy import Engine, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import fencing
+import fencing.sqlite
 
 #: the local servers of the development and CI machines
 ALIASES = {
@@ -105,6 +108,18 @@ def engine_for(target: str) -> Engine:
     if "://" in target:
         return sqlalchemy.create_engine(target)
     return fencing.create_sqlite_engine(target)
+
+
+#: the asyncio driver the async store is tested with, per server dialect
+ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy", "mariadb": "mysql+asyncmy"}
+
+
+def async_engine_for(target: str, **kwargs: Any) -> AsyncEngine:
+    """An ``AsyncEngine`` the async store accepts, for a file path or a server URL."""
+    if "://" not in target:
+        return fencing.sqlite.create_async_engine(target, **kwargs)
+    url = make_url(target)
+    return create_async_engine(url.set(drivername=ASYNC_DRIVERS[url.get_backend_name()]), **kwargs)
 
 
 def _unreachable(url: str) -> str | None:

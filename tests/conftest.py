@@ -12,6 +12,7 @@ under ``CI=true``, where a missing backend is a failure.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine
 
-from tests import backends
+from tests import asyncfront, backends
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -38,6 +39,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "backend(*names): runs only when the tested database is one of these dialect names"
+    )
+    config.addinivalue_line(
+        "markers",
+        "sync_only(why): runs with the sync store only, e.g. its own threads call the store "
+        "(tests/test_asyncio.py races tasks against the async one); deselected for the async one",
+    )
+    config.addinivalue_line(
+        "markers", "async_front: the test body drives the AsyncJobStore (the store fixture's async run)"
     )
     config._fencing_backend = backends.choose(  # type: ignore[attr-defined]
         config.getoption("--db") or os.environ.get("FENCING_TEST_DB"),
@@ -56,6 +65,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         marker = item.get_closest_marker("backend")
         wanted = marker is None or backend.dialect in marker.args
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("store") == asyncfront.ASYNC:
+            item.add_marker(pytest.mark.async_front)
+            wanted = wanted and item.get_closest_marker("sync_only") is None
         (keep if wanted and (long or item.get_closest_marker("long") is None) else drop).append(item)
     if drop:
         # deselected, not skipped: they run in the pass for their own backend
@@ -88,17 +101,49 @@ def engine(backend: backends.Backend, target: str) -> Iterator[Engine]:
         eng.dispose()
 
 
-@pytest.fixture
-def store(engine: Engine) -> Iterator[object]:
-    """A ``JobStore`` on a fresh database whose jobs table exists and is empty."""
+@pytest.fixture(params=["sync", asyncfront.ASYNC])
+def store(request: pytest.FixtureRequest, engine: Engine, target: str) -> Iterator[object]:
+    """A store on a fresh database whose jobs table exists and is empty: a ``JobStore``, and
+    (``async``) an ``AsyncJobStore`` driven from the test body (:mod:`tests.asyncfront`)."""
     from fencing import JobStore
 
+    if request.param == asyncfront.ASYNC:
+        yield from _async_store(request, target)
+        return
     s = JobStore(engine)
     s.create_table()
     try:
         yield s
     finally:
         s.engine.dispose()
+
+
+def _async_store(request: pytest.FixtureRequest, target: str) -> Iterator[object]:
+    from fencing.asyncio import AsyncJobStore
+
+    loop = asyncio.new_event_loop()
+    async_engine = backends.async_engine_for(target)
+    try:
+        s = asyncfront.BlockingAsyncStore(AsyncJobStore(async_engine), loop)
+        s.create_table()
+        request.node._fencing_loop = loop  # type: ignore[attr-defined]  # the body runs on it
+        yield s
+        # every connection the async store took went back to the pool, the test's included
+        assert async_engine.sync_engine.pool.checkedout() == 0, "a connection was not given back"  # type: ignore[attr-defined]
+    finally:
+        asyncfront.dispose(async_engine, loop)
+        loop.close()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test of the async store runs its body inside the asyncio bridge, on its loop."""
+    loop = getattr(pyfuncitem, "_fencing_loop", None)
+    if loop is None:
+        return None
+    names = pyfuncitem._fixtureinfo.argnames
+    asyncfront.run_in_bridge(loop, pyfuncitem.obj, {n: pyfuncitem.funcargs[n] for n in names})
+    return True
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from fencing import DatabaseError, FencingError, InvalidArgument, InvalidArgumen
 from fencing.heartbeat import Heartbeat, LeaseLost
 from fencing.schema import as_text
 
+pytestmark = pytest.mark.sync_only("Heartbeat renews from a thread; AsyncHeartbeat has its own tests")
+
 #: scheduling slack on a busy 2-core machine (xdist, a server on the same host)
 SLACK = 0.3
 

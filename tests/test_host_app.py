@@ -350,6 +350,7 @@ def test_every_operation_is_seen_by_cursor_event_listeners(
     assert after == seen  # each statement completed, seen on both sides
 
 
+@pytest.mark.sync_only("observes the engine fixture, which the sync store uses")
 @pytest.mark.backend("sqlite")
 def test_an_observer_sees_the_stores_transaction_and_nothing_else(engine: Engine, store: JobStore) -> None:
     store.enqueue("j", ready_at=0.0)
@@ -655,6 +656,7 @@ def test_a_claim_while_the_same_threads_read_only_session_is_open(
         session.execute(select(Invoice)).all()
 
 
+@pytest.mark.sync_only("observes the engine fixture, which the sync store uses")
 @pytest.mark.backend("sqlite")
 def test_sqlite_application_transactions_begin_deferred_unless_asked(engine: Engine, store: JobStore) -> None:
     statements: list[str] = []
@@ -761,6 +763,7 @@ def test_check_raises_lease_lost_in_the_callers_session(
         store.check(held, now=T0 + 1)
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_check_in_a_session_holds_the_row_until_the_session_ends(
     app: sessionmaker[Session], store: JobStore, held: Lease, engine: Engine
 ) -> None:
@@ -788,10 +791,10 @@ def test_every_operation_takes_a_session(app: sessionmaker[Session], store: JobS
 
 
 def test_conn_must_be_a_connection_or_a_session(store: JobStore, held: Lease) -> None:
-    for bad in ("session", 3, object()):
-        with pytest.raises(InvalidArgumentType, match="ORM Session"):
+    for bad in ("session", 3, object()):  # (the async store names AsyncConnection and AsyncSession)
+        with pytest.raises(InvalidArgumentType, match="Session or None"):
             store.claim("job", "w", now=T0, ttl=TTL, conn=bad)  # type: ignore[arg-type]
-        with pytest.raises(InvalidArgumentType, match="ORM Session"), store.fenced(held, conn=bad):  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentType, match="Session or None"), store.fenced(held, conn=bad):  # type: ignore[arg-type]
             pytest.fail("ran")
 
 

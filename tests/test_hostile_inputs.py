@@ -645,7 +645,7 @@ ROWS: list[Row] = [
         "`None` where the engine goes",
         "configure_sqlite(None)",
         InvalidArgumentType,
-        "engine must be a sqlalchemy Engine, got NoneType",
+        "engine must be a sqlalchemy Engine or AsyncEngine, got NoneType",
         setup="none",
     ),
     Row(

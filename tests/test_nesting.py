@@ -23,6 +23,10 @@ from sqlalchemy.orm import Session
 from fencing import ConfigurationError, DatabaseBusy, Heartbeat, JobStore, Lease, LeaseLost
 from tests import backends
 
+pytestmark = pytest.mark.sync_only(
+    "Heartbeats and watchdog threads; the async blocks and heartbeats have their own tests"
+)
+
 #: how long a scenario may take on a loaded machine before it counts as a hang
 WATCHDOG = 30.0
 

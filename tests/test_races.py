@@ -62,6 +62,7 @@ def _in_lockstep(threads: int, rounds: int, body: Callable[[int, int], Any]) -> 
 # -- threads ------------------------------------------------------------------------------
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_threads_claiming_at_the_same_now_have_exactly_one_winner(store: JobStore) -> None:
     store.enqueue("contended", ready_at=0.0)
 
@@ -237,6 +238,7 @@ def test_processes_claiming_together_each_job_has_one_winner(store: JobStore, ta
 # -- late writers -------------------------------------------------------------------------
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_late_writers_racing_the_new_owner_never_store_anything(store: JobStore) -> None:
     jobs = [f"job-{r}" for r in range(LATE_ROUNDS)]
     tokens: list[tuple[Lease, Lease]] = []

@@ -91,6 +91,7 @@ def test_a_step_in_the_callers_transaction_rolls_back_with_it(store: JobStore, e
     assert store.state("b") == JobState("b", None, 0.0, 0, None, False)
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_workers_stepping_at_once_finish_every_job_exactly_once(store: JobStore) -> None:
     jobs = [f"j{n:03d}" for n in range(120)]
     enqueue(store, *jobs)

@@ -310,6 +310,7 @@ def test_claim_next_hands_each_job_to_exactly_one_process(store: JobStore, targe
         assert state(store, job).fence == 1
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_claim_next_hands_each_job_to_exactly_one_thread(store: JobStore) -> None:
     jobs = [f"t{n:03d}" for n in range(THREAD_JOBS)]
     for job in jobs:
@@ -327,6 +328,7 @@ def test_claim_next_hands_each_job_to_exactly_one_thread(store: JobStore) -> Non
     assert sorted(item for items in seen for item in items) == [(job, 1) for job in jobs]
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_claim_next_never_hands_one_fence_twice_while_leases_expire(store: JobStore) -> None:
     """Threads claim, sometimes stall past the lease, and complete: database clock."""
     jobs = [f"e{n:03d}" for n in range(THREAD_JOBS)]
@@ -649,6 +651,7 @@ def test_fenced_write_of_a_stalled_worker_is_rolled_back(
     assert fresh is not None and fresh.fence == 2
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 def test_fenced_block_holds_off_claimers_until_commit(
     store: JobStore, engine: Engine, invoices: Table
 ) -> None:

@@ -1,0 +1,61 @@
+"""Where the sync rules meet asyncio: waiting without blocking the loop, and who holds what.
+
+The async store (:mod:`fencing.asyncio`) runs the very same units of work as the sync store,
+through SQLAlchemy's own bridge: ``greenlet_spawn`` runs sync code on the event loop's
+thread, and every driver call inside it is awaited on the loop (``await_only``). Two things
+in that sync code must then behave as asyncio would:
+
+* **Waiting.** A pause between lock races (SQLite's write lock, a server's deadlock) must
+  let the loop run, or the task holding the lock (on the same loop) could never release it.
+  :func:`sleep` is ``time.sleep`` on a thread and ``await asyncio.sleep`` inside the bridge.
+* **Who holds a lock.** A fenced block's row lock belongs to whoever runs the block: a
+  thread for sync code, the asyncio *task* inside the bridge (tasks of one loop share a
+  thread, and one task's block must not refuse another task's write). :func:`holder` says
+  which.
+
+Nothing here imports greenlet unless SQLAlchemy's bridge was loaded already.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import Any
+
+__all__ = ["holder", "in_bridge", "sleep"]
+
+
+def in_bridge() -> bool:
+    """Whether this code runs inside SQLAlchemy's asyncio bridge (``greenlet_spawn``)."""
+    if "greenlet" not in sys.modules:  # no async engine has run anything in this process
+        return False
+    from sqlalchemy.util.concurrency import in_greenlet
+
+    return bool(in_greenlet())
+
+
+def sleep(seconds: float) -> None:
+    """Sleep ``seconds``: on a thread, blocking it; inside the bridge, yielding to the loop."""
+    if seconds < 0:
+        seconds = 0.0
+    if in_bridge():
+        import asyncio
+
+        from sqlalchemy.util.concurrency import await_only
+
+        await_only(asyncio.sleep(seconds))
+        return
+    time.sleep(seconds)
+
+
+def holder() -> Any:
+    """Who is running this code: the current asyncio task inside the bridge, else the
+    thread (its ident)."""
+    if in_bridge():
+        import asyncio
+
+        task = asyncio.current_task()
+        if task is not None:
+            return task
+    return threading.get_ident()

@@ -1,0 +1,110 @@
+"""The behavioural suite, run a second time through the async store.
+
+A test written against ``JobStore`` is sync code. For the ``async`` parameter of the
+``store`` fixture, its body runs inside SQLAlchemy's asyncio bridge on an event loop of its
+own (``greenlet_spawn``, as ``AsyncSession.run_sync`` runs sync code), and ``store`` is a
+:class:`BlockingAsyncStore`: each call awaits the :class:`~fencing.asyncio.AsyncJobStore`
+coroutine (``await_only``). What the test passes as ``conn=`` (a ``Connection`` of
+``store.engine``, a ``Session``) reaches the async store as the ``AsyncConnection`` or
+``AsyncSession`` in front of it, and ``fenced()`` yields what an async caller would get,
+seen from the sync side. So every assertion of the suite is checked against the async
+front: its argument checks, statements, error mapping and transactions.
+
+Only the test body runs on the loop: a thread the test starts is not in the bridge and is
+refused (those tests race threads; the async races are in ``test_asyncio.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+from sqlalchemy import Connection
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
+from sqlalchemy.util.concurrency import await_only, greenlet_spawn
+
+from fencing import bridge
+from fencing.asyncio import AsyncJobStore
+
+#: the fixture parameter that runs a test through the async store
+ASYNC = "async"
+
+
+class BlockingAsyncStore:
+    """``JobStore``'s interface over an :class:`AsyncJobStore`, for sync test bodies."""
+
+    def __init__(self, store: AsyncJobStore, loop: asyncio.AbstractEventLoop) -> None:
+        self.async_store = store
+        self.loop = loop
+        self.engine = store.engine.sync_engine  # usable inside the bridge, as a test body is
+        self.table = store.table
+
+    def __repr__(self) -> str:
+        return f"<BlockingAsyncStore {self.async_store!r}>"
+
+    def wait(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """The coroutine's result: awaited inside the bridge, else run on the test's loop."""
+        if bridge.in_bridge():
+            return await_only(coro)
+        if self.loop.is_running():
+            coro.close()
+            raise RuntimeError(
+                "the async store is driven by the test body's event loop; a thread of the test "
+                "cannot use it (the async races are in tests/test_asyncio.py)"
+            )
+        return self.loop.run_until_complete(coro)
+
+    def front(self, conn: object) -> object:
+        """What an async caller would pass for the sync ``conn`` a test holds."""
+        if isinstance(conn, Connection):
+            return AsyncConnection(self.async_store.engine, conn)
+        if isinstance(conn, Session):
+            front = AsyncSession(self.async_store.engine)
+            front.sync_session = front._proxied = conn  # type: ignore[misc]
+            return front
+        return conn  # None, or a wrong type the async store must refuse itself
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # the statements a plan test reads: the sync rules' own
+            return getattr(self.async_store.sync_store, name)
+        attr = getattr(self.async_store, name)
+        if not inspect.iscoroutinefunction(attr):
+            sync_attr = getattr(self.async_store.sync_store, name, attr)
+            if callable(sync_attr) and not name.startswith("_"):
+                raise AttributeError(f"AsyncJobStore has no coroutine {name!r}")
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if "conn" in kwargs:
+                kwargs["conn"] = self.front(kwargs["conn"])
+            return self.wait(attr(*args, **kwargs))
+
+        return call
+
+    @contextlib.contextmanager
+    def fenced(self, lease: Any, **kwargs: Any) -> Iterator[Any]:
+        conn = kwargs.get("conn")
+        if "conn" in kwargs:
+            kwargs["conn"] = self.front(conn)
+        block = self.async_store.fenced(lease, **kwargs)
+        entered = self.wait(block.__aenter__())
+        try:
+            yield conn if conn is not None else entered.sync_connection
+        except BaseException as exc:
+            if not self.wait(block.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            self.wait(block.__aexit__(None, None, None))
+
+
+def run_in_bridge(loop: asyncio.AbstractEventLoop, fn: Any, kwargs: dict[str, Any]) -> Any:
+    """Run a sync test body inside the bridge on ``loop``."""
+    return loop.run_until_complete(greenlet_spawn(fn, **kwargs))
+
+
+def dispose(engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_until_complete(engine.dispose())
