@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeAlias, TypeVar
 
 from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
 from sqlalchemy.util.concurrency import greenlet_spawn
 
+from . import bridge
 from .errors import ConfigurationError, InvalidArgumentType
 from .marks import FenceMarks, fence_marks, idempotency_keys
 from .schema import jobs
@@ -78,9 +79,42 @@ def caller_sync(conn: object) -> Any:
     )
 
 
-async def run(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)``, sync rules on the async driver (SQLAlchemy's bridge)."""
-    return await greenlet_spawn(fn, *args, **kwargs)
+async def run(
+    fn: Callable[..., T],
+    *args: Any,
+    give_back: Callable[[T], Awaitable[object]] | None = None,
+    **kwargs: Any,
+) -> T:
+    """``fn(*args, **kwargs)``: the sync rules on the async driver (SQLAlchemy's bridge),
+    always run to their end (committed or rolled back).
+
+    A cancellation of the caller (``task.cancel()``, ``asyncio.timeout``) waits for the
+    operation to end, then goes on as ``CancelledError``; what the operation took for a caller
+    who is no longer there (``give_back``: the leases of a claim) is given back first. Why:
+    a cancellation delivered inside a driver call makes SQLAlchemy invalidate the connection
+    mid-transaction, and aiosqlite's thread then keeps that transaction, and SQLite's write
+    lock, open. An operation is short (its lock waits are bounded by the engine's), so the
+    cancellation takes effect at its boundary instead."""
+    token = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
+    try:  # the task copies the context: its locks are the caller's (fencing.bridge)
+        task = asyncio.ensure_future(greenlet_spawn(fn, *args, **kwargs))
+    finally:
+        bridge.CALLER.reset(token)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True  # the caller's: the operation goes on to its end
+        except BaseException:
+            break  # the operation's own error: raised below
+    result = task.result()
+    if cancelled:
+        if give_back is not None:
+            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
+                await asyncio.shield(give_back(result))
+        raise asyncio.CancelledError
+    return result
 
 
 class _BridgedJobStore(JobStore):
@@ -122,6 +156,16 @@ class AsyncJobStore:
     def holds_key(self) -> Any:
         return self.sync_store.holds_key
 
+    async def _give_back(self, leases: Iterable[Lease | None]) -> None:
+        """Release what a claim took for a caller that was cancelled meanwhile: the jobs
+        are claimable again at once (their fences stay)."""
+        for lease in leases:
+            if lease is not None:
+                await run(self.sync_store.release, lease)
+
+    async def _give_one(self, lease: Lease | None) -> None:
+        await self._give_back([lease])
+
     async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
         await run(self.sync_store.create_table, conn=caller_sync(conn))
 
@@ -142,7 +186,16 @@ class AsyncJobStore:
         now: float | None = None,
         conn: AsyncCallerConnection | None = None,
     ) -> Lease | None:
-        return await run(self.sync_store.claim, job_id, owner, ttl=ttl, now=now, conn=caller_sync(conn))
+        back = self._give_back if conn is None else None
+        return await run(
+            self.sync_store.claim,
+            job_id,
+            owner,
+            ttl=ttl,
+            now=now,
+            conn=caller_sync(conn),
+            give_back=None if back is None else lambda lease: back([lease]),
+        )
 
     async def renew(
         self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
@@ -193,6 +246,7 @@ class AsyncJobStore:
         return await run(
             self.sync_store.claim_next,
             owner,
+            give_back=self._give_back if conn is None else None,
             ttl=ttl,
             now=now,
             limit=limit,
@@ -220,10 +274,12 @@ class AsyncJobStore:
         max_attempts: int | None = None,
         conn: AsyncCallerConnection | None = None,
     ) -> tuple[list[bool], list[Lease]]:
+        back = self._give_back if conn is None else None
         return await run(
             self.sync_store.complete_and_claim_next,
             completions,
             owner,
+            give_back=None if back is None else lambda step: back(step[1]),
             ttl=ttl,
             now=now,
             limit=limit,
@@ -238,9 +294,8 @@ class AsyncJobStore:
         its own; results in input order. Every argument is checked before the first claim."""
         units = self.sync_store._claim_units(job_id, owners, ttl, now)
         # every claim ends before this returns or raises (the first error, as the sync store)
-        outcomes = await asyncio.gather(
-            *(run(self.sync_store._run_own, u) for u in units), return_exceptions=True
-        )
+        claims = (run(self.sync_store._run_own, u, give_back=self._give_one) for u in units)
+        outcomes = await asyncio.gather(*claims, return_exceptions=True)
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome
@@ -272,7 +327,12 @@ class AsyncJobStore:
         """
         sync_conn = caller_sync(conn)
         block = self.sync_store.fenced(lease, now=now, complete=complete, result=result, conn=sync_conn)
-        entered = await run(block.__enter__)
+
+        async def abandon(_: object) -> None:  # cancelled while the block began: roll it back
+            cancelled = asyncio.CancelledError()
+            await run(block.__exit__, type(cancelled), cancelled, None)
+
+        entered = await run(block.__enter__, give_back=abandon)
         try:
             yield conn if conn is not None else AsyncConnection(self.engine, entered)
         except BaseException as exc:

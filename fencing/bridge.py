@@ -18,12 +18,18 @@ Nothing here imports greenlet unless SQLAlchemy's bridge was loaded already.
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
 import time
 from typing import Any
 
-__all__ = ["holder", "in_bridge", "sleep"]
+__all__ = ["CALLER", "holder", "in_bridge", "sleep"]
+
+#: the asyncio task that called an async front's operation: the operation itself runs in a
+#: task of its own (it is run to its end even if the caller is cancelled), which holds its
+#: locks for the caller
+CALLER: contextvars.ContextVar[Any] = contextvars.ContextVar("fencing_caller", default=None)
 
 
 def in_bridge() -> bool:
@@ -50,9 +56,12 @@ def sleep(seconds: float) -> None:
 
 
 def holder() -> Any:
-    """Who is running this code: the current asyncio task inside the bridge, else the
-    thread (its ident)."""
+    """Who is running this code: inside the bridge the asyncio task that called the async
+    front (:data:`CALLER`) or else the current task; outside it the thread (its ident)."""
     if in_bridge():
+        caller = CALLER.get()
+        if caller is not None:
+            return caller
         import asyncio
 
         task = asyncio.current_task()
