@@ -33,13 +33,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from sqlalchemy.util.concurrency import greenlet_spawn
 
 from . import bridge
+from .async_heartbeat import AsyncHeartbeat
 from .errors import ConfigurationError, InvalidArgumentType
 from .marks import FenceMarks, fence_marks, idempotency_keys
 from .schema import jobs
 from .store import JobStore
 from .values import JobState, Lease
 
-__all__ = ["AsyncCallerConnection", "AsyncFenceMarks", "AsyncJobStore"]
+__all__ = ["AsyncCallerConnection", "AsyncFenceMarks", "AsyncHeartbeat", "AsyncJobStore"]
 
 T = TypeVar("T")
 

@@ -22,18 +22,29 @@ extends the lease by the heartbeat's ``ttl`` when it begins, so it has a whole `
 finish, and once it commits the heartbeat counts its deadline from there. A block that
 completes the job ends the heartbeat quietly (``held`` is ``False``, ``lost`` is not set).
 Starting a heartbeat inside a block on its own lease is refused at once.
+
+**One set of rules.** :class:`LeaseReckoning` holds everything above: the lease, the
+deadline and its margin, when a loss is recorded, and what to send next, written as
+generators of *steps* (:class:`Send` something, :class:`Wait` until some instant) that do
+no waiting and no I/O of their own. :class:`Heartbeat` carries the steps out on a thread;
+:class:`fencing.async_heartbeat.AsyncHeartbeat` carries the very same steps out in an
+asyncio task, awaiting an async store.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import functools
+import inspect
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import holds
 from .checks import check_interval, check_time, check_ttl
@@ -45,6 +56,11 @@ from .errors import (
     LeaseLost,
 )
 from .values import Lease
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+    from .async_heartbeat import AsyncLeaseKeeper
 
 __all__ = ["Heartbeat", "LeaseKeeper", "LeaseLost"]
 
@@ -66,45 +82,119 @@ class LeaseKeeper(Protocol):
     def release(self, lease: Lease) -> bool: ...
 
 
-class Heartbeat:
-    """Renews ``lease`` every ``interval`` seconds (default ``ttl / 3``) on a daemon thread.
+class Flag(Protocol):
+    """What ``lost`` is: a ``threading.Event`` or an ``asyncio.Event``."""
 
-    ``clock=None`` renews on the database server's clock (``now=None``); with a ``clock``,
-    every renewal passes ``now=clock()``, and ``held`` is also ``False`` once
-    ``clock() >= lease.until`` (the store's own rule: ``until == now`` is expired).
+    def set(self) -> None: ...
 
-    :meth:`start` (or ``with``) renews once in the caller's thread, so the local deadline
-    is measured from the start, and raises :class:`LeaseLost` if that renewal is refused.
-    ``on_lost(heartbeat)`` is called at most once, from the heartbeat thread, when it
-    observes the loss; an exception it raises is logged, never propagated.
+    def is_set(self) -> bool: ...
 
-    On leaving a ``with`` block the thread is stopped and joined; the lease is then released
-    if ``release_on_exit``, or if the block raised and ``release_on_error`` (only while still
-    held; a failing release is logged, never raised over the block's outcome).
 
-    ``store.complete(heartbeat.lease, ...)`` may be called while it runs: a renewal then
-    refused because this very lease completed the job (read back from the store's
-    ``state``) ends the heartbeat quietly (``held`` is ``False``, ``lost`` is not set).
-    Calling :meth:`stop` first saves that read. Stopping does not shorten the lease.
+#: the store a heartbeat renews through, and the kind of event its ``lost`` is
+K = TypeVar("K", bound="LeaseKeeper | AsyncLeaseKeeper")
+E = TypeVar("E", bound=Flag)
+
+
+# -- steps: what the rules ask a thread or a task to do ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    """Call ``call`` and answer what it returns (or throw what it raises back into the rules).
+
+    A store's method (``local=False``) returns a coroutine on an async store: the task awaits
+    it. A look into :mod:`fencing.holds` (``local=True``) must run where this thread's, or
+    inside asyncio's bridge this task's, holds are told apart."""
+
+    call: Callable[[], object]
+    local: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait until ``until`` (``time.monotonic()``) or until stopped; answer whether stopping.
+
+    ``hold``: a fenced block of this process holds the lease's row; a change in
+    :mod:`fencing.holds` may end the wait early (the rules look again)."""
+
+    until: float
+    hold: bool = False
+
+
+Step = Send | Wait
+#: rules: a generator of steps, each sent its answer (or thrown its exception)
+Rules = Generator[Step, Any, None]
+
+
+class Steps:
+    """Runs :data:`Rules` one step at a time: ``step`` is the one to carry out next, ``None``
+    once the rules have ended. What the rules raise comes out of :meth:`answer` or
+    :meth:`fail`."""
+
+    def __init__(self, rules: Rules) -> None:
+        self._rules = rules
+        self.step: Step | None = None
+        self._resume(rules.send, None)
+
+    def answer(self, value: object) -> None:
+        self._resume(self._rules.send, value)
+
+    def fail(self, exc: BaseException) -> None:
+        self._resume(self._rules.throw, exc)
+
+    def _resume(self, how: Callable[[Any], Step], arg: Any) -> None:
+        try:
+            self.step = how(arg)
+        except StopIteration:
+            self.step = None
+
+
+# -- the rules -----------------------------------------------------------------------------------
+
+
+class LeaseReckoning(Generic[K, E], abc.ABC):
+    """The rules of keeping one lease, shared by :class:`Heartbeat` (a thread) and
+    :class:`~fencing.async_heartbeat.AsyncHeartbeat` (an asyncio task).
+
+    It checks the arguments, keeps the lease and its local deadline, records a loss once and
+    never revives the lease, and says what to do next as :data:`Rules` (:meth:`_start_rules`,
+    :meth:`_beat_rules`, :meth:`_release_rules`). A subclass carries the steps out, makes
+    its events (:meth:`_new_event`: ``lost``, and ``_wake``, which :meth:`_stop` sets to end a
+    :class:`Wait`) and may say how they are set from another thread (:meth:`_signal`). Every
+    change is made under one lock: the read side is safe from any thread.
     """
+
+    #: what renews, in messages: "thread" or "task"
+    _runner = "thread"
+    #: what the store must be, in messages
+    _store_kind = "a fencing.JobStore"
+    #: whether the store's methods are coroutine functions (awaited by the task)
+    _awaits = False
 
     def __init__(
         self,
-        store: LeaseKeeper,
+        store: K,
         lease: Lease,
         ttl: float,
         *,
         interval: float | None = None,
         clock: Callable[[], float] | None = None,
-        on_lost: Callable[[Heartbeat], object] | None = None,
+        on_lost: Callable[[Self], object] | None = None,
         release_on_exit: bool = False,
         release_on_error: bool = True,
     ) -> None:
         for method in ("renew", "release"):
             if not callable(getattr(store, method, None)):
                 raise InvalidArgumentType(
-                    f"store must have renew() and release() (a fencing.JobStore), got {type(store).__name__}"
+                    f"store must have renew() and release() ({self._store_kind}), got {type(store).__name__}"
                 )
+        if inspect.iscoroutinefunction(store.renew) is not self._awaits:
+            other = "a coroutine function" if not self._awaits else "not a coroutine function"
+            raise InvalidArgumentType(
+                f"store must have renew() and release() ({self._store_kind}), got "
+                f"{type(store).__name__}, whose renew() is {other}: "
+                + ("use fencing.Heartbeat" if self._awaits else "use fencing.async_heartbeat.AsyncHeartbeat")
+            )
         if not isinstance(lease, Lease):
             raise InvalidArgumentType(
                 f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r:.80}"
@@ -133,7 +223,7 @@ class Heartbeat:
         self._release_on_exit = release_on_exit
         self._release_on_error = release_on_error
 
-        # _lease, _deadline, _released, _reason, _error and _failure change only under _lock
+        # _lease, _deadline, _released, _reason, _error, _failure and _gone change only under _lock
         self._lock = threading.Lock()
         self._lease = lease
         self._deadline = -math.inf  # nothing is vouched for before the first renewal
@@ -142,16 +232,28 @@ class Heartbeat:
         self._error: BaseException | None = None
         self._failure: BaseException | None = None  # the last renewal error, while retrying
         self._completed = False  # the job was completed under this lease: nothing to keep
-        self._lost = threading.Event()
-        self._stopping = threading.Event()
+        self._gone = False  # the loss is recorded (``lost`` is set, or is being set)
+        self._stopping = False
         self._started = False
-        self._thread: threading.Thread | None = None
+        self._lost = self._new_event()
+        self._wake = self._new_event()  # set by stop()
 
     def __repr__(self) -> str:
         lease = self.lease
-        state = "held" if self.held else "lost" if self._lost.is_set() else "not held"
+        state = "held" if self.held else "lost" if self._gone else "not held"
         state = "completed" if self._completed else state
-        return f"<Heartbeat job={lease.job_id!r} owner={lease.owner!r} fence={lease.fence} {state}>"
+        token = f"job={lease.job_id!r} owner={lease.owner!r} fence={lease.fence}"
+        return f"<{type(self).__name__} {token} {state}>"
+
+    # -- the loop's events ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _new_event(self) -> E:
+        """A new event of the kind the loop waits on."""
+
+    def _signal(self, event: E) -> None:
+        """Set ``event`` (``lost`` or ``_wake``), from whichever thread notices."""
+        event.set()
 
     # -- what a worker reads -----------------------------------------------------------------
 
@@ -181,7 +283,7 @@ class Heartbeat:
             return self._deadline
 
     @property
-    def lost(self) -> threading.Event:
+    def lost(self) -> E:
         """Set once the lease is lost; it is never cleared."""
         return self._lost
 
@@ -201,7 +303,7 @@ class Heartbeat:
     def held(self) -> bool:
         """Whether the lease is still vouched for: no database round trip, safe from any thread.
 
-        ``False`` before :meth:`start`, after a release, and forever once lost.
+        ``False`` before start, after a release, and forever once lost.
         """
         now = self._now()
         with self._lock:
@@ -212,84 +314,159 @@ class Heartbeat:
         if not self.held:
             raise LeaseLost(self._describe_loss())
 
-    # -- life cycle ----------------------------------------------------------------------------
+    # -- what a fenced block tells (see JobStore.fenced) ----------------------------------------
 
-    def start(self) -> Heartbeat:
-        """Renew once now, then keep renewing on a daemon thread; a second start is an error.
+    def _completed_by_block(self) -> None:
+        """A fenced block completed the job under this lease and committed (called by the store)."""
+        with self._lock:
+            if not self._gone:
+                self._completed = True
+        self._stop()  # nothing left to renew
 
-        Raises :class:`LeaseLost` if this first renewal is refused, and lets a database
-        error from it propagate (no thread is started then, and the heartbeat is spent).
-        """
+    def _extended(self, renewed: Lease, sent: float) -> None:
+        """A fenced block that extended the lease has committed (called by the store)."""
+        if renewed.fence == self._lease.fence and renewed.owner == self._lease.owner:
+            self._accept(renewed, sent)
+
+    # -- the rules, as steps -------------------------------------------------------------------
+
+    def _start_rules(self) -> Rules:
+        """Renew once now: refused inside a block on the lease, :class:`LeaseLost` if the
+        renewal is refused (a database error from it goes through: the heartbeat is spent)."""
         job_id = self._lease.job_id
-        if self._key is not None and holds.held_here(self._key, job_id) is not None:
-            raise ConfigurationError(
-                f"a fenced block of this thread holds job {job_id!r}: a renewal would wait for it; "
-                "start the Heartbeat before the block (the block then extends the lease itself)"
-            )
+        if self._key is not None:
+            here = yield Send(functools.partial(holds.held_here, self._key, job_id), local=True)
+            if here is not None:
+                raise ConfigurationError(
+                    f"a fenced block of this {self._runner} holds job {job_id!r}: a renewal would wait "
+                    f"for it; start the {type(self).__name__} before the block (the block then extends "
+                    "the lease itself)"
+                )
         with self._lock:
             if self._started:
-                raise RuntimeError("a Heartbeat can only be started once")
+                raise RuntimeError(f"a {type(self).__name__} can only be started once")
             self._started = True
         sent = time.monotonic()
         with self._renewing() as blocked:
-            # a block of another thread may hold the row: this first renewal waits for it
+            # a block of another thread (or task) may hold the row: this first renewal waits for it
             del blocked
-            renewed = self._store.renew(self._lease, ttl=self._ttl, now=self._now())
+            renewed = yield self._send_renewal(self._lease, self._now())
         if renewed is None:
-            with self._lock:
-                self._mark_lost_locked("the first renewal was refused (stale fence, done or expired)", None)
+            self._lose("the first renewal was refused (stale fence, done or expired)", None)
             raise LeaseLost(self._describe_loss())
         self._accept(renewed, sent)
         if self._key is not None:
             holds.keep(self._key, job_id, self)
-        thread = threading.Thread(
-            target=self._run, name=f"fencing-heartbeat-{renewed.job_id:.40}", daemon=True
-        )
-        self._thread = thread
-        try:
-            thread.start()
-        except BaseException:
-            self._forget()
-            raise
-        return self
 
-    def stop(self) -> None:
-        """Stop renewing and join the thread (waits only for a renewal already in flight).
-
-        Idempotent; safe before :meth:`start` and from ``on_lost``. The lease is not released.
-        """
-        self._stopping.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def __enter__(self) -> Heartbeat:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        try:
-            self.stop()
-        finally:
-            if self._release_on_exit or (exc_type is not None and self._release_on_error):
-                self._release_quietly()
-
-    # -- the heartbeat thread -----------------------------------------------------------------
-
-    def _run(self) -> None:
-        try:
-            self._beat()
-        except BaseException as exc:  # nothing may escape a thread; the loss is the report
+    def _beat_rules(self) -> Rules:
+        """Renew every interval until stopped, lost or completed (after :meth:`_start_rules`)."""
+        next_at = self._next_due()  # one interval after the first send
+        while not (yield Wait(next_at)):
+            sent = time.monotonic()  # before reading the clock: the deadline stays conservative
+            now = self._now()
             with self._lock:
-                self._mark_lost_locked(f"the heartbeat failed: {exc!r}", exc)
-        finally:
-            self._forget()
-        if self._lost.is_set():
-            self._report_lost()
+                if self._gone or self._completed or self._expire_locked(now):
+                    return
+                lease = self._lease
+            try:
+                with self._renewing() as blocking:
+                    if blocking is None:
+                        renewed = yield self._send_renewal(lease, now)
+                if blocking is not None:
+                    if not (yield from self._wait_for_hold(blocking)):
+                        return
+                    next_at = self._next_due()
+                    continue
+            except DatabaseError as exc:
+                # maybe transient (a server restart, a network blip): retry, but not past the deadline
+                with self._lock:
+                    first, self._failure = self._failure is None, exc
+                level = logging.WARNING if first else logging.DEBUG  # once per run of failures
+                logger.log(level, "renewing %r failed, retrying until its deadline: %s", lease, exc)
+                next_at = min(time.monotonic() + self._interval / RETRIES_PER_INTERVAL, self.deadline)
+                continue
+            if renewed is None:
+                if not (yield from self._completed_here(lease)):
+                    self._lose("a renewal was refused (stale fence, done or expired)", None)
+                return
+            if not self._accept(renewed, sent):
+                return
+            next_at = sent + self._interval
+
+    def _release_rules(self) -> Rules:
+        """Release the lease if it is still held; a failure is logged, never raised."""
+        try:
+            now = self._now()
+        except FencingError:
+            now = None  # a broken clock must not hide the block's outcome; the deadline still counts
+        with self._lock:
+            if not self._held_locked(now):
+                return
+            self._released = True  # once it is sent, the lease can no longer be vouched for
+            lease = self._lease
+        if self._key is not None:
+            here = yield Send(functools.partial(holds.held_here, self._key, lease.job_id), local=True)
+            if here is not None:
+                # the release would wait for this thread's own fenced block, which rolls back
+                logger.warning("not releasing %r inside a fenced block on it; it expires at its until", lease)
+                return
+        try:
+            yield Send(functools.partial(self._store.release, lease))
+        except Exception:
+            logger.warning("releasing %r failed; it expires at its until instead", lease, exc_info=True)
+
+    def _wait_for_hold(self, hold: holds.Hold) -> Generator[Step, Any, bool]:
+        """Wait (sending nothing) while a block of this process holds the lease's row;
+        False once stopped or lost meanwhile."""
+        while hold.live():
+            if self._stopping:
+                return False
+            with self._lock:
+                if self._gone or self._expire_locked(self._now()):
+                    return False
+            yield Wait(min(time.monotonic() + HOLD_POLL, self.deadline), hold=True)
+        return not self._stopping
+
+    def _completed_here(self, lease: Lease) -> Generator[Step, Any, bool]:
+        """Whether a refused renewal met the job completed under this very lease (by a
+        fenced block or ``complete`` the heartbeat was not stopped for): not a loss."""
+        state = getattr(self._store, "state", None)
+        if state is None:
+            return False
+        try:
+            row = yield Send(functools.partial(state, lease.job_id))
+        except FencingError:
+            return False
+        done = row is not None and row.done and (row.owner, row.fence) == (lease.owner, lease.fence)
+        if done:
+            with self._lock:
+                self._completed = True
+        return bool(done)
+
+    def _send_renewal(self, lease: Lease, now: float | None) -> Send:
+        return Send(functools.partial(self._store.renew, lease, ttl=self._ttl, now=now))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _stop(self) -> None:
+        self._stopping = True
+        self._signal(self._wake)
+
+    def _call_on_lost(self: Self) -> object:
+        """What ``on_lost(self)`` returns (``None`` without one); what it raises goes through."""
+        return None if self._on_lost is None else self._on_lost(self)
+
+    def _releases_on_exit(self, exc_type: type[BaseException] | None) -> bool:
+        return self._release_on_exit or (exc_type is not None and self._release_on_error)
+
+    def _next_due(self) -> float:
+        """One interval after the send the deadline counts from."""
+        with self._lock:
+            return self._deadline - self._ttl + self._margin + self._interval
+
+    def _now(self) -> float | None:
+        # a clock that returns nan would make "now >= until" false forever: refuse it, by name
+        return None if self._clock is None else check_time("clock()", self._clock())
 
     def _forget(self) -> None:
         if self._key is not None:
@@ -303,102 +480,8 @@ class Heartbeat:
         with holds.renewing(self._key, self._lease.job_id) as blocking:
             yield blocking
 
-    def _wait_for_hold(self, hold: holds.Hold) -> bool:
-        """Wait (sending nothing) while a block of this process holds the lease's row;
-        False once stopped or lost meanwhile."""
-        while hold.live():
-            if self._stopping.is_set():
-                return False
-            with self._lock:
-                if self._lost.is_set() or self._expire_locked(self._now()):
-                    return False
-            holds.wait_for_change(min(HOLD_POLL, max(0.0, self.deadline - time.monotonic())))
-        return not self._stopping.is_set()
-
-    def _beat(self) -> None:
-        # one interval after the first send
-        next_at = self.deadline - self._ttl + self._margin + self._interval
-        while not self._stopping.wait(max(0.0, next_at - time.monotonic())):
-            sent = time.monotonic()  # before reading the clock: the deadline stays conservative
-            now = self._now()
-            with self._lock:
-                if self._lost.is_set() or self._completed:
-                    return
-                if self._expire_locked(now):
-                    return
-                lease = self._lease
-            try:
-                with self._renewing() as blocking:
-                    if blocking is None:
-                        renewed = self._store.renew(lease, ttl=self._ttl, now=now)
-                if blocking is not None:
-                    if not self._wait_for_hold(blocking):
-                        return
-                    with self._lock:
-                        next_at = self._deadline - self._ttl + self._margin + self._interval
-                    continue
-            except DatabaseError as exc:
-                # maybe transient (a server restart, a network blip): retry, but not past the deadline
-                with self._lock:
-                    first, self._failure = self._failure is None, exc
-                level = logging.WARNING if first else logging.DEBUG  # once per run of failures
-                logger.log(level, "renewing %r failed, retrying until its deadline: %s", lease, exc)
-                next_at = min(time.monotonic() + self._interval / RETRIES_PER_INTERVAL, self.deadline)
-                continue
-            if renewed is None:
-                if self._completed_here(lease):
-                    return
-                with self._lock:
-                    self._mark_lost_locked("a renewal was refused (stale fence, done or expired)", None)
-                return
-            if not self._accept(renewed, sent):
-                return
-            next_at = sent + self._interval
-
-    def _report_lost(self) -> None:
-        if self._on_lost is None:
-            return
-        try:
-            self._on_lost(self)
-        except Exception:
-            logger.exception("on_lost raised for %r", self)
-
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _now(self) -> float | None:
-        # a clock that returns nan would make "now >= until" false forever: refuse it, by name
-        return None if self._clock is None else check_time("clock()", self._clock())
-
-    def _completed_here(self, lease: Lease) -> bool:
-        """Whether a refused renewal met the job completed under this very lease (by a
-        fenced block or ``complete`` the heartbeat was not stopped for): not a loss."""
-        state = getattr(self._store, "state", None)
-        if state is None:
-            return False
-        try:
-            row = state(lease.job_id)
-        except FencingError:
-            return False
-        done = row is not None and row.done and (row.owner, row.fence) == (lease.owner, lease.fence)
-        if done:
-            with self._lock:
-                self._completed = True
-        return done
-
-    def _completed_by_block(self) -> None:
-        """A fenced block completed the job under this lease and committed (called by the store)."""
-        with self._lock:
-            if not self._lost.is_set():
-                self._completed = True
-        self._stopping.set()  # nothing left to renew
-
-    def _extended(self, renewed: Lease, sent: float) -> None:
-        """A fenced block that extended the lease has committed (called by the store)."""
-        if renewed.fence == self._lease.fence and renewed.owner == self._lease.owner:
-            self._accept(renewed, sent)
-
     def _held_locked(self, now: float | None) -> bool:
-        if self._completed or self._lost.is_set() or self._released or self._deadline == -math.inf:
+        if self._completed or self._gone or self._released or self._deadline == -math.inf:
             return False
         return not self._expire_locked(now)  # whoever notices first records the loss
 
@@ -419,19 +502,24 @@ class Heartbeat:
     def _accept(self, renewed: Lease, sent: float) -> bool:
         """Take a successful renewal, unless the loss was already recorded (never revive)."""
         with self._lock:
-            if self._lost.is_set():
+            if self._gone:
                 return False
             self._lease = renewed
             self._deadline = sent + self._ttl - self._margin
             self._failure = None
             return True
 
+    def _lose(self, reason: str, error: BaseException | None) -> None:
+        with self._lock:
+            self._mark_lost_locked(reason, error)
+
     def _mark_lost_locked(self, reason: str, error: BaseException | None) -> None:
-        if self._lost.is_set():
+        if self._gone:
             return
+        self._gone = True
         self._reason = reason
         self._error = error
-        self._lost.set()
+        self._signal(self._lost)
 
     def _describe_loss(self) -> str:
         with self._lock:
@@ -443,21 +531,116 @@ class Heartbeat:
         token = f"job {lease.job_id!r}, owner {lease.owner!r}, fence {lease.fence}"
         return f"the lease ({token}) is not held: {reason}"
 
-    def _release_quietly(self) -> None:
+
+# -- on a thread ---------------------------------------------------------------------------------
+
+
+class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
+    """Renews ``lease`` every ``interval`` seconds (default ``ttl / 3``) on a daemon thread.
+
+    ``clock=None`` renews on the database server's clock (``now=None``); with a ``clock``,
+    every renewal passes ``now=clock()``, and ``held`` is also ``False`` once
+    ``clock() >= lease.until`` (the store's own rule: ``until == now`` is expired).
+
+    :meth:`start` (or ``with``) renews once in the caller's thread, so the local deadline
+    is measured from the start, and raises :class:`LeaseLost` if that renewal is refused.
+    ``on_lost(heartbeat)`` is called at most once, from the heartbeat thread, when it
+    observes the loss; an exception it raises is logged, never propagated.
+
+    On leaving a ``with`` block the thread is stopped and joined; the lease is then released
+    if ``release_on_exit``, or if the block raised and ``release_on_error`` (only while still
+    held; a failing release is logged, never raised over the block's outcome).
+
+    ``store.complete(heartbeat.lease, ...)`` may be called while it runs: a renewal then
+    refused because this very lease completed the job (read back from the store's
+    ``state``) ends the heartbeat quietly (``held`` is ``False``, ``lost`` is not set).
+    Calling :meth:`stop` first saves that read. Stopping does not shorten the lease.
+    """
+
+    _thread: threading.Thread | None = None  # once started
+
+    # -- life cycle ----------------------------------------------------------------------------
+
+    def start(self) -> Heartbeat:
+        """Renew once now, then keep renewing on a daemon thread; a second start is an error.
+
+        Raises :class:`LeaseLost` if this first renewal is refused, and lets a database
+        error from it propagate (no thread is started then, and the heartbeat is spent).
+        """
+        self._drive(self._start_rules())
+        thread = threading.Thread(
+            target=self._run, name=f"fencing-heartbeat-{self._lease.job_id:.40}", daemon=True
+        )
+        self._thread = thread
         try:
-            now = self._now()
-        except FencingError:
-            now = None  # a broken clock must not hide the block's outcome; the deadline still counts
-        with self._lock:
-            if not self._held_locked(now):
-                return
-            self._released = True  # once it is sent, the lease can no longer be vouched for
-            lease = self._lease
-        if self._key is not None and holds.held_here(self._key, lease.job_id) is not None:
-            # the release would wait for this thread's own fenced block, which rolls back
-            logger.warning("not releasing %r inside a fenced block on it; it expires at its until", lease)
-            return
+            thread.start()
+        except BaseException:
+            self._forget()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop renewing and join the thread (waits only for a renewal already in flight).
+
+        Idempotent; safe before :meth:`start` and from ``on_lost``. The lease is not released.
+        """
+        self._stop()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def __enter__(self) -> Heartbeat:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         try:
-            self._store.release(lease)
+            self.stop()
+        finally:
+            if self._releases_on_exit(exc_type):
+                self._drive(self._release_rules())
+
+    # -- the heartbeat thread -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self._drive(self._beat_rules())
+        except BaseException as exc:  # nothing may escape a thread; the loss is the report
+            self._lose(f"the heartbeat failed: {exc!r}", exc)
+        finally:
+            self._forget()
+        if self._gone:
+            self._report_lost()
+
+    def _drive(self, rules: Rules) -> None:
+        """Carry the rules' steps out on this thread."""
+        steps = Steps(rules)
+        while steps.step is not None:
+            try:
+                answer = self._do(steps.step)
+            except BaseException as exc:  # the rules decide: retry, or let it through
+                steps.fail(exc)
+            else:
+                steps.answer(answer)
+
+    def _do(self, step: Step) -> object:
+        if isinstance(step, Send):
+            return step.call()
+        timeout = max(0.0, step.until - time.monotonic())
+        if step.hold:
+            holds.wait_for_change(timeout)
+            return self._stopping
+        return self._wake.wait(timeout)
+
+    def _new_event(self) -> threading.Event:
+        return threading.Event()
+
+    def _report_lost(self) -> None:
+        try:
+            self._call_on_lost()
         except Exception:
-            logger.warning("releasing %r failed; it expires at its until instead", lease, exc_info=True)
+            logger.exception("on_lost raised for %r", self)
