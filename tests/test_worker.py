@@ -423,6 +423,7 @@ def _promptly(
     return result[0]
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 @pytest.mark.backend("postgresql", "mysql")
 def test_claim_next_skips_rows_another_claimer_has_locked(store: JobStore, engine: Engine) -> None:
     for n in range(6):
@@ -439,6 +440,7 @@ def test_claim_next_skips_rows_another_claimer_has_locked(store: JobStore, engin
     assert sorted((lease.job_id, lease.fence) for lease in again) == [("j0", 1), ("j1", 1), ("j2", 1)]
 
 
+@pytest.mark.sync_only("its threads call the store; the async races are in test_asyncio.py")
 @pytest.mark.backend("postgresql", "mysql")
 def test_claim_next_returns_nothing_rather_than_wait_for_locked_rows(store: JobStore, engine: Engine) -> None:
     for n in range(3):
