@@ -319,9 +319,13 @@ def create_async_engine(
     :func:`create_engine` configures a sync one: for :class:`fencing.asyncio.AsyncJobStore`.
     Needs ``pip install fencing[aiosqlite]``."""
     from sqlalchemy.ext.asyncio import create_async_engine as create
+    from sqlalchemy.pool import AsyncAdaptedQueuePool
 
     url = _file_url(path, "sqlite+aiosqlite")
     _check_options(durability, busy_timeout, begin)
+    # pooled as the sync engine's are (SQLAlchemy 2.0 gave aiosqlite files a NullPool: a new
+    # connection, thread and PRAGMAs for every operation)
+    engine_kwargs.setdefault("poolclass", AsyncAdaptedQueuePool)
     engine = create(url, **engine_kwargs)
     return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)
 

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import threading
 import time
+import weakref
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,6 +60,7 @@ def run(target: str, scenario: Callable[[AsyncJobStore], Awaitable[T]]) -> T:
     task may be left pending when it returns."""
 
     async def main() -> T:
+        ROOTS.add(asyncio.current_task())  # type: ignore[arg-type]
         engine = async_engine(target)
         try:
             store = AsyncJobStore(engine)
@@ -83,8 +85,22 @@ async def eventually(condition: Callable[[], bool], timeout: float = 5.0) -> boo
     return True
 
 
+#: the tasks a test's own harness runs its scenario from (they wait for it)
+ROOTS: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
+
+
 def leftover_tasks() -> set[asyncio.Task[Any]]:
-    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task() and not t.done()}
+    """Unfinished tasks other than this one and the harness's: before Python 3.12
+    ``wait_for`` runs its coroutine in a task of its own, and the task that called it (a
+    root, or ``asyncio.run(wait_for(...))``'s own) waits for this one."""
+    return {
+        t
+        for t in asyncio.all_tasks()
+        if t is not asyncio.current_task()
+        and not t.done()
+        and t not in ROOTS
+        and getattr(t.get_coro(), "__name__", None) != "wait_for"
+    }
 
 
 async def claimed(store: AsyncJobStore, ttl: float, job_id: str = "j") -> Lease:

@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 import fencing
 import fencing.sqlite
@@ -80,7 +81,8 @@ def test_the_async_store_takes_only_an_async_engine(engine: Engine) -> None:
 @pytest.mark.backend("sqlite")
 def test_an_aiosqlite_engine_without_the_glue_is_refused(target: str) -> None:
     async def main() -> None:
-        plain = create_async_engine(f"sqlite+aiosqlite:///{target}")
+        # a pool that keeps connections (SQLAlchemy 2.0's default for aiosqlite is NullPool)
+        plain = create_async_engine(f"sqlite+aiosqlite:///{target}", poolclass=AsyncAdaptedQueuePool)
         try:
             with pytest.raises(ConfigurationError, match="BEGIN IMMEDIATE"):
                 AsyncJobStore(plain)
@@ -90,7 +92,9 @@ def test_an_aiosqlite_engine_without_the_glue_is_refused(target: str) -> None:
                 fencing.sqlite.configure(plain)
         finally:
             await plain.dispose()
-        fresh = fencing.sqlite.configure(create_async_engine(f"sqlite+aiosqlite:///{target}"))
+        fresh = fencing.sqlite.configure(
+            create_async_engine(f"sqlite+aiosqlite:///{target}", poolclass=AsyncAdaptedQueuePool)
+        )
         try:
             store = AsyncJobStore(fresh)  # configured before its first use: taken
             await store.create_table()
