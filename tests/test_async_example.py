@@ -197,7 +197,7 @@ def test_shutdown_stops_every_worker_and_hands_unfinished_jobs_back(example: Mod
             await asyncio.Event().wait()  # until cancelled
         return example.render(job_id)
 
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> tuple[dict[str, Any], dict[str, int]]:
         before = asyncio.all_tasks()
         app = example.create_app(url, workers=4, poll=0.05, work=work)
         async with serving(app) as client:
@@ -223,12 +223,18 @@ def test_shutdown_stops_every_worker_and_hands_unfinished_jobs_back(example: Mod
             await checker.dispose()
         assert [row.job_id for row in rows] == fast
         assert all(states[job_id].done for job_id in fast)
-        assert [(s.done, s.owner, s.fence) for s in map(states.get, slow)] == [(False, None, 1)] * 3
+        assert [(s.done, s.owner) for s in map(states.get, slow)] == [(False, None)] * 3
+        # fence 1, or 2 when a worker's claim still in flight at the cancel took a job another
+        # worker had just released, and gave it back too (an operation runs to its end)
+        released = {job_id: states[job_id].fence for job_id in slow}
+        assert set(released.values()) <= {1, 2}
 
         # a restarted app takes the released jobs over at once (their 30 s leases were given back)
         async with serving(example.create_app(url, workers=2, poll=0.05)) as client:
             views = await wait_until_done(client, slow, within=10.0)
-        return views
+        return views, released
 
-    views = run(scenario())
-    assert {job_id: view["fence"] for job_id, view in views.items()} == dict.fromkeys(slow, 2)
+    views, released = run(scenario())
+    assert {job_id: view["fence"] for job_id, view in views.items()} == {
+        j: f + 1 for j, f in released.items()
+    }
