@@ -84,7 +84,9 @@ def make_engine(database_url: str) -> AsyncEngine:
     if "://" in database_url:
         url = sa.make_url(database_url)
         if url.get_backend_name() != "sqlite":
-            return create_async_engine(url, pool_pre_ping=True)
+            # no pool_pre_ping: SQLAlchemy 2.0.36's asyncmy adapter fails it (ping() without
+            # its argument), and the store replaces a connection the server closed while idle
+            return create_async_engine(url)
         database_url = url.database or ""
     return fencing.sqlite.create_async_engine(database_url)
 
