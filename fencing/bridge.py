@@ -22,6 +22,7 @@ import contextvars
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["CALLER", "holder", "in_bridge", "sleep"]
@@ -41,8 +42,10 @@ def in_bridge() -> bool:
     return bool(in_greenlet())
 
 
-def sleep(seconds: float) -> None:
-    """Sleep ``seconds``: on a thread, blocking it; inside the bridge, yielding to the loop."""
+def sleep(seconds: float, blocking: Callable[[float], None] | None = None) -> None:
+    """Sleep ``seconds``: on a thread, blocking it (with ``blocking``, default
+    ``time.sleep``: a caller passes its own module's, which tests may replace); inside the
+    bridge, yielding to the loop."""
     if seconds < 0:
         seconds = 0.0
     if in_bridge():
@@ -52,7 +55,7 @@ def sleep(seconds: float) -> None:
 
         await_only(asyncio.sleep(seconds))
         return
-    time.sleep(seconds)
+    (blocking or time.sleep)(seconds)
 
 
 def holder() -> Any:

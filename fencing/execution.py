@@ -88,11 +88,8 @@ _BACKOFF_CAP = 0.05
 
 def backoff(attempt: int) -> None:
     """Sleep a little, jittered, longer each attempt (at most 50 ms)."""
-    pause = random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt))
-    if bridge.in_bridge():  # only this task waits: the loop runs on
-        bridge.sleep(pause)
-    else:
-        time.sleep(pause)
+    # inside asyncio's bridge only this task waits: the loop runs on
+    bridge.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)), time.sleep)
 
 
 class LockWait:

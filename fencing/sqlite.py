@@ -301,10 +301,9 @@ def create_engine(
 
     ``:memory:`` is refused: every connection would see its own empty database.
     """
-    url = _file_url(path, "sqlite")
-    _check_options(durability, busy_timeout, begin)
-    engine = sqlalchemy.create_engine(url, **engine_kwargs)
-    return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)
+    return _configured(
+        sqlalchemy.create_engine, "sqlite", path, durability, busy_timeout, begin, engine_kwargs
+    )
 
 
 def create_async_engine(
@@ -321,11 +320,24 @@ def create_async_engine(
     from sqlalchemy.ext.asyncio import create_async_engine as create
     from sqlalchemy.pool import AsyncAdaptedQueuePool
 
-    url = _file_url(path, "sqlite+aiosqlite")
-    _check_options(durability, busy_timeout, begin)
     # pooled as the sync engine's are (SQLAlchemy 2.0 gave aiosqlite files a NullPool: a new
     # connection, thread and PRAGMAs for every operation)
     engine_kwargs.setdefault("poolclass", AsyncAdaptedQueuePool)
+    return _configured(create, "sqlite+aiosqlite", path, durability, busy_timeout, begin, engine_kwargs)
+
+
+def _configured(
+    create: Callable[..., E],
+    drivername: str,
+    path: object,
+    durability: Durability,
+    busy_timeout: float,
+    begin: str,
+    engine_kwargs: dict[str, Any],
+) -> E:
+    """``create(url of path, **engine_kwargs)``, every argument checked first, configured."""
+    url = _file_url(path, drivername)
+    _check_options(durability, busy_timeout, begin)
     engine = create(url, **engine_kwargs)
     return configure(engine, durability=durability, busy_timeout=busy_timeout, begin=begin)
 

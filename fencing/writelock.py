@@ -110,21 +110,13 @@ def _close(fd: int) -> None:
         os.close(fd)
 
 
-def _pause(seconds: float) -> None:
-    """Sleep: this thread, or inside asyncio's bridge only this task (the loop runs on)."""
-    if bridge.in_bridge():
-        bridge.sleep(seconds)
-    else:
-        time.sleep(seconds)
-
-
 def poll_pause(attempt: int, left: float) -> float:
     """Sleep before trying again after a lost race that SQLite's handler did not wait for
     (a ``DEFERRED`` transaction's stale snapshot, a busy timeout under 1 ms): 0.5-1 ms,
     longer each attempt up to 10 ms, jittered, never past the time ``left`` of the budget;
     the time slept."""
     pause = max(0.0, min(left, random.uniform(0.5, 1.0) * min(0.01, 0.001 * attempt)))
-    _pause(pause)
+    bridge.sleep(pause, time.sleep)
     return pause
 
 
@@ -294,11 +286,11 @@ class WriteLock:
                     self._take_priority(wait, execute)
                 if wait.priority is not None:
                     # backs off: a lock held for seconds must not cost the waiter a busy CPU
-                    _pause(min(left, wait.poll))
+                    bridge.sleep(min(left, wait.poll), time.sleep)
                     wait.poll = min(2 * wait.poll, POLL_WITH_PRIORITY_MAX)
                 elif wait.held_back < COURTESY and self._priority_taken():
                     pause = min(left, _HOLD_BACK_STEP)
-                    _pause(pause)
+                    bridge.sleep(pause, time.sleep)
                     wait.held_back += pause
                     continue  # someone has waited longer: let them have it
                 tried = time.monotonic()
