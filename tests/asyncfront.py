@@ -34,6 +34,41 @@ from fencing.asyncio import AsyncJobStore
 ASYNC = "async"
 
 
+def wait(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any:
+    """The coroutine's result: awaited inside the bridge, else run on the test's loop."""
+    if bridge.in_bridge():
+        return await_only(coro)
+    if loop.is_running():
+        coro.close()
+        raise RuntimeError(
+            "the async store is driven by the test body's event loop; a thread of the test "
+            "cannot use it (the async races are in tests/test_asyncio.py)"
+        )
+    return loop.run_until_complete(coro)
+
+
+class Blocking:
+    """Any object of the async front (``AsyncFenceMarks``, ``AsyncHeartbeat``) seen from
+    sync code: each coroutine method's result awaited, everything else as it is."""
+
+    def __init__(self, target: object, loop: asyncio.AbstractEventLoop) -> None:
+        self.target = target
+        self.loop = loop
+
+    def __repr__(self) -> str:
+        return f"<Blocking {self.target!r}>"
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.target, name)
+        if not inspect.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return wait(self.loop, attr(*args, **kwargs))
+
+        return call
+
+
 class BlockingAsyncStore:
     """``JobStore``'s interface over an :class:`AsyncJobStore`, for sync test bodies."""
 
@@ -47,16 +82,7 @@ class BlockingAsyncStore:
         return f"<BlockingAsyncStore {self.async_store!r}>"
 
     def wait(self, coro: Coroutine[Any, Any, Any]) -> Any:
-        """The coroutine's result: awaited inside the bridge, else run on the test's loop."""
-        if bridge.in_bridge():
-            return await_only(coro)
-        if self.loop.is_running():
-            coro.close()
-            raise RuntimeError(
-                "the async store is driven by the test body's event loop; a thread of the test "
-                "cannot use it (the async races are in tests/test_asyncio.py)"
-            )
-        return self.loop.run_until_complete(coro)
+        return wait(self.loop, coro)
 
     def front(self, conn: object) -> object:
         """What an async caller would pass for the sync ``conn`` a test holds."""

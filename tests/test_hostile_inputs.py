@@ -11,6 +11,7 @@ the table rendered from the rows. After changing a row, regenerate the document:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import math
@@ -30,6 +31,7 @@ import pytest
 import sqlalchemy
 from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, Text
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import fencing
 import service
@@ -49,7 +51,9 @@ from fencing import (
     SchemaMismatch,
     TableMissing,
 )
-from tests import backends
+from fencing.async_heartbeat import AsyncHeartbeat
+from fencing.asyncio import AsyncFenceMarks, AsyncJobStore
+from tests import asyncfront, backends
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "HOSTILE-INPUTS.md"
 
@@ -94,6 +98,13 @@ class Row:
     #: a known gap: what users get today (the row runs as xfail(strict) until it is fixed)
     today: str | None = None
     note: str = ""
+    #: the async front's message, where it names its own types (else ``message``)
+    async_message: str | None = None
+
+    def runs_async(self) -> bool:
+        """Whether the row also runs through the async front: a call of the library on the
+        seeded database (``service.py`` is sync by contract; a file row is about the file)."""
+        return self.setup == "seeded" and not self.call.startswith("service.")
 
     def where(self) -> str:
         if self.setup == "none":
@@ -136,6 +147,7 @@ ROWS: list[Row] = [
         'JobStore("sqlite:///jobs.db")',
         InvalidArgumentType,
         "engine must be a sqlalchemy Engine, got str",
+        async_message="engine must be a sqlalchemy AsyncEngine, got str",
     ),
     Row(
         "JobStore",
@@ -392,6 +404,7 @@ ROWS: list[Row] = [
         'with store.fenced(lease, now=110.0, conn="session"): pass',
         InvalidArgumentType,
         "conn must be a sqlalchemy Connection, an ORM Session or None, got str",
+        async_message="conn must be a sqlalchemy AsyncConnection, an AsyncSession or None, got str",
     ),
     Row(
         "JobStore.check",
@@ -496,6 +509,7 @@ ROWS: list[Row] = [
         "Heartbeat(None, lease, 10)",
         InvalidArgumentType,
         "store must have renew() and release() (a fencing.JobStore), got NoneType",
+        async_message="store must have renew() and release() (a fencing.asyncio.AsyncJobStore), got NoneType",
     ),
     Row(
         "Heartbeat",
@@ -561,6 +575,7 @@ ROWS: list[Row] = [
         "FenceMarks(None)",
         InvalidArgumentType,
         "engine must be a sqlalchemy Engine, got NoneType",
+        async_message="engine must be a sqlalchemy AsyncEngine, got NoneType",
     ),
     Row(
         "FenceMarks.create_tables",
@@ -568,6 +583,7 @@ ROWS: list[Row] = [
         "marks.create_tables(conn=1)",
         InvalidArgumentType,
         "conn must be a sqlalchemy Connection, an ORM Session or None, got int",
+        async_message="conn must be a sqlalchemy AsyncConnection, an AsyncSession or None, got int",
     ),
     Row(
         "FenceMarks.accept",
@@ -967,6 +983,16 @@ NAMESPACE_DOC = [
     ("DOWN_MYSQL", f"`{DOWN_MYSQL}`"),
 ]
 
+ASYNC_DOC = (
+    "Every row on the seeded database that calls the library runs twice: as shown, and through "
+    "the async front (*async* in *where*), with `engine` an `AsyncEngine` on `db` (aiosqlite, "
+    "asyncpg, asyncmy), `store` its `AsyncJobStore`, `marks` its `AsyncFenceMarks`, and "
+    "`JobStore`, `FenceMarks`, `Heartbeat` standing for `AsyncJobStore`, `AsyncFenceMarks`, "
+    "`AsyncHeartbeat`; every coroutine is awaited. The exception, its message, its cause and "
+    "the unchanged database are checked the same way; where the async message differs (it "
+    "names its own types), the row shows it"
+)
+
 SEED_DOC = (
     "jobs `job` (owner `w`, fence 1, until 150.0), `free` (never claimed) and `done` (fence 1, "
     'result `"kept"`); fence mark `invoice-42` = 3; idempotency key `charge-42`; and a table '
@@ -1002,7 +1028,7 @@ class Tracker:
 
     def close(self) -> None:
         for made in reversed(self.made):
-            if isinstance(made, Heartbeat):
+            if isinstance(made, Heartbeat) or isinstance(getattr(made, "target", None), AsyncHeartbeat):
                 made.stop()
             elif isinstance(made, JobStore):
                 made.engine.dispose()
@@ -1043,6 +1069,30 @@ def namespace(tracker: Tracker, tmp: Path, **names: Any) -> dict[str, Any]:
     }
 
 
+def async_names(tracker: Tracker, loop: asyncio.AbstractEventLoop, engine: AsyncEngine) -> dict[str, Any]:
+    """The names of ASYNC_DOC: the async front on ``engine``, each coroutine awaited."""
+
+    def store(engine: Any, *args: Any, **kwargs: Any) -> Any:
+        return asyncfront.BlockingAsyncStore(AsyncJobStore(engine, *args, **kwargs), loop)
+
+    def marks(engine: Any, *args: Any, **kwargs: Any) -> Any:
+        return asyncfront.Blocking(AsyncFenceMarks(engine, *args, **kwargs), loop)
+
+    def heartbeat(store: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(store, asyncfront.BlockingAsyncStore):
+            store = store.async_store
+        return asyncfront.Blocking(AsyncHeartbeat(store, *args, **kwargs), loop)
+
+    return {
+        "engine": engine,
+        "store": store(engine),
+        "marks": marks(engine),
+        "JobStore": store,
+        "FenceMarks": marks,
+        "Heartbeat": tracker.wrap(heartbeat),
+    }
+
+
 @dataclass
 class Outcome:
     error: BaseException | None = None
@@ -1061,8 +1111,9 @@ def run(call: str, names: dict[str, Any]) -> Outcome:
         return Outcome(error=exc)
 
 
-def check(row: Row, outcome: Outcome, tmp: Path) -> None:
+def check(row: Row, outcome: Outcome, tmp: Path, front: str = "sync") -> None:
     """The outcome is exactly the row's; AssertionError otherwise."""
+    message = row.async_message if front == asyncfront.ASYNC and row.async_message else row.message
     error = outcome.error
     if row.raises is None:
         assert error is None, f"raised {type(error).__name__}: {error}"
@@ -1076,10 +1127,10 @@ def check(row: Row, outcome: Outcome, tmp: Path) -> None:
         assert isinstance(error, ValueError)
     if isinstance(error, InvalidArgumentType):
         assert isinstance(error, TypeError)
-    if isinstance(row.message, re.Pattern):
-        assert row.message.fullmatch(str(error)), str(error)
+    if isinstance(message, re.Pattern):
+        assert message.fullmatch(str(error)), str(error)
     else:
-        assert str(error) == (row.message or "").replace("{tmp}", str(tmp))
+        assert str(error) == (message or "").replace("{tmp}", str(tmp))
     if row.cause is None:
         assert error.__cause__ is None, repr(error.__cause__)
     else:
@@ -1278,7 +1329,7 @@ def _give_to_nobody(tmp: Path) -> None:
 # -- the tests ----------------------------------------------------------------------------------
 
 
-def _param(index: int, row: Row) -> Any:
+def _param(index: int, row: Row, front: str = "sync") -> Any:
     marks: list[Any] = []
     if row.setup in FILE_SETUPS or row.setup == "none":
         marks.append(pytest.mark.backend("sqlite"))  # no server involved: run once
@@ -1286,17 +1337,28 @@ def _param(index: int, row: Row) -> Any:
         marks.append(pytest.mark.backend(*row.backends))
     if row.today is not None:
         marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=row.today))
-    return pytest.param(row, id=f"{index + 1}-{row.function}-{row.bad}", marks=marks)
+    suffix = "-async" if front == asyncfront.ASYNC else ""
+    return pytest.param(row, front, id=f"{index + 1}-{row.function}-{row.bad}{suffix}", marks=marks)
 
 
-@pytest.mark.parametrize("row", [_param(i, r) for i, r in enumerate(ROWS)])
+PARAMS = [_param(i, r) for i, r in enumerate(ROWS)]
+PARAMS += [_param(i, r, asyncfront.ASYNC) for i, r in enumerate(ROWS) if r.runs_async()]
+
+
+@pytest.mark.parametrize(("row", "front"), PARAMS)
 def test_row(
-    row: Row, backend: backends.Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: Any
+    row: Row,
+    front: str,
+    backend: backends.Backend,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: Any,
 ) -> None:
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)  # a relative path that slipped through would create a file here
     tracker = Tracker()
+    loop = asyncio.new_event_loop()
     with row_directory(row, tmp_path) as tmp:
         names: dict[str, Any] = {}
         engine: Engine | None = None
@@ -1312,6 +1374,9 @@ def test_row(
             store = JobStore(engine)
             names = {"db": target, "engine": engine, "store": store, "marks": FenceMarks(engine)}
             tracker.made.append(store)
+            if front == asyncfront.ASYNC:
+                async_engine = backends.async_engine_for(target)
+                names.update(async_names(tracker, loop, async_engine))
         elif row.setup != "none":
             names["path"] = str(make_files(row.setup, tmp))
         before_db = None if engine is None else database_snapshot(engine)
@@ -1320,14 +1385,25 @@ def test_row(
         as_nobody = row.setup == "readonly_file" and not chmod_binds()
         if as_nobody:
             _give_to_nobody(tmp)
-        with unprivileged(tmp) if as_nobody else contextlib.nullcontext():
+
+        def run_row() -> tuple[Outcome, Outcome | None]:
             try:
                 outcome = run(row.call, namespace(tracker, tmp, **names))
                 stored = None if row.stored is None else run(row.stored[0], namespace(tracker, tmp, **names))
             finally:
                 tracker.close()
+            return outcome, stored
+
+        with unprivileged(tmp) if as_nobody else contextlib.nullcontext():
+            if front == asyncfront.ASYNC:  # inside the bridge on the row's loop, as a test body
+                try:
+                    outcome, stored = asyncfront.run_in_bridge(loop, run_row, {})
+                finally:
+                    asyncfront.dispose(async_engine, loop)
+            else:
+                outcome, stored = run_row()
         try:
-            check(row, outcome, tmp)
+            check(row, outcome, tmp, front)
             if row.stored is not None:
                 assert stored is not None and stored.error is None, stored
                 assert repr(stored.value) == row.stored[1]
@@ -1339,6 +1415,7 @@ def test_row(
         finally:
             if engine is not None:
                 engine.dispose()
+            loop.close()
 
 
 def test_a_clock_that_breaks_inside_a_heartbeat_block_is_named_and_never_hides_the_blocks_error(
@@ -1386,6 +1463,22 @@ def test_every_public_function_has_a_row() -> None:
     covered = {row.function for row in ROWS}
     assert public - covered == set()
     assert covered - public <= {"Heartbeat.start", "Heartbeat.check"}  # no arguments, misused
+
+
+def test_every_public_function_of_the_async_front_has_an_async_row() -> None:
+    """The async classes are covered under their sync names (ASYNC_DOC), each row run async."""
+    public: set[str] = set()
+    for cls, name in (
+        (AsyncJobStore, "JobStore"),
+        (AsyncFenceMarks, "FenceMarks"),
+        (AsyncHeartbeat, "Heartbeat"),
+    ):
+        public.add(name)
+        for method, member in inspect.getmembers(cls, inspect.isfunction):
+            takes = [p for p in inspect.signature(member).parameters if p != "self"]
+            if not method.startswith("_") and takes:
+                public.add(f"{name}.{method}")
+    assert public - {row.function for row in ROWS if row.runs_async()} == set()
 
 
 def test_the_table_has_what_the_issue_asks() -> None:
@@ -1454,6 +1547,7 @@ def render() -> str:
         "",
     ]
     lines += [f"* `{name}`: {text}" for name, text in NAMESPACE_DOC]
+    lines += ["", f"{ASYNC_DOC}."]
     lines += ["", "File rows (SQLite only) prepare `path` in the row's directory:", ""]
     lines += [f"* *{setup.replace('_', ' ')}*: {text}" for setup, text in SETUP_DOC.items()]
     lines += [
@@ -1473,7 +1567,10 @@ def render() -> str:
             outcome += f" (**pending**; today: {_cell(row.today)})"
         if row.note:
             outcome += f" ({_cell(row.note)})"
-        cells = [str(number), f"`{row.function}`", _cell(row.bad), _code(row.call), row.where(), outcome]
+        if row.async_message:
+            outcome += f"; async: {_code(row.async_message)}"
+        where = row.where() + ("; async" if row.runs_async() else "")
+        cells = [str(number), f"`{row.function}`", _cell(row.bad), _code(row.call), where, outcome]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 

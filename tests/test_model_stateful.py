@@ -8,6 +8,7 @@ leases stay in a bundle and are replayed (and forged) on purpose.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import Callable
@@ -27,10 +28,14 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from sqlalchemy import Connection
+from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 
 import fencing
+import fencing.sqlite
 import service
 from fencing import JobStore, Lease
+from fencing.asyncio import AsyncJobStore
+from tests import asyncfront
 from tests.model import Model
 
 pytestmark = pytest.mark.backend("sqlite")
@@ -364,3 +369,35 @@ def test_service_matches_the_model() -> None:
 
 def test_store_matches_the_model_in_own_and_caller_transactions() -> None:
     run_state_machine_as_test(StoreMachine, settings=SETTINGS)
+
+
+class AsyncStoreMachine(StoreMachine):
+    """The same steps through ``AsyncJobStore`` on aiosqlite, awaited from the sync rules.
+
+    The whole run happens inside SQLAlchemy's asyncio bridge on one loop (see
+    :mod:`tests.asyncfront`), so a caller's transaction is the ``AsyncConnection`` in front of
+    the sync connection a rule opens, as an async application would hold it."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def open(self) -> None:
+        self.async_engine = fencing.sqlite.create_async_engine(self.path, durability="normal")
+        self.engine = self.async_engine.sync_engine
+        self.store = asyncfront.BlockingAsyncStore(AsyncJobStore(self.async_engine), self.loop)  # type: ignore[assignment]
+        self.store.create_table()
+        self.read_in_tx = _NOT_READ
+
+    def close(self) -> None:
+        assert self.engine.pool.checkedout() == 0, "a connection was not given back"  # type: ignore[attr-defined]
+        await_only(self.async_engine.dispose())
+
+
+def test_async_store_matches_the_model_in_own_and_caller_transactions() -> None:
+    loop = asyncio.new_event_loop()
+    AsyncStoreMachine.loop = loop
+    try:
+        loop.run_until_complete(
+            greenlet_spawn(run_state_machine_as_test, AsyncStoreMachine, settings=SETTINGS)
+        )
+    finally:
+        loop.close()

@@ -6,6 +6,7 @@ out once, and a writer whose lease was taken over never stores anything.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import sqlite3
@@ -19,7 +20,9 @@ import pytest
 
 import service
 from fencing import JobState, JobStore, Lease
-from tests.backends import engine_for
+from fencing.asyncio import AsyncJobStore
+from tests import asyncfront
+from tests.backends import async_engine_for, engine_for
 from tests.processes import reap
 
 THREADS = 8
@@ -165,29 +168,52 @@ def test_claim_many_runs_the_claims_at_the_same_time(target: str) -> None:
 # -- processes ----------------------------------------------------------------------------
 
 
-def _claim_rounds_in_a_process(target: str, name: str, rounds: int, barrier: Any, out: Any) -> None:
-    """A worker process with its own engine: every round, claim two jobs the moment all are ready."""
+def _claim_rounds_in_a_process(
+    target: str, front: str, name: str, rounds: int, barrier: Any, out: Any
+) -> None:
+    """A worker process with its own engine: every round, claim two jobs the moment all are ready.
+
+    ``front`` is the store the test's fixture runs: ``sync`` (``JobStore``) or ``async``
+    (``AsyncJobStore`` on the asyncio driver, awaited on a loop of the process's own)."""
     won: list[tuple[str, int, int]] = []
     problem = None
-    engine = engine_for(target)
-    store = JobStore(engine)
+    loop = asyncio.new_event_loop()
+    claim: Callable[..., Lease | None]
+    if front == asyncfront.ASYNC:
+        async_engine = async_engine_for(target)
+        async_store = AsyncJobStore(async_engine)
+
+        def claim(*args: Any, **kwargs: Any) -> Lease | None:
+            return loop.run_until_complete(async_store.claim(*args, **kwargs))
+
+        def dispose() -> None:
+            loop.run_until_complete(async_engine.dispose())
+    else:
+        engine = engine_for(target)
+        store = JobStore(engine)
+        claim = store.claim
+
+        def dispose() -> None:
+            store.engine.dispose()
+            engine.dispose()
+
     try:
         for r in range(rounds):
             barrier.wait(timeout=TIMEOUT)
             # a job of its own per round, claimed once by everybody
-            lease = store.claim(f"job-{r}", name, now=0.0, ttl=1000.0)
+            lease = claim(f"job-{r}", name, now=0.0, ttl=1000.0)
             if lease is not None:
                 won.append(("job", r, lease.fence))
             # one job claimed again every round, at the instant its previous lease ends
-            lease = store.claim("shared", name, now=r * 10.0, ttl=10.0)
+            lease = claim("shared", name, now=r * 10.0, ttl=10.0)
             if lease is not None:
                 won.append(("shared", r, lease.fence))
     except BaseException:
         problem = traceback.format_exc()
         barrier.abort()
     finally:
-        store.engine.dispose()
-        engine.dispose()
+        dispose()
+        loop.close()
     out.put((name, won, problem))
 
 
@@ -196,12 +222,16 @@ def test_processes_claiming_together_each_job_has_one_winner(store: JobStore, ta
     for r in range(PROCESS_ROUNDS):
         store.enqueue(f"job-{r}", ready_at=0.0)
     store.enqueue("shared", ready_at=0.0)
+    # the processes race through the store the fixture runs: JobStore, or AsyncJobStore
+    front = asyncfront.ASYNC if isinstance(store, asyncfront.BlockingAsyncStore) else "sync"
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(PROCESSES)
     out = ctx.Queue()
     names = [f"p{i}" for i in range(PROCESSES)]
     procs = [
-        ctx.Process(target=_claim_rounds_in_a_process, args=(target, name, PROCESS_ROUNDS, barrier, out))
+        ctx.Process(
+            target=_claim_rounds_in_a_process, args=(target, front, name, PROCESS_ROUNDS, barrier, out)
+        )
         for name in names
     ]
     for proc in procs:
