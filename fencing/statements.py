@@ -29,6 +29,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    text,
     union_all,
     update,
 )
@@ -109,6 +110,15 @@ class Statements:
     caller's clock ``now`` and ``new_until`` (``now + ttl``, computed once in Python so every
     backend stores the same double), for the database's clock ``ttl``.
     """
+
+    #: PostgreSQL, before a pick of more than one job in a transaction of the store's own:
+    #: on a table never analyzed (a fresh queue loaded in bulk; autovacuum analyzes it
+    #: only later) the planner guesses a handful of ready rows and, for a LIMIT of ~100,
+    #: prefers a bitmap scan and a sort of the whole ready set to the ready index walked
+    #: in claim order. Sorts off for the rest of this transaction only (LOCAL: undone at
+    #: its commit or rollback, never in a caller's transaction), the walk is chosen at
+    #: any backlog with or without statistics; nothing the store runs after it sorts
+    walk_in_claim_order: Executable = text("SET LOCAL enable_sort = off")
 
     def __init__(self, table: Table, clock: Clock = "caller") -> None:
         t = table

@@ -106,6 +106,7 @@ class JobStore:
         self._by_database = Statements(table, "database")
         self._returning = bool(getattr(dialect, "update_returning", False))
         self._sqlite = dialect.name == "sqlite"
+        self._postgresql = dialect.name == "postgresql"
         self._max_id_bytes = ID_MAX_BYTES.get(dialect.name)
         self._nul_ok = dialect.name != "postgresql"  # PostgreSQL text cannot hold U+0000
         self._enqueue = self._enqueue_unit(dialect.name)
@@ -738,19 +739,23 @@ class JobStore:
         skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
         ``BEGIN IMMEDIATE`` serializes claims.
         """
-        return self._run(self._claim_next_unit(owner, ttl, now, limit, max_attempts), conn)
+        return self._run(self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None), conn)
 
     def _claim_next_unit(
-        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object
+        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object, *, own: bool
     ) -> Callable[[Executor], list[Lease]]:
-        """The unit of :meth:`claim_next`, its arguments checked."""
+        """The unit of :meth:`claim_next`, its arguments checked; ``own``: it runs in a
+        transaction of the store's own."""
         owner = self._key("owner", owner)
         limit = _positive_int("limit", limit)
         max_fence = FENCE_MAX if max_attempts is None else _positive_int("max_attempts", max_attempts)
         s, clock = self._clock(now, ttl)
         params = {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+        in_claim_order = own and limit > 1 and self._postgresql
 
         def returning(x: Executor) -> list[Lease]:
+            if in_claim_order:
+                x.count(s.walk_in_claim_order, {})
             rows = x.rows(s.claim_next_returning, params)
             return [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
 
@@ -853,7 +858,7 @@ class JobStore:
                 f"got {type(completions).__name__} {completions!r:.80}"
             )
         size, complete = self._completions_unit(completions, now)
-        claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts)
+        claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None)
 
         def step(x: Executor) -> tuple[set[int], list[Lease]]:
             accepted = complete(x) if complete is not None else set()

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, bindparam, insert, text
+from sqlalchemy import Connection, Engine, bindparam, create_engine, insert, text
 from sqlalchemy.sql import Executable
 
 from fencing import JobStore
@@ -68,40 +68,42 @@ def explain(conn: Connection, prefix: str, stmt: Executable, params: dict[str, A
     return conn.exec_driver_sql(prefix + sql, args).fetchall()
 
 
-def hot_statements(store: JobStore, clock: str) -> dict[str, tuple[Executable, dict[str, Any]]]:
+def hot_statements(
+    store: JobStore, clock: str, limit: int = LIMIT
+) -> dict[str, tuple[Executable, dict[str, Any]]]:
     """Every statement claim_next, poisoned and complete_many send on this backend, with
-    bind values for a claim of LIMIT jobs and a batch of LIMIT completions."""
+    bind values for a claim of ``limit`` jobs and a batch of ``limit`` completions."""
     s = Statements(store.table, clock)  # type: ignore[arg-type]
-    params: dict[str, Any] = {"holder": "w", "limit": LIMIT, "max_fence": FENCE_MAX}
+    params: dict[str, Any] = {"holder": "w", "limit": limit, "max_fence": FENCE_MAX}
     params.update({"now": 5e9, "new_until": 5e9 + 30} if clock == "caller" else {"ttl": 30.0})
-    ids = {f"id_{i}": f"job-{i:07d}" for i in range(LIMIT)}
+    ids = {f"id_{i}": f"job-{i:07d}" for i in range(limit)}
     batch = {
         **ids,
-        **{f"n_{i}": i for i in range(LIMIT)},
-        **{f"holder_{i}": "w" for i in range(LIMIT)},
-        **{f"token_{i}": 1 for i in range(LIMIT)},
-        **{f"result_{i}": "r" for i in range(LIMIT)},
+        **{f"n_{i}": i for i in range(limit)},
+        **{f"holder_{i}": "w" for i in range(limit)},
+        **{f"token_{i}": 1 for i in range(limit)},
+        **{f"result_{i}": "r" for i in range(limit)},
     }
     dialect = store.engine.dialect.name
     found: dict[str, tuple[Executable, dict[str, Any]]] = {"poisoned": (s.poisoned, params)}
     if dialect in ("mysql", "mariadb"):
-        claim, read = s.claim_ids(LIMIT)
+        claim, read = s.claim_ids(limit)
         found |= {
             "pick": (s.pick_ready, params),
             "claim picked": (claim, {**params, **ids}),
             "read claimed": (read, {**params, **ids}),
-            "lock batch": (s.lock_live(LIMIT), {**params, **ids}),
-            "complete batch": (s.complete_batch_joined(LIMIT), {**params, **batch, "judged_at": 5e9}),
+            "lock batch": (s.lock_live(limit), {**params, **ids}),
+            "complete batch": (s.complete_batch_joined(limit), {**params, **batch, "judged_at": 5e9}),
         }
     else:
         found["claim_next"] = (s.claim_next_returning, params)
         if dialect == "postgresql":
             arrays = {
-                "ns": list(range(LIMIT)),
+                "ns": list(range(limit)),
                 "ids": list(ids.values()),
-                "holders": ["w"] * LIMIT,
-                "tokens": [1] * LIMIT,
-                "results": ["r"] * LIMIT,
+                "holders": ["w"] * limit,
+                "tokens": [1] * limit,
+                "results": ["r"] * limit,
             }
             found["complete batch"] = (s.complete_batch_arrays(), {**params, **arrays})
         else:  # SQLite completes each lease by its key, in one transaction
@@ -172,18 +174,23 @@ def mariadb_problems(name: str, table: str, rows: list[dict[str, Any]]) -> list[
     return problems
 
 
+@pytest.mark.sync_only("the plans of the statements both fronts send")
 @pytest.mark.parametrize("statistics", ["fresh", "analyzed"])
 @pytest.mark.parametrize("clock", ["caller", "database"])
+@pytest.mark.parametrize("limit", [LIMIT, 100])
 def test_every_hot_statement_walks_an_index_in_claim_order(
-    backlog: JobStore, engine: Engine, clock: str, statistics: str
+    backlog: JobStore, engine: Engine, clock: str, statistics: str, limit: int
 ) -> None:
     if statistics == "analyzed":
         analyze(engine, backlog)
     table = backlog.table.name
     dialect = engine.dialect.name
     problems: list[str] = []
-    with engine.connect() as conn:
-        for name, (stmt, params) in hot_statements(backlog, clock).items():
+    for name, (stmt, params) in hot_statements(backlog, clock, limit).items():
+        # each in a transaction of its own, as the store runs them
+        with engine.connect() as conn:
+            if name == "claim_next" and dialect == "postgresql" and limit > 1:
+                conn.execute(Statements.walk_in_claim_order)  # what the store sends first
             if dialect == "sqlite":
                 problems += sqlite_problems(name, table, explain(conn, "EXPLAIN QUERY PLAN ", stmt, params))
             elif dialect == "postgresql":
@@ -192,7 +199,7 @@ def test_every_hot_statement_walks_an_index_in_claim_order(
             else:
                 result = explain(conn, "EXPLAIN ", stmt, params)
                 problems += mariadb_problems(name, table, [dict(row._mapping) for row in result])
-        conn.rollback()
+            conn.rollback()
     assert problems == []
 
 
@@ -251,6 +258,47 @@ def test_a_claim_visits_as_much_at_100000_ready_jobs_as_at_1000(store: JobStore,
             assert row["key"] == f"ix_{table}_ready"
             assert float(row["r_rows"]) <= LIMIT, f"the pick read {row['r_rows']} rows for {LIMIT} jobs"
         conn.rollback()
+
+
+def index_entries_read(engine: Engine, index: str) -> int:
+    """``idx_tup_read`` of ``index`` once the single pooled connection's counts are flushed."""
+    with engine.connect() as conn:  # the connection the store used: flush its counts now
+        conn.exec_driver_sql("SELECT pg_stat_force_next_flush()")
+        conn.commit()
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SELECT pg_stat_clear_snapshot()")
+        read = conn.exec_driver_sql(
+            "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = %(n)s", {"n": index}
+        ).scalar_one()
+        conn.rollback()
+    return int(read)
+
+
+@pytest.mark.backend("postgresql")
+def test_a_batched_claim_on_a_never_analyzed_table_reads_the_ready_index_only_to_its_limit(
+    target: str, engine: Engine
+) -> None:
+    """PostgreSQL: the store's own claim of 100 jobs on a fresh table of 100,000 ready ones
+    walks the ready index to its limit (a bitmap scan would read all 100,000 entries to sort
+    them); in a caller's transaction the store leaves the planner's settings alone."""
+    single = create_engine(target, pool_size=1, max_overflow=0)
+    try:
+        store = JobStore(single)
+        store.create_table()
+        load(engine, store, 0, BACKLOG, tied=True)
+        index = f"ix_{store.table.name}_ready"
+        before = index_entries_read(single, index)
+        leases = store.claim_next("w", ttl=30.0, limit=100)
+        assert len(leases) == 100
+        read = index_entries_read(single, index) - before
+        assert 100 <= read <= 200, f"the claim of 100 jobs read {read} entries of the ready index"
+        with single.begin() as conn:
+            assert len(store.claim_next("w", ttl=30.0, limit=100, conn=conn)) == 100
+            assert conn.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"
+        with single.connect() as conn:  # and the store's own setting ended with its transaction
+            assert conn.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"
+    finally:
+        single.dispose()
 
 
 def test_the_ready_index_is_in_claim_order(store: JobStore, engine: Engine) -> None:
