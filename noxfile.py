@@ -73,12 +73,19 @@ def _require_server(session: nox.Session, db: str) -> None:
 
 #: the bounded run of CI: well under 60 s per database, the seed fixed so a failure replays
 TORTURE = ["--workers", "8", "--jobs", "800", "--seconds", "30", "--drain", "25", "--seed", "20261129"]
+#: then the workers on the async front (AsyncJobStore, AsyncHeartbeat, the asyncio driver):
+#: half the jobs and fault phase, so a database's session stays within about 1.5 minutes; the
+#: drain ends once every job is done, and is longer as the workers' start-up (imports, ~1 s
+#: of CPU each) takes much of a short fault phase on a loaded 2-core machine
+TORTURE_ASYNC = ["--async", "--workers", "8", "--jobs", "400", "--seconds", "15", "--drain", "45"]
+TORTURE_ASYNC += TORTURE[-2:]  # the same seed
 
 
 @nox.session(python=NEWEST, tags=["torture"])
 @nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
 def torture(session: nox.Session, db: str) -> None:
-    """``python -m fencing torture`` on one database: exit 1 on any violation."""
+    """``python -m fencing torture`` on one database, the sync front and then the async one:
+    exit 1 on any violation. ``nox -s torture -- ARGS`` runs once, with ARGS instead."""
     _install(session, "test", *filter(None, DATABASES.values()))
     _require_server(session, db)
     url = (
@@ -86,7 +93,8 @@ def torture(session: nox.Session, db: str) -> None:
         if db == "sqlite"
         else ["--url", session.run("python", "-m", "tests.backends", "--url", db, silent=True).strip()]
     )
-    session.run("python", "-m", "fencing", "torture", *url, *(session.posargs or TORTURE))
+    for args in [session.posargs] if session.posargs else [TORTURE, TORTURE_ASYNC]:
+        session.run("python", "-m", "fencing", "torture", *url, *args)
 
 
 def _in_ci() -> bool:

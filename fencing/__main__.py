@@ -168,10 +168,19 @@ def _add_torture(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--prefix", default=defaults.prefix, help="the harness's table name prefix (%(default)s)"
     )
     parser.add_argument(
+        "--async",
+        dest="front",
+        action="store_const",
+        const="async",
+        default=defaults.front,
+        help="run the workers on the async front: AsyncJobStore, AsyncFenceMarks and AsyncHeartbeat "
+        "on the asyncio driver (aiosqlite, asyncpg, asyncmy) for the same database",
+    )
+    parser.add_argument(
         "--store",
-        default=defaults.store_factory,
         metavar="MODULE:CALLABLE",
-        help="the store on trial, built from (engine, table) (%(default)s)",
+        help=f"the store on trial, built from (engine, table) (default {torture.FRONTS['sync']}; "
+        f"with --async, from (AsyncEngine, table), default {torture.FRONTS['async']})",
     )
     parser.add_argument(
         "--journal", metavar="DIR", help="keep the journals here (default: a temporary directory)"
@@ -198,6 +207,7 @@ def _add_torture(commands: argparse._SubParsersAction[argparse.ArgumentParser]) 
                     release_rate=args.release_rate,
                     drain=args.drain,
                     prefix=args.prefix,
+                    front=args.front,
                     store_factory=args.store,
                     journal_dir=args.journal,
                     keep_tables=args.keep_tables,

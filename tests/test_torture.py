@@ -9,17 +9,23 @@ from typing import Any
 
 import pytest
 
+from fencing.errors import InvalidArgument
 from fencing.torture import TortureConfig, run_torture, summary
 from fencing.torture.verdict import DatabaseState, judge
 
 #: a short run that still injects every kind of fault several times
 SHORT = {"workers": 4, "jobs": 250, "seconds": 8.0, "fault_every": 0.1, "drain": 60.0}
+#: the workers on the sync store and Heartbeat threads, or on the async store and
+#: AsyncHeartbeat tasks (the asyncio driver for the same database)
+FRONTS = pytest.mark.parametrize("front", ["sync", "async"])
 
 
 @pytest.mark.slow
-def test_real_store_survives_every_fault(target: str) -> None:
-    run = run_torture(TortureConfig(url=target, seed=11, **SHORT))  # type: ignore[arg-type]
+@FRONTS
+def test_real_store_survives_every_fault(target: str, front: str) -> None:
+    run = run_torture(TortureConfig(url=target, seed=11, front=front, **SHORT))  # type: ignore[arg-type]
     report = summary(run)
+    assert f"{front} front: " in report
     assert run.violations == 0, report
     assert run.jobs_done == SHORT["jobs"], report
     tally = run.verdict.tallies
@@ -37,6 +43,7 @@ def test_real_store_survives_every_fault(target: str) -> None:
 
 
 @pytest.mark.slow
+@FRONTS
 @pytest.mark.parametrize(
     ("broken", "finish", "rules"),
     [
@@ -54,7 +61,7 @@ def test_real_store_survives_every_fault(target: str) -> None:
     ],
 )
 def test_harness_finds_the_violations_of_a_broken_store(
-    target: str, broken: str, finish: str, rules: set[str]
+    target: str, front: str, broken: str, finish: str, rules: set[str]
 ) -> None:
     # A late writer becomes a violation only when someone else took its job over first, which
     # the faults make likely but not certain in one short run (PostgreSQL's backlog order can
@@ -63,7 +70,9 @@ def test_harness_finds_the_violations_of_a_broken_store(
         config = TortureConfig(
             url=target,
             seed=seed,
-            store_factory=f"tests.torture_broken:{broken}",
+            front=front,
+            # the same broken rules behind AsyncJobStore on the async front
+            store_factory=f"tests.torture_broken:{'Async' if front == 'async' else ''}{broken}",
             finish=finish,
             check_heartbeat=0.0,  # leave the late writes to the store: this one lets them in
             faults=("stop", "revoke"),
@@ -123,6 +132,10 @@ def test_command_line_exits_1_on_a_violation(tmp_path: Any) -> None:
         (["--faults", "stop,flood"], "unknown fault kinds ['flood']"),
         (["--store", "no.such.module:Store"], "cannot load the store factory 'no.such.module:Store'"),
         (["--check-heartbeat", "2"], "must be between 0 and 1"),
+        (
+            ["--async", "--store", "tests.torture_broken:AckById"],
+            "cannot build a fencing.asyncio.AsyncJobStore from (AsyncEngine, Table)",
+        ),
     ],
 )
 def test_command_line_refuses_bad_arguments(tmp_path: Any, args: list[str], message: str) -> None:
@@ -130,6 +143,16 @@ def test_command_line_refuses_bad_arguments(tmp_path: Any, args: list[str], mess
     done = subprocess.run(argv + args, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr
+
+
+def test_front_is_sync_unless_asked_and_refused_by_name_when_unknown() -> None:
+    from fencing.__main__ import build_parser
+
+    assert build_parser().parse_args(["torture"]).front == "sync"
+    assert build_parser().parse_args(["torture", "--async"]).front == "async"
+    assert TortureConfig(url="x.db", front="async").store == "fencing.asyncio:AsyncJobStore"
+    with pytest.raises(InvalidArgument, match=r"front must be one of sync, async, got 'asyncio'"):
+        TortureConfig(url="x.db", front="asyncio")
 
 
 # -- the verdict's rules, each shown to fire on a made-up history --------------------------

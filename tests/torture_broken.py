@@ -1,17 +1,19 @@
 """Deliberately broken stores, for proving that the torture harness finds what it must.
 
 Each breaks one guarantee the way real systems do; the harness loads them in its worker
-processes through ``--store tests.torture_broken:NAME``.
+processes through ``--store tests.torture_broken:NAME`` (``AsyncNAME`` with ``--async``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, Table, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fencing import JobStore, Lease
+from fencing.asyncio import AsyncJobStore
 from fencing.schema import as_text
 
 #: the gap a GC pause or a network round trip leaves between a read and the write after it
@@ -71,3 +73,21 @@ class ReadThenClaim(JobStore):
                 c.execute(claim.values(owner=as_text(owner), fence=fence + 1, until=until))
             leases.append(Lease(job_id, owner, fence + 1, until))
         return leases
+
+
+def _on_the_async_front(broken: type[JobStore]) -> Callable[[AsyncEngine, Table], AsyncJobStore]:
+    """A factory of ``AsyncJobStore`` with ``broken``'s rules behind it, the way the async
+    store runs the sync store's own: the same breakage, reached through the async front's
+    calls on the asyncio driver (``--async --store tests.torture_broken:AsyncNAME``)."""
+    bridged = type(broken.__name__, (broken,), {"async_front": True})  # allowed on an AsyncEngine
+
+    def build(engine: AsyncEngine, table: Table) -> AsyncJobStore:
+        store = AsyncJobStore(engine, table)
+        store.sync_store = bridged(engine.sync_engine, table)
+        return store
+
+    return build
+
+
+AsyncAckById = _on_the_async_front(AckById)
+AsyncReadThenClaim = _on_the_async_front(ReadThenClaim)

@@ -8,12 +8,17 @@ from dataclasses import dataclass, field
 from ..checks import show_value
 from ..errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["FINISH_MODES", "TortureConfig"]
+__all__ = ["FINISH_MODES", "FRONTS", "TortureConfig"]
 
 #: how a worker finishes a job: in a fenced block with the application's own write, by a
 #: plain complete(), by complete_many() over its batch, or by complete_and_claim_next()
 #: (the completion and the next claim in one transaction); "mixed" picks one per job
 FINISH_MODES = ("mixed", "fenced", "plain", "batch", "step")
+
+#: what the workers run on, and the store each front puts on trial unless told otherwise:
+#: the sync store and Heartbeat threads on the sync drivers, or AsyncJobStore, AsyncFenceMarks
+#: and AsyncHeartbeat tasks on the asyncio drivers (aiosqlite, asyncpg, asyncmy)
+FRONTS = {"sync": "fencing:JobStore", "async": "fencing.asyncio:AsyncJobStore"}
 
 
 @dataclass(frozen=True)
@@ -46,8 +51,12 @@ class TortureConfig:
     #: after the fault phase: how long the workers get to finish every job, no faults
     drain: float = 30.0
     prefix: str = "fencing_torture_"
-    #: "module:callable" building the store from (engine, table): a store to put on trial
-    store_factory: str = "fencing:JobStore"
+    #: "sync" or "async" (:data:`FRONTS`)
+    front: str = "sync"
+    #: "module:callable" building the store to put on trial from (engine, table): a
+    #: ``JobStore`` from an ``Engine``, or on the async front an ``AsyncJobStore`` from an
+    #: ``AsyncEngine``; None: the front's own (:data:`FRONTS`)
+    store_factory: str | None = None
     journal_dir: str | None = None
     keep_tables: bool = False
     #: the kinds of fault to inject (all by default)
@@ -87,8 +96,18 @@ class TortureConfig:
         unknown = set(self.faults) - set(FAULT_KINDS)
         if unknown:
             raise InvalidArgument(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
-        if ":" not in self.store_factory:
+        if not isinstance(self.front, str) or self.front not in FRONTS:
+            raise InvalidArgument(f"front must be one of {', '.join(FRONTS)}, got {show_value(self.front)}")
+        if self.store_factory is not None and not isinstance(self.store_factory, str):
+            kind = type(self.store_factory).__name__
+            raise InvalidArgumentType(f"store_factory must be a str or None, got {kind}")
+        if ":" not in self.store:
             raise InvalidArgument(f"store_factory must be 'module:callable', got {self.store_factory!r}")
+
+    @property
+    def store(self) -> str:
+        """The store factory the workers use: ``store_factory``, or the front's own."""
+        return self.store_factory or FRONTS[self.front]
 
 
 def _finite(value: float) -> bool:

@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Engine, Table, make_url
+from sqlalchemy.exc import ArgumentError
 
 from .. import cache
-from ..errors import ConfigurationError
-from ..store import JobStore
+from ..errors import ConfigurationError, InvalidArgument
 
-__all__ = ["open_engine", "open_store"]
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+__all__ = ["ASYNC_DRIVERS", "async_driver", "open_async_engine", "open_engine", "open_store"]
+
+#: the asyncio driver the async front runs a server's URL on, by the URL's backend
+ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy", "mariadb": "mysql+asyncmy"}
+#: and a SQLite file's (fencing.sqlite.create_async_engine)
+SQLITE_ASYNC_DRIVER = "sqlite+aiosqlite"
+
+S = TypeVar("S")
 
 
 def open_engine(url: str) -> Engine:
@@ -21,14 +31,51 @@ def open_engine(url: str) -> Engine:
     return cache.open_engine(*cache.normalize_target(url))
 
 
-def open_store(factory: str, engine: Engine, table: Table) -> JobStore:
-    """``factory`` is ``"module:callable"``; the callable gets ``(engine, table)``."""
+def async_driver(url: str) -> str:
+    """The ``dialect+driver`` the async front uses for ``url`` (a sync URL or a SQLite file)."""
+    kind, target = cache.normalize_target(url)
+    if kind == "file":
+        return SQLITE_ASYNC_DRIVER
+    backend = make_url(target).get_backend_name()
+    if backend not in ASYNC_DRIVERS:
+        known = ", ".join(sorted(ASYNC_DRIVERS))
+        raise InvalidArgument(f"the async front has no asyncio driver for {backend}: it runs SQLite, {known}")
+    return ASYNC_DRIVERS[backend]
+
+
+def open_async_engine(url: str) -> AsyncEngine:
+    """The async front's engine on the same database: a SQLite file gets
+    :func:`fencing.sqlite.create_async_engine`, a server URL its asyncio driver
+    (:data:`ASYNC_DRIVERS`). No pre-ping: the store replaces a connection the server closed."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from .. import sqlite
+
+    driver = async_driver(url)
+    kind, target = cache.normalize_target(url)
+    if kind == "file":
+        return sqlite.create_async_engine(target)
+    try:
+        return create_async_engine(make_url(target).set(drivername=driver))
+    except (ArgumentError, ImportError) as exc:
+        raise InvalidArgument(f"cannot use database URL {target!r} with {driver}: {exc}") from exc
+
+
+def open_store(factory: str, engine: object, table: Table, kind: type[S]) -> S:
+    """``factory`` is ``"module:callable"``; the callable gets ``(engine, table)`` and must
+    return a ``kind`` (the front's store class)."""
     module_name, _, name = factory.partition(":")
     try:
         build: Any = getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"cannot load the store factory {factory!r}: {exc}") from exc
-    store = build(engine, table)
-    if not isinstance(store, JobStore):
-        raise ConfigurationError(f"{factory} returned {type(store).__name__}, not a fencing.JobStore")
+    what = f"{kind.__module__}.{kind.__name__}"
+    try:
+        store = build(engine, table)
+    except TypeError as exc:  # e.g. a sync store's factory given the async front's engine
+        raise ConfigurationError(
+            f"{factory} cannot build a {what} from ({type(engine).__name__}, Table): {exc}"
+        ) from exc
+    if not isinstance(store, kind):
+        raise ConfigurationError(f"{factory} returned {type(store).__name__}, not a {what}")
     return store

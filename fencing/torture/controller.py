@@ -34,7 +34,8 @@ from sqlalchemy import Engine, func, select, text
 from ..schema import as_text
 from ..store import JobStore
 from .config import TortureConfig
-from .connect import open_engine, open_store
+from .connect import open_engine
+from .fronts import with_front
 from .journal import Journal, read_journals
 from .tables import TortureTables
 from .verdict import DatabaseState, Verdict, judge
@@ -177,7 +178,8 @@ def run_torture(config: TortureConfig) -> Run:
         tables = TortureTables.named(config.prefix)
         engine = open_engine(config.url)
         try:
-            open_store(config.store_factory, engine, tables.jobs)  # fails here, not in every worker
+            # the workers' front opened once here: a bad store or driver fails now, not in each worker
+            with_front(config, tables, lambda _front: None)
             tables.recreate(engine)
             store = JobStore(engine, tables.jobs)
             _enqueue(engine, store, config.jobs)

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from sqlalchemy import make_url
+
 from ..cache import normalize_target
+from .config import TortureConfig
+from .connect import async_driver
 from .controller import Run
 
 __all__ = ["summary"]
+
+#: what keeps the leases on each front
+HEARTBEATS = {"sync": "Heartbeat threads", "async": "AsyncHeartbeat tasks"}
 
 
 def summary(run: Run) -> str:
@@ -58,6 +65,7 @@ def summary(run: Run) -> str:
     width = max(len(label) for label, _ in rows) + 2
     lines = [
         f"fencing torture: {where}",
+        f"{config.front} front: {config.store}, {HEARTBEATS[config.front]}, on {_driver(config)}",
         f"{config.workers} workers, {config.jobs} jobs, ttl {config.ttl:g} s, seed {config.seed}; "
         f"{run.elapsed:.1f} s in all, faults for {run.fault_phase:.1f} s; "
         f"{run.jobs_done}/{config.jobs} jobs done",
@@ -68,3 +76,10 @@ def summary(run: Run) -> str:
         lines.append(f"\nVIOLATION {rule} ({run.verdict.counts[rule]}):")
         lines += [f"  {example}" for example in examples]
     return "\n".join(lines)
+
+
+def _driver(config: TortureConfig) -> str:
+    if config.front == "async":
+        return async_driver(config.url)
+    kind, target = normalize_target(config.url)
+    return "sqlite+pysqlite" if kind == "file" else make_url(target).drivername

@@ -1,12 +1,17 @@
 """One worker process of a torture run, built only from the public API.
 
-The cycle: ``claim_next`` (a batch) → per lease a :class:`fencing.Heartbeat` → simulated work
+The cycle: ``claim_next`` (a batch) → per lease a heartbeat → simulated work
 → sometimes a write to an "external" resource guarded by :meth:`fencing.FenceMarks.accept`
 → finish the job: a fenced block that writes the application's own row and completes
 (half of them with the heartbeat still renewing, nested around the block), a plain
 ``complete``, ``complete_many`` over the batch, or ``complete_and_claim_next`` (whose new
 lease the worker then works on). Sometimes the job is given back
 with a delay instead (a retry). Every call's outcome goes to the worker's journal.
+
+These rules are written once, for both fronts (:mod:`.fronts`): the sync store with
+:class:`fencing.Heartbeat` threads, or the async store with
+:class:`~fencing.async_heartbeat.AsyncHeartbeat` tasks (the rules then run inside asyncio's
+bridge and every call is awaited).
 
 The worker publishes where it is (idle, holding a lease, inside a write transaction) in a
 shared array, so the controller can freeze or kill it at the moment that hurts most.
@@ -24,17 +29,13 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection
 from sqlalchemy.sql import Executable
 
-from .. import holds
+from .. import bridge, holds
 from ..errors import FencingError, LeaseLost
-from ..heartbeat import Heartbeat
-from ..marks import FenceMarks
-from ..store import JobStore
 from ..values import Lease
 from .config import TortureConfig
-from .connect import open_engine, open_store
+from .fronts import Front, Keeper, ShowsHeartbeat, with_front
 from .journal import Journal
 from .tables import TortureTables
 
@@ -75,7 +76,7 @@ def _record(journal: Journal, event: str, lease: Lease, t0: float, **fields: obj
 class _JournaledKeeper:
     """The store as the heartbeat sees it: every renewal and release is journaled."""
 
-    def __init__(self, store: JobStore, journal: Journal) -> None:
+    def __init__(self, store: Keeper, journal: Journal) -> None:
         self._store = store
         self._journal = journal
 
@@ -113,6 +114,7 @@ class _Worker:
         incarnation: int,
         states: SynchronizedArray[Any],
         journal: Journal,
+        front: Front[Any],
     ) -> None:
         self.config = config
         self.index = index
@@ -121,16 +123,13 @@ class _Worker:
         self.states = states
         self.journal = journal
         self.tables = TortureTables.named(config.prefix)
-        self.engine = open_engine(config.url)
-        self.store = open_store(config.store_factory, self.engine, self.tables.jobs)
-        self.marks = FenceMarks(self.engine, self.tables.marks, self.tables.keys)
+        self.front = front
+        self.store = front.store
+        self.marks = front.marks
         self.keeper = _JournaledKeeper(self.store, self.journal)
 
     def at(self, state: int) -> None:
         self.states[self.index] = state
-
-    def close(self) -> None:
-        self.engine.dispose()
 
     # -- the cycle ----------------------------------------------------------------------------
 
@@ -138,12 +137,12 @@ class _Worker:
         while not stop.is_set():
             try:
                 if not self.one_batch():
-                    time.sleep(self.rng.uniform(0.002, 0.02))
+                    bridge.sleep(self.rng.uniform(0.002, 0.02))
             except FencingError as exc:
                 # reported (a busy database is not a violation), never fatal: go on
                 self.journal.record("error", type=type(exc).__name__, message=str(exc)[:300], t=time.time())
                 self.at(IDLE)
-                time.sleep(0.01)
+                bridge.sleep(0.01)
 
     def one_batch(self) -> bool:
         t0 = time.time()
@@ -182,8 +181,8 @@ class _Worker:
 
     def keep_and_finish(self, lease: Lease, batched: list[Lease], todo: list[Lease]) -> None:
         config, rng = self.config, self.rng
-        with Heartbeat(self.keeper, lease, config.ttl) as heartbeat:
-            time.sleep(rng.uniform(0.0, config.work))
+        with self.front.heartbeat(self.keeper, lease, config.ttl) as heartbeat:
+            bridge.sleep(rng.uniform(0.0, config.work))
             if rng.random() < config.release_rate:
                 self.release_later(heartbeat)
                 return
@@ -195,7 +194,7 @@ class _Worker:
             # it stops, as a renewal racing the completion would be refused and look like a loss
             nested = mode == "fenced" and rng.random() < NESTED_RATE
             if not nested:
-                heartbeat.stop()
+                self.front.stop(heartbeat)
             if mode == "batch":
                 batched.append(heartbeat.lease)
             elif not self.checked(heartbeat, mode):
@@ -205,7 +204,7 @@ class _Worker:
             else:
                 self.finish(heartbeat.lease, mode, nested=nested)
 
-    def checked(self, heartbeat: Heartbeat, before: str) -> bool:
+    def checked(self, heartbeat: ShowsHeartbeat, before: str) -> bool:
         """Sometimes look before writing; otherwise leave the refusal to the store."""
         if self.rng.random() >= self.config.check_heartbeat or heartbeat.held:
             return True
@@ -213,23 +212,23 @@ class _Worker:
         self.journal.record("skip", job=lease.job_id, fence=lease.fence, before=before, t=time.time())
         return False
 
-    def release_later(self, heartbeat: Heartbeat) -> None:
-        heartbeat.stop()
+    def release_later(self, heartbeat: ShowsHeartbeat) -> None:
+        self.front.stop(heartbeat)
         lease = heartbeat.lease
         delay = self.rng.uniform(0.0, self.config.ttl)
         self.keeper.release(lease, delay=delay)
 
-    def in_transaction(self, conn: Connection, write: Executable) -> None:
+    def in_transaction(self, conn: Any, write: Executable) -> None:
         """The application's own work inside a write transaction: where a kill hurts most."""
         self.at(IN_TRANSACTION)
         conn.execute(write)
-        time.sleep(self.rng.uniform(0.0, self.config.work / 4))
+        bridge.sleep(self.rng.uniform(0.0, self.config.work / 4))
 
     def write_external(self, lease: Lease) -> None:
         resource = f"job:{lease.job_id}"
         external = self.tables.external
         t0 = time.time()
-        with self.engine.begin() as conn:
+        with self.front.begin() as conn:
             accepted = self.marks.accept(resource, lease.fence, conn=conn)
             if accepted:
                 row = {"resource": resource, "owner": lease.owner, "fence": lease.fence}
@@ -296,10 +295,12 @@ def run_worker(
     """The target of a worker process."""
     _die_with_parent()
     journal = Journal(Path(journal_dir) / f"worker-{index:03d}.{incarnation:04d}.jsonl")
-    worker = None
+
+    def work(front: Front[Any]) -> None:
+        _Worker(config, index, incarnation, states, journal, front).run(stop)
+
     try:
-        worker = _Worker(config, index, incarnation, states, journal)
-        worker.run(stop)
+        with_front(config, TortureTables.named(config.prefix), work)
     except BaseException as exc:
         # anything not in the library's family is a finding: the controller reports it
         journal.record(
@@ -307,6 +308,4 @@ def run_worker(
         )
         raise
     finally:
-        if worker is not None:
-            worker.close()
         journal.close()
