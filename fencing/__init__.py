@@ -6,6 +6,8 @@ is the current owner with the current fence and that its lease is still live.
 
 from __future__ import annotations
 
+import logging
+
 from .errors import (
     ConfigurationError,
     DatabaseBusy,
@@ -58,3 +60,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# a library logs, the application decides where it goes: nothing reaches stderr unless the
+# application configures logging (urllib3's habit); refused writes are on fencing.refused
+logging.getLogger(__name__).addHandler(logging.NullHandler())

@@ -36,6 +36,7 @@ from . import bridge
 from .async_heartbeat import AsyncHeartbeat
 from .errors import ConfigurationError, InvalidArgumentType
 from .marks import FenceMarks, fence_marks, idempotency_keys
+from .metrics import StoreMetrics
 from .schema import jobs
 from .store import JobStore
 from .values import JobState, Lease
@@ -156,6 +157,11 @@ class AsyncJobStore:
     @property
     def holds_key(self) -> Any:
         return self.sync_store.holds_key
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What this store did, by outcome (:class:`fencing.metrics.StoreMetrics`)."""
+        return self.sync_store.metrics
 
     async def _give_back(self, leases: Iterable[Lease | None]) -> None:
         """Release what a claim took for a caller that was cancelled meanwhile: the jobs

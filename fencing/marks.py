@@ -62,6 +62,7 @@ from .errors import (
     TableMissing,
 )
 from .execution import CallerConnection, CoreExecutor, Executor, Runner
+from .refusals import logger as refused_logger
 from .schema import ID_MAX_BYTES, KEY_COLUMN, KEY_TYPE, as_text
 
 __all__ = [
@@ -297,8 +298,32 @@ class FenceMarks:
         check and the write are one atomic step, also against concurrent callers.
         """
         params = {"res": self._key("resource", resource), "token": self._fence(fence)}
-        accept = self._accept
-        return self._run(lambda x: accept(x, params), conn, self.marks)
+        accept, highest = self._accept, self._s.highest
+        mark: list[int] = []
+
+        def unit(x: Executor) -> bool:
+            if accept(x, params):
+                return True
+            mark[:] = [int(x.rows(highest, params)[0][0])]  # refused: the newer mark, read now
+            return False
+
+        if self._run(unit, conn, self.marks):
+            return True
+        res, token = params["res"], params["token"]
+        refused_logger.warning(
+            "refused accept of resource %r with fence %d: older than its mark %d",
+            res,
+            token,
+            mark[0],
+            extra={
+                "path": "accept",
+                "resource": res,
+                "fence": token,
+                "reason": "older fence",
+                "mark": mark[0],
+            },
+        )
+        return False
 
     def highest(self, resource: str, *, conn: CallerConnection | None = None) -> int | None:
         """The highest fence accepted for ``resource``, read now, or ``None`` if none was."""

@@ -207,6 +207,11 @@ class Statements:
         #: released with a delay: not claimable before now + delay (new_until / ttl)
         self.release_later: Executable = update(t).where(current_holder).values(owner=null(), until=new_until)
         #: revoke: the fence moves on, so the holder's token is stale at once
+        #: why a write was refused (fencing.refusals), read only then, in its transaction:
+        #: the job as the guard saw it, and whether its lease had run out on the guard's clock
+        self.row_now: Executable = select(
+            as_text(t.c.owner), t.c.fence, t.c.done, (t.c.until <= now).label("expired")
+        ).where(job)
         self.revoke: Executable = (
             update(t)
             .where(job, t.c.done == _ZERO, fence_left)

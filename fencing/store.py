@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
+from sqlalchemy.sql import Executable
 
 from . import forks, holds
 from .checks import (
@@ -54,6 +55,8 @@ from .errors import (
     LeaseLost,
 )
 from .execution import CallerConnection, CoreExecutor, Executor, Runner, forked_away
+from .metrics import StoreMetrics
+from .refusals import Refusal, judge, report
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import COMPLETE_CHUNK, Statements, batch_size
 from .values import JobState, Lease
@@ -122,6 +125,8 @@ class JobStore:
         #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
         #: fraction of it is logged)
         self._shortest_ttl = float("inf")
+        #: what this store did, by outcome (fencing.metrics); refused writes are also logged
+        self.metrics = StoreMetrics()
 
     @property
     def clock_resolution(self) -> float:
@@ -320,7 +325,9 @@ class JobStore:
         job_id = self._key("job_id", job_id)
         owner = self._key("owner", owner)
         s, clock = self._clock(now, ttl)
-        return self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn, job=job_id)
+        lease = self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn, job=job_id)
+        self.metrics.add("claim.empty" if lease is None else "claim.accepted")
+        return lease
 
     def _claim_unit(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
         job_id, owner = params["job_id"], params["holder"]
@@ -360,21 +367,25 @@ class JobStore:
         job_id, owner, fence = self._lease(lease)
         s, clock = self._clock(now, ttl)
         if not fence_can_match(fence):
-            return None
+            return self._refused([judge("renew", job_id, owner, fence, None)], None)
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
+        refused: list[Refusal] = []
 
-        def unit(x: Executor) -> Lease | None:
+        def renewed(x: Executor) -> Lease | None:
             if "new_until" in params:
-                renewed = x.count(s.renew_counting, params) == 1
-                return Lease(job_id, owner, fence, params["new_until"]) if renewed else None
-            if self._returning:
+                if x.count(s.renew_counting, params) == 1:
+                    return Lease(job_id, owner, fence, params["new_until"])
+            elif self._returning:
                 rows = x.rows(s.renew_returning, params)
-                return Lease(job_id, owner, fence, float(rows[0][0])) if rows else None
-            if x.count(s.renew_counting, params) != 1:
-                return None
-            return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
+                if rows:
+                    return Lease(job_id, owner, fence, float(rows[0][0]))
+            elif x.count(s.renew_counting, params) == 1:
+                return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
+            refused[:] = [self._why(x, s, "renew", params)]
+            return None
 
-        return self._run(unit, conn, job=job_id)
+        renewal = self._run(renewed, conn, job=job_id)
+        return self._refused(refused, None) if renewal is None else self._accepted("renew", renewal)
 
     def complete(
         self,
@@ -391,10 +402,8 @@ class JobStore:
         job_id, owner, fence = self._lease(lease)
         s, clock = self._clock(now)
         result = self._result(result)
-        if not fence_can_match(fence):
-            return False
         params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}
-        return self._run(lambda x: x.count(s.complete, params) == 1, conn, job=job_id)
+        return self._guarded("complete", s, s.complete, params, conn)
 
     def release(
         self,
@@ -412,14 +421,52 @@ class JobStore:
         job_id, owner, fence = self._lease(lease)
         clock: dict[str, Any] = {}
         if delay is None:
-            stmt = self._by_caller.release
+            s = self._by_caller
+            stmt = s.release
+            clock = {"now": 0.0}  # release checks no clock; the reason read compares with 0
         else:
             s, clock = self._clock(now, delay, name="delay")
             stmt = s.release_later
-        if not fence_can_match(fence):
-            return False
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
-        return self._run(lambda x: x.count(stmt, params) == 1, conn, job=job_id)
+        return self._guarded("release", s, stmt, params, conn)
+
+    def _guarded(
+        self,
+        path: str,
+        s: Statements,
+        stmt: Executable,
+        params: dict[str, Any],
+        conn: CallerConnection | None,
+    ) -> bool:
+        """Run the guarded write ``stmt`` of one lease: accepted, or refused with its reason
+        (read in the same transaction, logged and counted after it)."""
+        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
+        if not fence_can_match(fence):
+            return self._refused([judge(path, job_id, owner, fence, None)], False)
+        refused: list[Refusal] = []
+
+        def unit(x: Executor) -> bool:
+            if x.count(stmt, params) == 1:
+                return True
+            refused[:] = [self._why(x, s, path, params)]
+            return False
+
+        if self._run(unit, conn, job=job_id):
+            return self._accepted(path, True)
+        return self._refused(refused, False)
+
+    def _why(self, x: Executor, s: Statements, path: str, params: dict[str, Any]) -> Refusal:
+        """The reason the guard refused the lease in ``params`` (its row, read now)."""
+        rows = x.rows(s.row_now, params)
+        return judge(path, params["job_id"], params["holder"], params["token"], rows[0] if rows else None)
+
+    def _accepted(self, path: str, answer: T) -> T:
+        self.metrics.add(f"{path}.accepted")
+        return answer
+
+    def _refused(self, refusals: list[Refusal], answer: T) -> T:
+        report(refusals, self.metrics)
+        return answer
 
     def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Take the lease away at once: the fence moves on, so the holder's token is stale
@@ -437,14 +484,24 @@ class JobStore:
             _refuse_if_exhausted(x, s, job_id)
             return False
 
-        return self._run(unit, conn, job=job_id)
+        revoked = self._run(unit, conn, job=job_id)
+        if revoked:
+            self.metrics.add("revoke.accepted")
+            logger.info("revoked the lease on job %r", job_id, extra={"path": "revoke", "job_id": job_id})
+        return revoked
 
     def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
         is enqueued again continues above every fence it ever had. ``False`` if missing."""
         params = {"job_id": self._key("job_id", job_id)}
         stmt = self._by_caller.delete
-        return self._run(lambda x: x.count(stmt, params) == 1, conn, job=params["job_id"])
+        deleted = self._run(lambda x: x.count(stmt, params) == 1, conn, job=params["job_id"])
+        if deleted:
+            self.metrics.add("delete.accepted")
+            logger.info(
+                "deleted job %r", params["job_id"], extra={"path": "delete", "job_id": params["job_id"]}
+            )
+        return deleted
 
     @contextmanager
     def fenced(
@@ -570,7 +627,7 @@ class JobStore:
         if beats and fence_can_match(fence):
             until = self._extend(x, s, params, max(hb.ttl for hb in beats))
             if until is None:
-                raise LeaseLost(f"lease on {job_id!r} (fence {fence}) is not current{_AT_START}")
+                self._lost(x, s, "fenced", params, f"is not current{_AT_START}")
             renewed = Lease(job_id, owner, fence, until)
         else:
             self._hold(x, s, params, _AT_START, joined=joined)
@@ -630,14 +687,22 @@ class JobStore:
         except self._errors as exc:
             self._fail(exc)
 
-    def _hold(self, x: Executor, s: Statements, params: dict[str, Any], when: str, *, joined: bool) -> None:
+    def _hold(
+        self,
+        x: Executor,
+        s: Statements,
+        params: dict[str, Any],
+        when: str,
+        *,
+        joined: bool,
+        path: str = "fenced",
+    ) -> None:
         """Raise :class:`LeaseLost` unless the lease is current and live; lock its row until
         the transaction ends. On SQLite, in a transaction the store did not begin IMMEDIATE,
         the check is an ``UPDATE`` that takes the database's write lock with it."""
         stmt = s.hold_lease if (joined and self._sqlite) else s.lock_lease
         if not (fence_can_match(params["token"]) and x.rows(stmt, params)):
-            job, token = params["job_id"], params["token"]
-            raise LeaseLost(f"lease on {job!r} (fence {token}) is not current{when}")
+            self._lost(x, s, path, params, f"is not current{when}")
 
     def _finish(
         self,
@@ -658,8 +723,14 @@ class JobStore:
         if not complete:
             self._hold(x, s, params, " at the end of the fenced block; rolled back", joined=False)
         elif x.count(s.complete, params) != 1:
-            job, token = params["job_id"], params["token"]
-            raise LeaseLost(f"lease on {job!r} (fence {token}) was lost before completing")
+            self._lost(x, s, "fenced", params, "was lost before completing")
+
+    def _lost(self, x: Executor, s: Statements, path: str, params: dict[str, Any], what: str) -> NoReturn:
+        """Raise :class:`LeaseLost` for a fenced block (or a check), its reason logged first."""
+        job, token = params["job_id"], params["token"]
+        why = self._why(x, s, path, params) if fence_can_match(token) else None
+        self._refused([why or judge(path, job, params["holder"], token, None)], None)
+        raise LeaseLost(f"lease on {job!r} (fence {token}) {what}")
 
     def _warn_if_long(self, params: dict[str, Any], held: float) -> None:
         """SQLite: say so when a fenced block kept every other writer waiting too long."""
@@ -702,11 +773,16 @@ class JobStore:
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         when = ""
         if conn is None:
-            self._run(lambda x: self._hold(x, s, params, when, joined=False), None, write=False, job=job_id)
+            self._run(
+                lambda x: self._hold(x, s, params, when, joined=False, path="check"),
+                None,
+                write=False,
+                job=job_id,
+            )
             return
 
         def unit(x: Executor) -> None:
-            self._hold(x, s, params, when, joined=True)
+            self._hold(x, s, params, when, joined=True, path="check")
 
         try:
             connection = self._runner.caller(conn, self.table)
@@ -739,7 +815,16 @@ class JobStore:
         skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
         ``BEGIN IMMEDIATE`` serializes claims.
         """
-        return self._run(self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None), conn)
+        leases = self._run(
+            self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None), conn
+        )
+        self._claimed(leases)
+        return leases
+
+    def _claimed(self, leases: list[Lease]) -> None:
+        self.metrics.add("claim_next.calls")
+        if leases:
+            self.metrics.add("claim_next.jobs", len(leases))
 
     def _claim_next_unit(
         self, owner: object, ttl: object, now: object, limit: object, max_attempts: object, *, own: bool
@@ -801,15 +886,22 @@ class JobStore:
                 "completions must be an iterable of (lease, result) pairs, "
                 f"got {type(completions).__name__} {completions!r:.80}"
             )
-        size, unit = self._completions_unit(completions, now)
+        size, unit, refused = self._completions_unit(completions, now)
         accepted = self._run(unit, conn) if unit is not None else set()
-        return [i in accepted for i in range(size)]
+        return self._judged(size, accepted, refused)
+
+    def _judged(self, size: int, accepted: set[int], refused: list[Refusal]) -> list[bool]:
+        """complete_many's answer, its accepted completions counted and refused ones reported."""
+        if accepted:
+            self.metrics.add("complete_many.accepted", len(accepted))
+        return self._refused(refused, [i in accepted for i in range(size)])
 
     def _completions_unit(
         self, completions: Iterable[tuple[Lease, str | None]], now: object
-    ) -> tuple[int, Callable[[Executor], set[int]] | None]:
+    ) -> tuple[int, Callable[[Executor], set[int]] | None, list[Refusal]]:
         """The unit of :meth:`complete_many`, every item checked: how many items there are,
-        and the unit returning the positions accepted (``None``: none can be)."""
+        the unit returning the positions accepted (``None``: none can be), and the list
+        the unit fills with the refused ones' reasons (read in its transaction)."""
         s, clock = self._clock(now)
         batch: list[_Completion] = []
         for item in completions:
@@ -825,7 +917,26 @@ class JobStore:
             for i, (job_id, owner, fence, _) in enumerate(batch)
             if fence_can_match(fence) and first.setdefault((job_id, owner, fence), i) == i
         ]
-        return len(batch), (self._complete_many(s, clock, batch, todo) if todo else None)
+        refused: list[Refusal] = []
+        if not todo:
+            refused += [
+                judge("complete_many", job_id, owner, fence, None) for job_id, owner, fence, _ in batch
+            ]
+            return len(batch), None, refused
+        complete = self._complete_many(s, clock, batch, todo)
+
+        def unit(x: Executor) -> set[int]:
+            accepted = complete(x)
+            refused[:] = [
+                self._why(x, s, "complete_many", {"job_id": j, "holder": o, "token": f, **clock})
+                if fence_can_match(f)
+                else judge("complete_many", j, o, f, None)
+                for i, (j, o, f, _) in enumerate(batch)
+                if i not in accepted
+            ]
+            return accepted
+
+        return len(batch), unit, refused
 
     def complete_and_claim_next(
         self,
@@ -857,7 +968,7 @@ class JobStore:
                 "completions must be an iterable of (lease, result) pairs, "
                 f"got {type(completions).__name__} {completions!r:.80}"
             )
-        size, complete = self._completions_unit(completions, now)
+        size, complete, refused = self._completions_unit(completions, now)
         claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None)
 
         def step(x: Executor) -> tuple[set[int], list[Lease]]:
@@ -865,7 +976,8 @@ class JobStore:
             return accepted, claim(x)
 
         accepted, leases = self._run(step, conn)
-        return [i in accepted for i in range(size)], leases
+        self._claimed(leases)
+        return self._judged(size, accepted, refused), leases
 
     def _complete_many(
         self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
