@@ -1,0 +1,544 @@
+"""The ``fencing`` command: every subcommand, its exit codes, its JSON and its tables.
+
+Most tests call ``main(argv)`` in this process (fast); a few run the installed console
+script in a subprocess, as an operator would, and one runs ``stats --watch`` on a
+pseudo-terminal. Every database test runs on the database under test (``target``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, bindparam, event, insert, make_url
+
+import fencing
+import fencing.cli
+from fencing import FenceMarks, JobStore
+from fencing.cli import main
+from fencing.overview import Overview
+from fencing.schema import KEY_TYPE
+
+#: ids that must come back exactly: quotes, non-ASCII, a wide script, a newline
+ODD_IDS = ['it\'s "q"', "ünï 日本", "two\nlines", "back\\slash `tick` ; DROP TABLE jobs; --"]
+SCRIPT = Path(sys.executable).with_name("fencing")
+TIMEOUT = 60
+
+
+@dataclass
+class Ran:
+    code: int | str | None
+    out: str
+    err: str
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.out.splitlines()]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], target: str) -> Any:
+    """``cli("jobs", "--state", "ready")``: ``main`` on the test's database, what it printed."""
+
+    def run(command: str, *args: str, url: str | None = target) -> Ran:
+        argv = [command, *(["--url", url] if url is not None else []), *args]
+        try:
+            code: int | str | None = main(argv)
+        except SystemExit as exc:  # argparse's own exits: --help, bad arguments
+            code = exc.code
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err, err
+        return Ran(code, out, err)
+
+    return run
+
+
+@pytest.fixture
+def queue(engine: Engine) -> JobStore:
+    """A store on the test's database with its jobs table, to set up and check what the
+    command does (the command opens its own engine)."""
+    s = JobStore(engine)
+    s.create_table()
+    return s
+
+
+def db_now(engine: Engine) -> float:
+    return Overview(engine).now()
+
+
+def script(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as an operator runs it."""
+    assert SCRIPT.exists(), f"no console script at {SCRIPT}: pip install -e ."
+    done = subprocess.run(
+        [str(SCRIPT), *args], input=stdin, capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    return done
+
+
+# -- a table every state is in, and its snapshot ---------------------------------------------
+
+
+def every_state(queue: JobStore, engine: Engine) -> None:
+    """One job per state, with times that print the same for a minute."""
+    now = db_now(engine)
+    queue.enqueue("zero", ready_at=0.0)  # the contract's row: until = 0, no point in time
+    queue.enqueue("waiting", ready_at=now - 2 * 86400 - 1800)
+    queue.enqueue("expired", ready_at=0.0)
+    assert queue.claim("expired", "w-old", ttl=1800, now=now - 9000) is not None  # ended 2 h ago
+    queue.enqueue(ODD_IDS[0])
+    assert queue.claim(ODD_IDS[0], "wörker-1", ttl=9030) is not None  # 2 h 30 m left
+    queue.enqueue(ODD_IDS[1], ready_at=now + 10 * 86400 + 1800)
+    queue.enqueue(ODD_IDS[2])
+    lease = queue.claim(ODD_IDS[2], "w", ttl=60)
+    assert lease is not None and queue.complete(lease, "done")
+    queue.enqueue("gone")
+    assert queue.delete("gone")  # a tombstone: never listed
+
+
+SNAPSHOT = """\
+ID          STATE     OWNER     FENCE  WHEN
+zero        ready     -             0  -
+waiting     ready     -             0  waiting 2d 00h
+expired     ready     w-old         1  lease expired 2h 00m ago
+it's "q"    held      wörker-1      1  2h 30m left
+ünï 日本    deferred  -             0  ready in 10d 00h
+two\\nlines  done      w             1  -
+"""
+
+
+def test_jobs_prints_an_aligned_table_in_claim_order(
+    cli: Any, target: str, queue: JobStore, engine: Engine
+) -> None:
+    every_state(queue, engine)
+    ran = cli("jobs")
+    assert (ran.code, ran.out, ran.err) == (0, SNAPSHOT, "")
+    done = script("jobs", "--url", target)  # and the console script prints the same
+    assert (done.returncode, done.stdout, done.stderr) == (0, SNAPSHOT, "")
+
+
+# -- init and enqueue ----------------------------------------------------------------------------
+
+
+def test_init_creates_the_table_once_and_says_so(cli: Any, engine: Engine) -> None:
+    first = cli("init")
+    assert first.code == 0 and "created table 'jobs'" in first.out
+    again = cli("init", "--json")
+    assert again.code == 0 and again.records == [{"table": "jobs", "created": False}]
+    assert JobStore(engine).enqueue("works")
+    assert cli("init", "--table", "queue_2").code == 0
+    assert cli("enqueue", "--table", "queue_2", "a").code == 0
+    assert [r["id"] for r in cli("jobs", "--table", "queue_2", "--json").records] == ["a"]
+    assert [r["id"] for r in cli("jobs", "--json").records] == ["works"]
+
+
+def test_enqueue_says_how_many_were_new_and_changes_no_existing_job(cli: Any, queue: JobStore) -> None:
+    queue.enqueue("held")
+    lease = queue.claim("held", "w", ttl=60)
+    ran = cli("enqueue", "a", "b", "held")
+    assert (ran.code, ran.out) == (0, "enqueued 2 new jobs; 1 already existed, unchanged\n")
+    held = queue.state("held")
+    assert held is not None and (held.owner, held.fence) == ("w", 1)
+    assert lease is not None and queue.complete(lease, "r")  # the lease survived
+    ran = cli("enqueue", "--json", "b", "c")
+    assert ran.records == [{"id": "b", "new": False}, {"id": "c", "new": True}]
+
+
+def test_enqueue_reads_ids_from_stdin_one_per_line(
+    cli: Any, queue: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fencing.cli, "ENQUEUE_CHUNK", 2)  # three transactions
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n\nc\nd\r\n spaced \r\n"))
+    ran = cli("enqueue", "-")
+    assert (ran.code, ran.out) == (0, "enqueued 5 new jobs\n")
+    assert [r["id"] for r in cli("jobs", "--json").records] == ["a", "b", "c", "d", " spaced "]
+    assert queue.state(" spaced ") is not None  # only the line ending is removed
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok\n\xff\n")))
+    ran = cli("enqueue")
+    assert ran.code == 1 and "stdin is not UTF-8 text (line 2)" in ran.err
+    assert queue.state("ok") is None  # read whole before anything was enqueued
+
+
+def test_enqueue_defers_with_delay_or_ready_at(cli: Any, queue: JobStore, engine: Engine) -> None:
+    assert cli("enqueue", "--delay", "3600", "later").code == 0
+    assert cli("enqueue", "--ready-at", str(db_now(engine) + 7200), "much-later").code == 0
+    assert cli("enqueue", "--ready-at", "0", "now").code == 0
+    shown = {r["id"]: r for r in cli("jobs", "--json").records}
+    assert shown["later"]["state"] == shown["much-later"]["state"] == "deferred"
+    assert 3590 < shown["later"]["until_in"] <= 3600
+    assert shown["now"]["state"] == "ready" and shown["now"]["until_in"] is None
+    assert cli("enqueue", "--delay", "-1", "x").code == 2
+
+
+# -- reading: jobs, show, stats, marks -----------------------------------------------------------
+
+
+def test_jobs_filters_each_state(cli: Any, queue: JobStore, engine: Engine) -> None:
+    every_state(queue, engine)
+    queue.enqueue("poisoned", ready_at=0.0)
+    for _ in range(2):
+        lease = queue.claim("poisoned", "w", ttl=60)
+        assert lease is not None and queue.release(lease)
+    wanted = {
+        "ready": ["poisoned", "zero", "waiting", "expired"],  # until 0 for both: by id
+        "held": [ODD_IDS[0]],
+        "deferred": [ODD_IDS[1]],
+        "done": [ODD_IDS[2]],
+    }
+    for state, ids in wanted.items():
+        records = cli("jobs", "--state", state, "--json").records
+        assert [r["id"] for r in records] == ids, state
+        assert {r["state"] for r in records} == {state}
+    ran = cli("jobs", "--state", "poisoned", "--max-attempts", "2", "--json")
+    assert [(r["id"], r["fence"]) for r in ran.records] == [("poisoned", 2)]
+    ready = cli("jobs", "--state", "ready", "--max-attempts", "2", "--json").records
+    assert "poisoned" not in [r["id"] for r in ready]  # what claim_next(max_attempts=2) skips
+    held = cli("jobs", "--state", "held", "--json").records[0]
+    assert held["owner"] == "wörker-1" and 9000 < held["until_in"] <= 9030
+    assert held["until"] == pytest.approx(held["now"] + held["until_in"])
+
+
+def test_jobs_limit_and_what_it_leaves_out(cli: Any, queue: JobStore) -> None:
+    for n in range(5):
+        queue.enqueue(f"j{n}", ready_at=float(n))
+    ran = cli("jobs", "--limit", "2")
+    assert ran.code == 0 and len(ran.out.splitlines()) == 3
+    assert "(more not shown: --limit 2)" in ran.err
+    assert [r["id"] for r in cli("jobs", "--limit", "3", "--json").records] == ["j0", "j1", "j2"]
+    assert cli("jobs", "--state", "held").out == "no held jobs in table 'jobs'\n"
+
+
+def test_show_a_job_with_its_time_left(cli: Any, queue: JobStore) -> None:
+    queue.enqueue(ODD_IDS[1])
+    queue.claim(ODD_IDS[1], "w", ttl=300)
+    ran = cli("show", ODD_IDS[1])
+    assert ran.code == 0
+    lines = dict(line.split(None, 1) for line in ran.out.splitlines())
+    assert lines["id"] == ODD_IDS[1] and lines["state"] == "held" and lines["fence"] == "1"
+    assert re.search(r" UTC \(4m [45]\ds left\)$", lines["until"]), lines["until"]
+    [record] = cli("show", ODD_IDS[1], "--json").records
+    assert (record["id"], record["owner"], record["result"]) == (ODD_IDS[1], "w", None)
+    assert 290 < record["until_in"] <= 300
+    missing = cli("show", "nobody")
+    assert (missing.code, missing.out) == (1, "")
+    assert "no job 'nobody' in table 'jobs'" in missing.err
+
+
+def test_stats_counts_every_state(cli: Any, queue: JobStore, engine: Engine) -> None:
+    [empty] = cli("stats", "--json").records
+    assert (empty["ready"], empty["oldest_ready_age"], empty["highest_fence"]) == (0, None, None)
+    assert empty["poisoned"] is None  # not counted without --max-attempts
+    every_state(queue, engine)
+    queue.enqueue("soon")
+    queue.claim("soon", "w", ttl=30)
+    [s] = cli("stats", "--json", "--max-attempts", "1", "--within", "60").records
+    assert {k: s[k] for k in ("ready", "held", "deferred", "done", "deleted", "poisoned")} == {
+        "ready": 2,  # expired (fence 1) is poisoned at max_attempts 1
+        "held": 2,
+        "deferred": 1,
+        "done": 1,
+        "deleted": 1,
+        "poisoned": 1,
+    }
+    assert s["expiring"] == 1 and s["highest_fence"] == 1 and s["max_attempts"] == 1
+    assert 2 * 86400 + 1800 <= s["oldest_ready_age"] < 2 * 86400 + 1860  # "waiting"; "zero" has no time
+    text = cli("stats").out
+    assert "poisoned" not in text  # only with --max-attempts
+    assert text.splitlines()[0].split()[:2] == ["ready", "3"]
+    assert ["oldest", "ready", "2d", "00h"] in [line.split()[:4] for line in text.splitlines()]
+
+
+def test_stats_watch_repeats_plainly_when_not_on_a_terminal(cli: Any, queue: JobStore) -> None:
+    queue.enqueue("a")
+    ran = cli("stats", "--watch", "0.1", "--count", "2")
+    assert ran.code == 0 and "\x1b" not in ran.out
+    assert ran.out.count("claimable now") == 2 and ran.out.count("every 0.1s") == 2
+    assert len(cli("stats", "--json", "--watch", "0.1", "--count", "3").records) == 3
+    assert cli("stats", "--count", "2").code == 2  # --count goes with --watch
+
+
+def test_marks_lists_fence_marks_and_idempotency_keys(cli: Any, engine: Engine) -> None:
+    touch(engine)
+    missing = cli("marks")
+    assert missing.code == 1 and "nothing uses FenceMarks" in missing.err
+    marks = FenceMarks(engine)
+    marks.create_tables()
+    empty = "fence marks (fence_marks): none\n\nidempotency keys (idempotency_keys): none\n"
+    assert cli("marks").out == empty
+    one = cli("marks", "--keys-table", "other_keys")  # one of the two is enough
+    assert one.code == 0 and one.out.endswith("\n\nidempotency keys: no table 'other_keys'\n")
+    assert marks.accept(ODD_IDS[1], 3) and marks.accept("b", 7)
+    assert marks.record_once(ODD_IDS[0], fence=3)
+    ran = cli("marks", "--json")
+    assert ran.code == 0
+    [m1, m2, k] = ran.records
+    assert (m1["resource"], m1["fence"], m2["resource"]) == ("b", 7, ODD_IDS[1])
+    assert (k["table"], k["key"], k["fence"]) == ("idempotency_keys", ODD_IDS[0], 3)
+    assert isinstance(k["recorded_at"], float)
+    text = cli("marks").out.splitlines()
+    assert text[:4] == ["fence marks (fence_marks):", "RESOURCE  FENCE", "b             7", "ünï 日本      3"]
+
+
+# -- changing one job ----------------------------------------------------------------------------
+
+
+def test_revoke_moves_the_fence_of_a_held_job_only(cli: Any, queue: JobStore) -> None:
+    queue.enqueue(ODD_IDS[0])
+    lease = queue.claim(ODD_IDS[0], "w", ttl=300)
+    ran = cli("revoke", ODD_IDS[0])
+    assert ran.code == 0 and "fence is now 2, so fence 1 is stale" in ran.out
+    assert lease is not None and not queue.complete(lease, "late")  # the holder's token is stale
+    state = queue.state(ODD_IDS[0])
+    assert state is not None and (state.owner, state.fence) == (None, 2)
+    again = cli("revoke", ODD_IDS[0], "--json")
+    assert again.code == 1 and again.records == [{"id": ODD_IDS[0], "revoked": False, "state": "ready"}]
+    assert "it is ready, not held; nothing changed" in again.err
+    assert queue.state(ODD_IDS[0]) == state  # nothing moved
+    missing = cli("revoke", "nobody")
+    assert missing.code == 1 and "job 'nobody': no such job; nothing changed" in missing.err
+
+
+def test_release_ends_the_lease_and_keeps_the_fence(cli: Any, queue: JobStore) -> None:
+    queue.enqueue("r")
+    lease = queue.claim("r", "w", ttl=300)
+    ran = cli("release", "r", "--delay", "600", "--json")
+    assert ran.code == 0
+    assert ran.records == [{"id": "r", "released": True, "owner": "w", "fence": 1, "delay": 600.0}]
+    assert lease is not None and not queue.complete(lease, "late")  # no longer the owner
+    [job] = cli("jobs", "--json").records
+    assert (job["state"], job["owner"], job["fence"]) == ("deferred", None, 1)
+    assert cli("release", "r").code == 1  # deferred: nobody holds it
+    queue.enqueue("s")
+    queue.claim("s", "w", ttl=300)
+    assert "claimable again now" in cli("release", "s").out
+    assert queue.claim("s", "w2", ttl=300) is not None
+
+
+def test_delete_leaves_a_tombstone_that_keeps_the_fence(cli: Any, queue: JobStore) -> None:
+    queue.enqueue("d")
+    queue.claim("d", "w", ttl=300)
+    ran = cli("delete", "d")
+    assert (ran.code, ran.out) == (0, "deleted job 'd' (it was held by 'w'; fence 1 kept)\n")
+    assert cli("show", "d").code == 1
+    assert cli("delete", "d").code == 1
+    assert cli("enqueue", "d", "--json").records == [{"id": "d", "new": True}]
+    lease = queue.claim("d", "w", ttl=300)
+    assert lease is not None and lease.fence == 2  # above every fence it had
+
+
+def test_odd_ids_round_trip_through_every_command(
+    cli: Any, queue: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "stdin", io.StringIO("\n".join(ODD_IDS[:2] + ODD_IDS[3:]) + "\n"))
+    assert cli("enqueue", "--json").records == [{"id": i, "new": True} for i in ODD_IDS if "\n" not in i]
+    assert cli("enqueue", ODD_IDS[2]).code == 0  # a newline in an id: as an argument
+    assert sorted(r["id"] for r in cli("jobs", "--json").records) == sorted(ODD_IDS)
+    for job_id in ODD_IDS:
+        assert cli("show", job_id, "--json").records[0]["id"] == job_id
+        queue.claim(job_id, 'ōwner "x"', ttl=300)
+        assert cli("revoke", job_id, "--json").records[0]["owner"] == 'ōwner "x"'
+    assert cli("delete", ODD_IDS[1]).out == f"deleted job {ODD_IDS[1]!r} (it was ready; fence 2 kept)\n"
+    assert sorted(r["fence"] for r in cli("jobs", "--json").records) == [2, 2, 2]
+
+
+# -- failures and arguments ----------------------------------------------------------------------
+
+
+MISSING = "table 'jobs' does not exist here; `fencing init` creates it"
+
+
+def touch(engine: Engine) -> None:
+    """Make the SQLite database file exist, with no table in it (a server's database exists)."""
+    with engine.connect():
+        pass
+
+
+def test_a_missing_table_is_said_with_the_way_out(cli: Any, engine: Engine) -> None:
+    touch(engine)
+    for command in (["jobs"], ["show", "x"], ["stats"], ["revoke", "x"], ["enqueue", "x"]):
+        ran = cli(*command)
+        assert ran.code == 1, command
+        assert ran.err == f"fencing {command[0]}: {MISSING}\n"
+
+
+def unreachable(target: str) -> str:
+    """The test's database as a URL that cannot work: a server on a closed port, a SQLite
+    file in a directory that does not exist."""
+    if "://" in target:
+        return make_url(target).set(port=1, password="s3cret").render_as_string(hide_password=False)
+    return str(Path(target).parent / "missing" / "jobs.db")
+
+
+def test_bad_urls_fail_with_a_message(cli: Any, target: str) -> None:
+    down = cli("jobs", url=unreachable(target))
+    assert down.code == 1 and down.err.startswith("fencing jobs: ") and down.out == ""
+    assert "s3cret" not in down.err
+    port = cli("jobs", url="postgresql://user:s3cret@host:port/db")
+    assert port.code == 1 and "not a database URL" in port.err and "s3cret" not in port.err
+    if "://" in target:  # an option the driver does not know
+        option = cli("jobs", url=target + "?no_such_option=1")
+        assert option.code == 1 and option.err.startswith("fencing jobs: ")
+    unknown = cli("stats", url="nosuchdb://host/db")
+    assert unknown.code == 1 and "cannot use database URL 'nosuchdb://host/db'" in unknown.err
+    directory = cli("jobs", url=str(Path(__file__).parent))
+    assert directory.code == 1 and "is a directory" in directory.err
+
+
+# the arguments are checked before any database work: these run once, on SQLite
+
+
+@pytest.mark.backend("sqlite")
+def test_bad_arguments_exit_2_before_any_database_work(cli: Any, target: str) -> None:
+    for argv in (
+        ["jobs", "--state", "stuck"],
+        ["jobs", "--state", "poisoned"],
+        ["jobs", "--limit", "0"],
+        ["stats", "--watch", "0"],
+        ["stats", "--within", "nan"],
+        ["stats", "--count", "2"],
+        ["release", "x", "--delay", "0"],
+        ["enqueue", "--delay", "1", "--ready-at", "5", "x"],
+        ["show"],
+        ["nosuchcommand"],
+    ):
+        ran = cli(*argv)
+        assert ran.code == 2 and "error:" in ran.err and ran.out == "", argv
+    assert not os.path.exists(target)  # not even a SQLite file was made
+
+
+@pytest.mark.backend("sqlite")
+def test_url_comes_from_the_environment_or_is_required(
+    cli: Any, queue: JobStore, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("FENCING_URL", raising=False)
+    missing = cli("jobs", url=None)
+    assert missing.code == 2 and "--url" in missing.err
+    monkeypatch.setenv("FENCING_URL", target)
+    queue.enqueue("a")
+    assert cli("jobs", "--json", url=None).records[0]["id"] == "a"
+
+
+@pytest.mark.backend("sqlite")
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("init", "enqueue", "jobs", "show", "stats", "revoke", "release", "delete", "marks"):
+        with pytest.raises(SystemExit) as exited:
+            main([command, "--help"])
+        assert exited.value.code == 0
+        assert "--url" in capsys.readouterr().out
+
+
+# -- the listing costs the same at any backlog ---------------------------------------------------
+
+
+def test_listing_ready_jobs_walks_the_ready_index_to_its_limit(queue: JobStore, engine: Engine) -> None:
+    """``jobs --state ready --limit 50`` on 10,000 ready jobs in a never-analyzed table: the
+    ready index in its order, no sort, and (where the database says) 51 rows read."""
+    stmt = insert(queue.table).values(id=bindparam("k", type_=KEY_TYPE), until=bindparam("u"))
+    with engine.begin() as conn:
+        conn.execute(stmt, [{"k": f"job-{n:05d}", "u": 1000.0 + n} for n in range(10_000)])
+    sent: list[tuple[str, Any]] = []
+    overview = Overview(engine)
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        sent.append((statement, parameters))
+
+    event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert len(overview.jobs("ready", limit=51)) == 51
+    finally:
+        event.remove(engine, "before_cursor_execute", capture)
+    *before, (listing, params) = sent
+    dialect = engine.dialect.name
+    with engine.connect() as conn:
+        for sql, args in before:  # what the overview set first in its read (PostgreSQL: sorts off)
+            if sql.startswith("SET"):
+                conn.exec_driver_sql(sql, args)
+        if dialect == "sqlite":
+            plan = [row[-1] for row in conn.exec_driver_sql("EXPLAIN QUERY PLAN " + listing, params)]
+            assert plan == ["SEARCH jobs USING INDEX ix_jobs_ready (done=? AND until<?)"]
+        elif dialect == "postgresql":
+            [[explained]] = conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, FORMAT JSON) " + listing, params
+            ).fetchall()
+            node, nodes = explained[0]["Plan"], []
+            while node:
+                nodes.append(node)
+                node = (node.get("Plans") or [None])[0]
+            assert [n["Node Type"] for n in nodes] == ["Limit", "Index Scan"], nodes
+            assert nodes[1]["Index Name"] == "ix_jobs_ready" and nodes[1]["Actual Rows"] == 51
+        else:
+            [row] = [r._mapping for r in conn.exec_driver_sql("ANALYZE " + listing, params)]
+            assert row["key"] == "ix_jobs_ready" and "filesort" not in str(row["Extra"]), dict(row)
+            assert float(row["r_rows"]) == 51
+        conn.rollback()
+
+
+# -- the console script, as an operator runs it ----------------------------------------------------
+
+
+def test_console_script_enqueues_odd_ids_from_stdin(target: str, queue: JobStore) -> None:
+    ids = [i for i in ODD_IDS if "\n" not in i]
+    done = script("enqueue", "--url", target, "--json", stdin="\n".join(ids) + "\n")
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in done.stdout.splitlines()] == [{"id": i, "new": True} for i in ids]
+    assert all(queue.state(i) is not None for i in ids)
+
+
+def test_console_script_fails_cleanly_when_the_database_is_down(target: str) -> None:
+    down = script("stats", "--url", unreachable(target))
+    assert (down.returncode, down.stdout) == (1, "")
+    assert down.stderr.startswith("fencing stats: ") and len(down.stderr.splitlines()) <= 3
+
+
+@pytest.mark.backend("sqlite")
+def test_console_script_version_and_bad_arguments(target: str) -> None:
+    done = script("--version")
+    assert (done.returncode, done.stdout) == (0, f"fencing {fencing.__version__}\n")
+    bad = script("jobs", "--url", target, "--limit", "many")
+    assert bad.returncode == 2
+    assert "fencing jobs: error: argument --limit: not a whole number: 'many'" in bad.stderr
+
+
+@pytest.mark.backend("sqlite")
+def test_stats_watch_refreshes_in_place_on_a_terminal_until_ctrl_c(target: str, queue: JobStore) -> None:
+    queue.enqueue("a")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [str(SCRIPT), "stats", "--url", target, "--watch", "0.1"], stdin=slave, stdout=slave, stderr=slave
+    )
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while seen.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                seen += os.read(master, 65536)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=TIMEOUT) == 0
+        with contextlib.suppress(OSError):  # EIO: the terminal's other side is closed
+            while chunk := os.read(master, 65536):
+                seen += chunk
+    finally:
+        proc.kill()
+        os.close(master)
+    text = seen.decode()
+    assert text.startswith("\x1b[2J\x1b[H")  # cleared once, then each refresh from the top
+    frames = text.split("\x1b[H")[1:]
+    assert len(frames) >= 3
+    for frame in frames[:3]:
+        assert "every 0.1s (Ctrl-C to stop)\x1b[K\r\n" in frame  # the terminal ends lines with \r\n
+        assert "1  claimable now\x1b[K\r\n" in frame
+    assert "Traceback" not in text
