@@ -10,6 +10,9 @@ The controller is the only process that decides faults, from one RNG seeded with
   shared state says so), then restart it;
 * ``revoke``: :meth:`fencing.JobStore.revoke` a job some worker holds.
 
+The kinds come in rounds (each kind once per round, shuffled), at exponentially distributed
+intervals (mean ``fault_every``), so even a short run on a slow machine has every kind.
+
 Workers also give jobs back with a delay (``release_rate``), which the journals count.
 After ``seconds`` (or once every job is done) the faults stop, stopped workers go on,
 and the workers get ``drain`` seconds to finish every job.
@@ -228,6 +231,7 @@ def _drive(
     begun = time.monotonic()
     try:
         next_fault = begun + rng.expovariate(1.0 / config.fault_every)
+        deck: list[str] = []
         next_count = begun
         while time.monotonic() - begun < config.seconds:
             now = time.monotonic()
@@ -237,7 +241,12 @@ def _drive(
                     break
                 next_count = now + 0.25
             if now >= next_fault and config.faults:
-                _inject(rng.choice(config.faults), config, rng, pool, engine, store, tables, journal)
+                if not deck:  # every kind once per round, in a shuffled order: on a slow machine,
+                    deck = list(config.faults)  # where a restart takes seconds and few faults
+                    rng.shuffle(deck)  # fit in the phase, each kind still gets its turn
+                kind = deck.pop()
+                if not _inject(kind, config, rng, pool, engine, store, tables, journal):
+                    deck.append(kind)  # nobody to inject it into yet: it stays next
                 next_fault = time.monotonic() + rng.expovariate(1.0 / config.fault_every)
             time.sleep(0.002)
         fault_phase = time.monotonic() - begun
@@ -269,7 +278,8 @@ def _inject(
     store: JobStore,
     tables: TortureTables,
     journal: Journal,
-) -> None:
+) -> bool:
+    """Inject one fault of ``kind``; ``False`` when there was nobody to inject it into."""
     if kind == "revoke":
         jobs = tables.jobs
         with engine.connect() as conn:
@@ -281,29 +291,29 @@ def _inject(
                 .all()
             )
         if not held:
-            return
+            return False
         job = rng.choice(held)
         t0 = time.time()
         ok = store.revoke(job)
         journal.record("fault", kind="revoke", job=job, ok=ok, t0=t0, t1=time.time())
-        return
+        return True
     if kind == "stop":
         if len(pool.running()) <= 1:
-            return  # someone must stay awake to take the jobs over
+            return False  # someone must stay awake to take the jobs over
         index = pool.wait_for(HOLDING, rng)
         if index is None:
-            return
+            return False
         pause = config.ttl * rng.uniform(1.5, 3.0)
         pool.freeze(index, pause)
         journal.record("fault", kind="stop", worker=index, pause=pause, t0=time.time(), t1=time.time())
-        return
+        return True
     if kind == "kill-in-transaction":
         index = pool.wait_for(IN_TRANSACTION, rng)
     else:
         running = pool.running()
         index = rng.choice(running) if running else None
     if index is None:
-        return
+        return False
     in_transaction = pool.states[index] == IN_TRANSACTION
     pool.signal(index, signal.SIGKILL)
     journal.record(
@@ -314,6 +324,7 @@ def _inject(
         t1=time.time(),
     )
     pool.restart(index)
+    return True
 
 
 def _database_state(engine: Engine, tables: TortureTables) -> DatabaseState:
