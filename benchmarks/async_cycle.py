@@ -34,9 +34,11 @@ from fencing.asyncio import AsyncJobStore
 from fencing.schema import KEY_TYPE
 
 SERVERS = {
-    "postgresql": ("postgresql+psycopg://postgres@127.0.0.1:5432/test", "postgresql+asyncpg"),
-    "mariadb": ("mysql+pymysql://root@127.0.0.1:3306/test", "mysql+asyncmy"),
+    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
+    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
 }
+#: the asyncio driver of each server backend, for the async store
+ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy"}
 TTL = 600.0
 BATCH = 100
 
@@ -83,12 +85,19 @@ def timed(run: Callable[[], int], jobs: int) -> float:
     return jobs / elapsed
 
 
+def async_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """The async store's engine on the server at ``url`` (a URL of any of its drivers): its
+    asyncio driver (asyncpg, asyncmy), SQLAlchemy's settings otherwise. peers.py builds its
+    ``fencing-async`` engine here too, so both benchmarks measure the same engine."""
+    server = sqlalchemy.make_url(url)
+    return create_async_engine(server.set(drivername=ASYNC_DRIVERS[server.get_backend_name()]), **kwargs)
+
+
 def engines(db: str, where: str) -> tuple[sqlalchemy.Engine, AsyncEngine]:
     if db == "sqlite":
         path = os.path.join(where, "async_cycle.db")
         return fencing.create_sqlite_engine(path), fencing.sqlite.create_async_engine(path)
-    url, driver = SERVERS[db]
-    return sqlalchemy.create_engine(url), create_async_engine(sqlalchemy.make_url(url).set(drivername=driver))
+    return sqlalchemy.create_engine(SERVERS[db]), async_engine(SERVERS[db])
 
 
 def bench(db: str, jobs: int, repeat: int, where: str) -> None:

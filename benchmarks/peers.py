@@ -3,7 +3,7 @@
 Install the peers in a venv of their own (see ``benchmarks/requirements-peers.txt``)::
 
     python -m venv peers-venv && . peers-venv/bin/activate
-    pip install -e .[postgresql] -r benchmarks/requirements-peers.txt
+    pip install -e .[postgresql,asyncpg] -r benchmarks/requirements-peers.txt
 
 What is measured
 ----------------
@@ -58,6 +58,13 @@ durability is the server's: ``synchronous_commit`` is printed)
 
 ``fencing`` ``single`` / ``step`` / ``batched``
     As above, on ``sqlalchemy.create_engine("postgresql+psycopg://...")``.
+``fencing-async`` ``single`` / ``step`` / ``batched``
+    The same calls, awaited, on ``fencing.asyncio.AsyncJobStore`` over an asyncpg
+    ``AsyncEngine`` (``async_cycle.async_engine``, as ``benchmarks/async_cycle.py`` builds
+    it; ``pool_size=1``): ``await store.claim_next(owner, ttl=600, limit=1)`` then ``await
+    store.complete(lease, owner)``; ``await store.complete_and_claim_next(...)``; ``limit=100``
+    then ``await store.complete_many(...)``. One task per worker process, as the other async
+    peers; the same table and rows as ``fencing`` (one cycle, written once: ``fencing_cycles``).
 ``procrastinate`` ``single``
     Through its public ``App.job_manager`` (``JobManager``), not the worker:
     ``job = await job_manager.fetch_job(queues=None, worker_id=wid)`` (``wid`` from
@@ -80,7 +87,9 @@ disk or of the machine hits all alike. ``jobs/s`` is the median of ``--repeat`` 
 Ratios are fencing / peer at matched durability, taken within each repetition (the two
 measurements of the same repetition, size and process count) and shown as median (min-max):
 ``single`` and ``step`` against the peer's one-at-a-time cycle, ``batched`` against the peer's
-batched cycle, or its one-at-a-time cycle when it has no batch API (marked ``*``).
+batched cycle, or its one-at-a-time cycle when it has no batch API (marked ``*``). The same
+for ``fencing-async``, and ``fencing-async`` / ``fencing`` mode for mode (what the async front
+costs, with the drivers' difference).
 
 Stale check (``--stale-check``, also run by default): for each system, worker A takes a job,
 the job is taken from A the system's documented way (A's lease expires; or the re-queue the
@@ -95,6 +104,7 @@ Reproduce
     python benchmarks/peers.py                                   # sizes 1000,10000,100000; R=3
     python benchmarks/peers.py --sizes 1000,10000 --repeat 2     # a few minutes
     python benchmarks/peers.py --backends sqlite --sizes 100000 --processes 1
+    python benchmarks/peers.py --backends postgresql --systems fencing,fencing-async,procrastinate,pgqueuer
     python benchmarks/peers.py --stale-check-only
 """
 
@@ -115,9 +125,10 @@ import tempfile
 import time
 import traceback
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from datetime import timedelta
 from importlib import metadata
+from operator import methodcaller
 from typing import Any, ClassVar
 
 import sqlalchemy
@@ -135,16 +146,23 @@ HUEY_NAME = "bench"
 OBAN_QUEUE = "default"
 PGQ_ENTRYPOINT = "noop"
 
+FENCING_MODES = ("single", "step", "batched") if HAS_STEP else ("single", "batched")
+#: fencing's own systems: each is compared with every peer, and the async store with the sync one
+OURS = ("fencing", "fencing-async")
+#: a system run on another's tables: enqueued, snapshotted and reset as that one
+SAME_TABLES = {"fencing-async": "fencing"}
+
 #: (backend, system, durability) -> its modes; peers are compared with fencing at ``durability``
 SQLITE_SYSTEMS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("fencing", "full", ("single", "step", "batched") if HAS_STEP else ("single", "batched")),
-    ("fencing", "normal", ("single", "step", "batched") if HAS_STEP else ("single", "batched")),
+    ("fencing", "full", FENCING_MODES),
+    ("fencing", "normal", FENCING_MODES),
     ("huey", "full", ("single",)),
     ("persist-queue", "full", ("single",)),
     ("litequeue", "normal", ("single",)),
 ]
 PG_SYSTEMS: list[tuple[str, str, tuple[str, ...]]] = [
-    ("fencing", "server", ("single", "step", "batched") if HAS_STEP else ("single", "batched")),
+    ("fencing", "server", FENCING_MODES),
+    ("fencing-async", "server", FENCING_MODES),
     ("procrastinate", "server", ("single",)),
     ("pgqueuer", "server", ("single", "batched")),
     ("oban", "server", ("single", "batched")),
@@ -293,7 +311,7 @@ class Postgres:
         self.conn = psycopg.connect(self.url, autocommit=True)
         self.systems = systems
         self.snapshots: set[tuple[str, int]] = set()
-        for system in systems:
+        for system in dict.fromkeys(SAME_TABLES.get(s, s) for s in systems):
             getattr(self, f"install_{system.replace('-', '_')}")()
 
     def info(self) -> dict[str, str]:
@@ -410,6 +428,7 @@ class Postgres:
 
     def reset(self, system: str, n: int) -> None:
         """The system's tables holding exactly the ``n`` jobs of its snapshot, analyzed."""
+        system = SAME_TABLES.get(system, system)
         table, _ = self.TABLES[system]
         snap = f"bench_snap_{system}_{n}"
         if (system, n) not in self.snapshots:
@@ -451,11 +470,20 @@ class Tally:
         return len(self.errors) >= MAX_ERRORS
 
 
-def fencing_cycles(store: fencing.JobStore, mode: str, count: int, owner: str, tally: Tally) -> None:
+#: one store call of a fencing worker's cycle: ``call(store)`` makes it (``methodcaller``)
+StoreCall = Callable[[Any], Any]
+
+
+def fencing_cycles(mode: str, count: int, owner: str, tally: Tally) -> Generator[StoreCall, Any, None]:
+    """A fencing worker's cycles as the store calls they make, for the sync and the async store
+    alike: each ``yield`` is one call, answered with its result or raised its exception at the
+    ``yield`` (:func:`on_store`, :func:`on_async_store`)."""
     if mode == "batched":
         while tally.completed < count and not tally.failing:
             try:
-                leases = store.claim_next(owner, ttl=TTL, limit=min(BATCH, count - tally.completed))
+                leases = yield methodcaller(
+                    "claim_next", owner, ttl=TTL, limit=min(BATCH, count - tally.completed)
+                )
             except Exception as exc:
                 tally.error("claim_next", exc)
                 continue
@@ -463,7 +491,8 @@ def fencing_cycles(store: fencing.JobStore, mode: str, count: int, owner: str, t
                 return
             tally.got += [lease.job_id for lease in leases]
             try:
-                tally.completed += sum(store.complete_many([(lease, owner) for lease in leases]))
+                done = yield methodcaller("complete_many", [(lease, owner) for lease in leases])
+                tally.completed += sum(done)
             except Exception as exc:
                 tally.error("complete_many", exc)
         return
@@ -471,15 +500,17 @@ def fencing_cycles(store: fencing.JobStore, mode: str, count: int, owner: str, t
     while tally.completed < count and not tally.failing:
         try:
             if not leases:
-                leases = store.claim_next(owner, ttl=TTL, limit=1)
+                leases = yield methodcaller("claim_next", owner, ttl=TTL, limit=1)
                 if not leases:
                     return
                 tally.got.append(leases[0].job_id)
             if mode == "single" or tally.completed + 1 >= count:
-                tally.completed += store.complete(leases[0], owner)
+                tally.completed += yield methodcaller("complete", leases[0], owner)
                 leases = []
             else:
-                done, leases = store.complete_and_claim_next([(leases[0], owner)], owner, ttl=TTL, limit=1)
+                done, leases = yield methodcaller(
+                    "complete_and_claim_next", [(leases[0], owner)], owner, ttl=TTL, limit=1
+                )
                 tally.completed += sum(done)
                 tally.got += [lease.job_id for lease in leases]
                 if not leases:
@@ -489,6 +520,32 @@ def fencing_cycles(store: fencing.JobStore, mode: str, count: int, owner: str, t
             leases = []
 
 
+def on_store(store: fencing.JobStore, cycles: Generator[StoreCall, Any, None]) -> None:
+    """Run ``cycles`` on the sync store."""
+    with contextlib.suppress(StopIteration):
+        call = next(cycles)
+        while True:
+            try:
+                result = call(store)
+            except Exception as exc:
+                call = cycles.throw(exc)
+            else:
+                call = cycles.send(result)
+
+
+async def on_async_store(store: Any, cycles: Generator[StoreCall, Any, None]) -> None:
+    """Run ``cycles`` on the async store (``fencing.asyncio.AsyncJobStore``): the same calls, awaited."""
+    with contextlib.suppress(StopIteration):
+        call = next(cycles)
+        while True:
+            try:
+                result = await call(store)
+            except Exception as exc:
+                call = cycles.throw(exc)
+            else:
+                call = cycles.send(result)
+
+
 def open_sqlite(system: str, durability: str, target: str) -> tuple[Callable[..., None], Callable[[], None]]:
     """(run(mode, count, owner, tally), close) for one worker."""
     if system == "fencing":
@@ -496,7 +553,7 @@ def open_sqlite(system: str, durability: str, target: str) -> tuple[Callable[...
         store = fencing.JobStore(engine)
         store.state("warm-up")
         return (
-            lambda mode, count, owner, tally: fencing_cycles(store, mode, count, owner, tally)
+            lambda mode, count, owner, tally: on_store(store, fencing_cycles(mode, count, owner, tally))
         ), engine.dispose
     if system == "huey":
         huey = huey_app(target)
@@ -559,6 +616,19 @@ def open_sqlite(system: str, durability: str, target: str) -> tuple[Callable[...
 
 async def open_pg_async(system: str, url: str) -> tuple[Callable[..., Any], Callable[[], Any]]:
     """(async run(mode, count, owner, tally), async close) for one worker."""
+    if system == "fencing-async":
+        from async_cycle import async_engine
+
+        from fencing.asyncio import AsyncJobStore
+
+        engine = async_engine(url, pool_size=1)
+        store = AsyncJobStore(engine)
+        await store.state("warm-up")
+
+        async def run_fencing_async(mode: str, count: int, owner: str, tally: Tally) -> None:
+            await on_async_store(store, fencing_cycles(mode, count, owner, tally))
+
+        return run_fencing_async, engine.dispose
     if system == "procrastinate":
         from procrastinate.jobs import Status
 
@@ -665,7 +735,7 @@ def run_command(cmd: dict[str, Any], barrier: Any) -> dict[str, Any]:
                 store.state("warm-up")
 
                 def run(mode: str, count: int, owner: str, t: Tally) -> None:
-                    fencing_cycles(store, mode, count, owner, t)
+                    on_store(store, fencing_cycles(mode, count, owner, t))
 
                 close = engine.dispose
         except Exception as exc:
@@ -864,7 +934,7 @@ def print_tables(runs: dict[Any, list[dict[str, Any]]], args: argparse.Namespace
             f"  {'system':<14} {'durability':<10} {'mode':<8} {'N':>7} {'P':>2} {'jobs/s':>9} "
             f"{'range':>17} {'cpu us/job':>10} {'errors':>6} {'dup':>4}"
         )
-        for key in sorted(keys, key=lambda k: (k[4], k[5], k[1] != "fencing", k[1], k[2], k[3])):
+        for key in sorted(keys, key=lambda k: (k[4], k[5], k[1] not in OURS, k[1], k[2], k[3])):
             rs = runs[key]
             speeds = [r["jobs_s"] for r in rs]
             _, system, durability, mode, n, parties = key
@@ -877,37 +947,52 @@ def print_tables(runs: dict[Any, list[dict[str, Any]]], args: argparse.Namespace
         samples = {e for k in keys for r in runs[k] for e in r["error_samples"]}
         for sample in sorted(samples)[:6]:
             print(f"    error seen: {sample}")
-        print(f"\n{backend}: fencing / peer, per repetition: median (min-max); * = peer has no batch API")
         print(
-            f"  {'peer':<14} {'durability':<10} {'N':>7} {'P':>2}  "
+            f"\n{backend}: fencing / peer, per repetition: median (min-max); * = peer has no batch API; "
+            "fencing-async / fencing in the same mode"
+        )
+        print(
+            f"  {'fencing':<14} {'peer':<14} {'durability':<10} {'N':>7} {'P':>2}  "
             f"{'single':<21} {'step':<21} {'batched':<21}"
         )
-        peers = sorted({(k[1], k[2]) for k in keys if k[1] != "fencing"})
-        for system, durability in peers:
+        systems = sorted({(k[1], k[2]) for k in keys})
+        # each of ours against every peer, and the async store against the sync one
+        pairs = [
+            (ours, (peer, durability))
+            for i, ours in enumerate(OURS)
+            for peer, durability in systems
+            if (ours, durability) in systems and peer not in OURS[i:]
+        ]
+        for ours, (peer, durability) in pairs:
             for n in args.sizes:
                 for parties in args.processes:
-                    cells = []
-                    for fmode in ("single", "step", "batched"):
-                        fkey = (backend, "fencing", durability, fmode, n, parties)
-                        pmode = fmode if fmode == "batched" else "single"
-                        pkey = (backend, system, durability, pmode, n, parties)
-                        star = ""
-                        if pkey not in runs and fmode == "batched":
-                            pkey = (backend, system, durability, "single", n, parties)
-                            star = "*"
-                        if fkey not in runs or pkey not in runs:
-                            cells.append("-")
-                            continue
-                        ratios = [
-                            f["jobs_s"] / p["jobs_s"]
-                            for f, p in zip(runs[fkey], runs[pkey], strict=True)
-                            if p["jobs_s"] > 0
-                        ]
-                        cells.append(fmt_ratio(ratios) + star)
+                    cells = [
+                        ratio_cell(runs, (backend, ours, durability, fmode, n, parties), peer)
+                        for fmode in ("single", "step", "batched")
+                    ]
                     print(
-                        f"  {system:<14} {durability:<10} {n:>7} {parties:>2}  "
+                        f"  {ours:<14} {peer:<14} {durability:<10} {n:>7} {parties:>2}  "
                         f"{cells[0]:<21} {cells[1]:<21} {cells[2]:<21}"
                     )
+
+
+def ratio_cell(runs: dict[Any, list[dict[str, Any]]], fkey: tuple[Any, ...], peer: str) -> str:
+    """fencing's ``fkey`` over ``peer``'s matching cycle, per repetition: another of fencing's
+    systems in the same mode; a peer in its one-at-a-time cycle for ``single`` and ``step``,
+    its batched one for ``batched`` (its one-at-a-time one, starred, if it has no batch API)."""
+    backend, _, durability, fmode, n, parties = fkey
+    pmode = fmode if fmode == "batched" or peer in OURS else "single"
+    pkey = (backend, peer, durability, pmode, n, parties)
+    star = ""
+    if pkey not in runs and fmode == "batched" and peer not in OURS:
+        pkey = (backend, peer, durability, "single", n, parties)
+        star = "*"
+    if fkey not in runs or pkey not in runs:
+        return "-"
+    ratios = [
+        f["jobs_s"] / p["jobs_s"] for f, p in zip(runs[fkey], runs[pkey], strict=True) if p["jobs_s"] > 0
+    ]
+    return fmt_ratio(ratios) + star
 
 
 # -- the stale check ----------------------------------------------------------------------------
@@ -1220,7 +1305,7 @@ def versions() -> dict[str, str]:
         "fencing": fencing.__version__,
         "cpus": str(os.cpu_count()),
     }
-    for dist in ("psycopg", *DISTRIBUTIONS.values()):
+    for dist in ("psycopg", "asyncpg", "greenlet", *DISTRIBUTIONS.values()):
         try:
             env[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -1231,17 +1316,19 @@ def versions() -> dict[str, str]:
 def available_systems() -> tuple[list[str], list[str]]:
     """The systems whose package imports here, and why the others were dropped."""
     modules = {
-        "huey": "huey",
-        "persist-queue": "persistqueue",
-        "litequeue": "litequeue",
-        "procrastinate": "procrastinate",
-        "pgqueuer": "pgqueuer.queries",
-        "oban": "oban._query",
+        "fencing-async": ("greenlet", "asyncpg", "fencing.asyncio"),
+        "huey": ("huey",),
+        "persist-queue": ("persistqueue",),
+        "litequeue": ("litequeue",),
+        "procrastinate": ("procrastinate",),
+        "pgqueuer": ("pgqueuer.queries",),
+        "oban": ("oban._query",),
     }
     ok, dropped = ["fencing"], []
-    for name, module in modules.items():
+    for name, needed in modules.items():
         try:
-            __import__(module)
+            for module in needed:
+                __import__(module)
             ok.append(name)
         except Exception as exc:
             dropped.append(f"{name} ({type(exc).__name__}: {exc})")
@@ -1267,7 +1354,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", default="sqlite,postgresql", help="sqlite,postgresql (default both)")
     parser.add_argument(
         "--systems",
-        default="fencing,huey,persist-queue,litequeue,procrastinate,pgqueuer,oban",
+        default="fencing,fencing-async,huey,persist-queue,litequeue,procrastinate,pgqueuer,oban",
         help="which systems to run (default: all that import)",
     )
     parser.add_argument(
