@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeAlias, TypeVar
 
 from sqlalchemy import Table
@@ -99,7 +100,7 @@ async def run(
     cancellation takes effect at its boundary instead."""
     token = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
     try:  # the task copies the context: its locks are the caller's (fencing.bridge)
-        task = asyncio.ensure_future(greenlet_spawn(fn, *args, **kwargs))
+        task = _start(greenlet_spawn(fn, *args, **kwargs))
     finally:
         bridge.CALLER.reset(token)
     cancelled = False
@@ -117,6 +118,23 @@ async def run(
                 await asyncio.shield(give_back(result))
         raise asyncio.CancelledError
     return result
+
+
+def _start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """The operation's task. On Python 3.12+, on a loop that makes its tasks the default
+    way, it starts eagerly: its first step runs now, inside the caller's step, up to its
+    first wait on the database, instead of a turn of the loop later (nothing can cancel
+    the caller in between)."""
+    loop = asyncio.get_running_loop()
+    if _EAGER is not None and loop.get_task_factory() is None:
+        return _EAGER(loop, coro)  # type: ignore[no-any-return]
+    return asyncio.ensure_future(coro)
+
+
+#: asyncio's documented eager task factory (Python 3.12+)
+_EAGER: Any = None
+if sys.version_info >= (3, 12):
+    _EAGER = asyncio.create_eager_task_factory(asyncio.Task)
 
 
 class _BridgedJobStore(JobStore):

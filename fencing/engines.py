@@ -163,7 +163,7 @@ def autocommit_probe(engine: Engine) -> Callable[[Any], bool] | None:
     driver = engine.dialect.driver
     if engine.dialect.name == "sqlite":
         return None
-    if driver == "psycopg":
+    if driver in ("psycopg", "asyncpg"):  # asyncpg: SQLAlchemy's adapter says it
         return lambda dbapi: bool(dbapi.autocommit)
     if driver == "pymysql":
         return lambda dbapi: bool(dbapi.get_autocommit())
@@ -175,7 +175,8 @@ def refuse_autocommit_connection(conn: Connection, probe: Callable[[Any], bool] 
     if conn.dialect.name == "sqlite":
         return
     if probe is not None:
-        on = probe(conn.connection.driver_connection)
+        # the DBAPI-level object, as the driver path reads it (an async driver's adapter)
+        on = probe(conn.connection.dbapi_connection)
     else:  # what SQLAlchemy itself believes
         check = getattr(conn, "_is_autocommit_isolation", None)
         on = bool(check()) if check is not None else False

@@ -79,8 +79,9 @@ T = TypeVar("T")
 #: transaction the operation runs
 CallerConnection: TypeAlias = "Connection | Session | scoped_session[Any]"
 
-#: drivers whose pooled connections the store can drive directly (statements compiled once)
-FAST_DRIVERS = frozenset({"pysqlite", "psycopg", "pymysql"})
+#: drivers whose pooled connections the store can drive directly (statements compiled once);
+#: asyncpg only ever inside the async front's bridge (its adapter awaits each call there)
+FAST_DRIVERS = frozenset({"pysqlite", "psycopg", "pymysql", "asyncpg"})
 #: retries of a unit a server rolled back for a lock race (deadlock, serialization failure)
 TRANSIENT_RETRIES = 20
 _BACKOFF_CAP = 0.05

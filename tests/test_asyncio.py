@@ -449,6 +449,38 @@ def test_both_postgresql_async_drivers_fence_a_late_writer(target: str, driver: 
     asyncio.run(main())
 
 
+@pytest.mark.backend("postgresql")
+@pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+psycopg"])
+def test_connections_a_listener_puts_in_autocommit_are_refused_on_both_drivers(
+    target: str, driver: str
+) -> None:
+    """As the sync store refuses them (tests/test_host_app.py): nothing is written."""
+    url = sqlalchemy.make_url(target).set(drivername=driver)
+
+    async def main() -> None:
+        engine = create_async_engine(url)
+        try:
+            store = AsyncJobStore(engine)
+            await store.create_table()
+            assert await store.enqueue("j", ready_at=0.0)
+            await engine.dispose()
+
+            def autocommit(dbapi_connection: Any, record: Any) -> None:
+                dbapi_connection.autocommit = True
+
+            sqlalchemy.event.listen(engine.sync_engine, "connect", autocommit)
+            with pytest.raises(ConfigurationError, match="autocommit"):
+                await store.claim("j", "w", ttl=TTL)
+            sqlalchemy.event.remove(engine.sync_engine, "connect", autocommit)
+            await engine.dispose()
+            state = await store.state("j")
+            assert state is not None and (state.owner, state.fence) == (None, 0)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
+
+
 def test_fence_marks_refuse_an_older_fence_as_coroutines(target: str) -> None:
     async def scenario(engine: AsyncEngine, store: AsyncJobStore) -> None:
         marks = AsyncFenceMarks(engine)
