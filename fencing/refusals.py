@@ -24,7 +24,7 @@ from typing import Any
 from .metrics import StoreMetrics
 from .statements import TOMBSTONE
 
-__all__ = ["REASONS", "Refusal", "judge", "report"]
+__all__ = ["REASONS", "Refusal", "judge", "never_current", "report"]
 
 logger = logging.getLogger("fencing.refused")
 
@@ -86,6 +86,11 @@ def judge(path: str, job_id: str, owner: str, fence: int, row: Sequence[Any] | N
     else:
         reason = "not current"
     return Refusal(path, job_id, owner, fence, reason, holder, current)
+
+
+def never_current(path: str, job_id: str, owner: str, fence: int) -> Refusal:
+    """A token whose fence no claim ever hands out (below 1, above 2**63-1): refused unread."""
+    return Refusal(path, job_id, owner, fence, "stale fence")
 
 
 def report(refusals: Sequence[Refusal], metrics: StoreMetrics) -> None:

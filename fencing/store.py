@@ -56,7 +56,7 @@ from .errors import (
 )
 from .execution import CallerConnection, CoreExecutor, Executor, Runner, forked_away
 from .metrics import StoreMetrics
-from .refusals import Refusal, judge, report
+from .refusals import Refusal, judge, never_current, report
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
 from .statements import COMPLETE_CHUNK, Statements, batch_size
 from .values import JobState, Lease
@@ -367,7 +367,7 @@ class JobStore:
         job_id, owner, fence = self._lease(lease)
         s, clock = self._clock(now, ttl)
         if not fence_can_match(fence):
-            return self._refused([judge("renew", job_id, owner, fence, None)], None)
+            return self._refused([never_current("renew", job_id, owner, fence)], None)
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         refused: list[Refusal] = []
 
@@ -442,7 +442,7 @@ class JobStore:
         (read in the same transaction, logged and counted after it)."""
         job_id, owner, fence = params["job_id"], params["holder"], params["token"]
         if not fence_can_match(fence):
-            return self._refused([judge(path, job_id, owner, fence, None)], False)
+            return self._refused([never_current(path, job_id, owner, fence)], False)
         refused: list[Refusal] = []
 
         def unit(x: Executor) -> bool:
@@ -727,9 +727,12 @@ class JobStore:
 
     def _lost(self, x: Executor, s: Statements, path: str, params: dict[str, Any], what: str) -> NoReturn:
         """Raise :class:`LeaseLost` for a fenced block (or a check), its reason logged first."""
-        job, token = params["job_id"], params["token"]
-        why = self._why(x, s, path, params) if fence_can_match(token) else None
-        self._refused([why or judge(path, job, params["holder"], token, None)], None)
+        job, owner, token = params["job_id"], params["holder"], params["token"]
+        if fence_can_match(token):
+            why = self._why(x, s, path, params)
+        else:
+            why = never_current(path, job, owner, token)
+        self._refused([why], None)
         raise LeaseLost(f"lease on {job!r} (fence {token}) {what}")
 
     def _warn_if_long(self, params: dict[str, Any], held: float) -> None:
@@ -919,9 +922,7 @@ class JobStore:
         ]
         refused: list[Refusal] = []
         if not todo:
-            refused += [
-                judge("complete_many", job_id, owner, fence, None) for job_id, owner, fence, _ in batch
-            ]
+            refused += [never_current("complete_many", j, o, f) for j, o, f, _ in batch]
             return len(batch), None, refused
         complete = self._complete_many(s, clock, batch, todo)
 
@@ -930,7 +931,7 @@ class JobStore:
             refused[:] = [
                 self._why(x, s, "complete_many", {"job_id": j, "holder": o, "token": f, **clock})
                 if fence_can_match(f)
-                else judge("complete_many", j, o, f, None)
+                else never_current("complete_many", j, o, f)
                 for i, (j, o, f, _) in enumerate(batch)
                 if i not in accepted
             ]

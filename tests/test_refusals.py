@@ -258,3 +258,22 @@ def test_a_refused_fence_mark_logs_the_newer_mark(engine: Any, caplog: pytest.Lo
         "mark": 3,
     }
     assert record.levelname == "WARNING"
+
+
+@pytest.mark.parametrize("fence", [0, 2**63])
+def test_a_fence_no_claim_hands_out_is_refused_unread_as_stale(
+    store: JobStore, refusals: Callable[[], list[dict[str, Any]]], fence: int
+) -> None:
+    lease = claimed(store)
+    forged = Lease("job", "a", fence, lease.until)
+    assert not store.complete(forged, "x", now=101.0)
+    assert store.renew(forged, ttl=TTL, now=101.0) is None
+    assert store.complete_many([(forged, "x")], now=101.0) == [False]
+    with pytest.raises(LeaseLost), store.fenced(forged, now=101.0):
+        pytest.fail("the block must not run")
+    assert [(r["path"], r["reason"], r["holder"]) for r in refusals()] == [
+        ("complete", "stale fence", None),
+        ("renew", "stale fence", None),
+        ("complete_many", "stale fence", None),
+        ("fenced", "stale fence", None),
+    ]

@@ -11,7 +11,9 @@ The controller is the only process that decides faults, from one RNG seeded with
 * ``revoke``: :meth:`fencing.JobStore.revoke` a job some worker holds.
 
 The kinds come in rounds (each kind once per round, shuffled), at exponentially distributed
-intervals (mean ``fault_every``), so even a short run on a slow machine has every kind.
+intervals (mean ``fault_every``); a kind with nobody to inject it into (no worker holding a
+lease yet) is tried again at the end of its round, so even a short run on a slow machine,
+where restarts take seconds, has every kind, and no kind can hold the others up.
 
 Workers also give jobs back with a delay (``release_rate``), which the journals count.
 After ``seconds`` (or once every job is done) the faults stop, stopped workers go on,
@@ -245,8 +247,8 @@ def _drive(
                     deck = list(config.faults)  # where a restart takes seconds and few faults
                     rng.shuffle(deck)  # fit in the phase, each kind still gets its turn
                 kind = deck.pop()
-                if not _inject(kind, config, rng, pool, engine, store, tables, journal):
-                    deck.append(kind)  # nobody to inject it into yet: it stays next
+                if not _inject(kind, config, rng, pool, engine, store, tables, journal) and deck:
+                    deck.insert(0, kind)  # nobody to inject it into yet: last of this round
                 next_fault = time.monotonic() + rng.expovariate(1.0 / config.fault_every)
             time.sleep(0.002)
         fault_phase = time.monotonic() - begun
