@@ -35,12 +35,21 @@ receipts = Table(
 )
 
 
-def run(target: str, scenario: Callable[[AsyncEngine, AsyncJobStore], Awaitable[None]], **kw: Any) -> None:
+def run(
+    target: str,
+    scenario: Callable[[AsyncEngine, AsyncJobStore], Awaitable[None]],
+    driver: str | None = None,
+    **kw: Any,
+) -> None:
     """``scenario(engine, store)`` on a loop of its own, with a fresh jobs table; the engine
-    is disposed inside the loop, and every connection must have gone back to the pool."""
+    is disposed inside the loop, and every connection must have gone back to the pool.
+    ``driver``: a server's asyncio driver other than the suite's (``postgresql+psycopg``)."""
 
     async def main() -> None:
-        engine = backends.async_engine_for(target, **kw)
+        if driver is None:
+            engine = backends.async_engine_for(target, **kw)
+        else:
+            engine = create_async_engine(sqlalchemy.make_url(target).set(drivername=driver), **kw)
         try:
             store = AsyncJobStore(engine)
             await store.create_table()
@@ -429,24 +438,16 @@ def test_a_fenced_block_cancelled_anywhere_keeps_all_or_nothing(target: str, syn
 @pytest.mark.backend("postgresql")
 @pytest.mark.parametrize("driver", ["postgresql+asyncpg", "postgresql+psycopg"])
 def test_both_postgresql_async_drivers_fence_a_late_writer(target: str, driver: str) -> None:
-    url = sqlalchemy.make_url(target).set(drivername=driver)
+    async def scenario(engine: AsyncEngine, store: AsyncJobStore) -> None:
+        assert await store.enqueue("j", ready_at=0.0)
+        old = await store.claim("j", "a", ttl=TTL)
+        assert old is not None and await store.revoke("j")
+        [new] = await store.claim_next("b", ttl=TTL)
+        assert await store.complete_many([(new, "new"), (old, "old")]) == [True, False]
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT result FROM jobs"))).scalar_one() == "new"
 
-    async def main() -> None:
-        engine = create_async_engine(url)
-        try:
-            store = AsyncJobStore(engine)
-            await store.create_table()
-            assert await store.enqueue("j", ready_at=0.0)
-            old = await store.claim("j", "a", ttl=TTL)
-            assert old is not None and await store.revoke("j")
-            [new] = await store.claim_next("b", ttl=TTL)
-            assert await store.complete_many([(new, "new"), (old, "old")]) == [True, False]
-            async with engine.connect() as conn:
-                assert (await conn.execute(text("SELECT result FROM jobs"))).scalar_one() == "new"
-        finally:
-            await engine.dispose()
-
-    asyncio.run(main())
+    run(target, scenario, driver=driver)
 
 
 @pytest.mark.backend("postgresql")
@@ -455,30 +456,23 @@ def test_connections_a_listener_puts_in_autocommit_are_refused_on_both_drivers(
     target: str, driver: str
 ) -> None:
     """As the sync store refuses them (tests/test_host_app.py): nothing is written."""
-    url = sqlalchemy.make_url(target).set(drivername=driver)
 
-    async def main() -> None:
-        engine = create_async_engine(url)
-        try:
-            store = AsyncJobStore(engine)
-            await store.create_table()
-            assert await store.enqueue("j", ready_at=0.0)
-            await engine.dispose()
+    async def scenario(engine: AsyncEngine, store: AsyncJobStore) -> None:
+        assert await store.enqueue("j", ready_at=0.0)
+        await engine.dispose()
 
-            def autocommit(dbapi_connection: Any, record: Any) -> None:
-                dbapi_connection.autocommit = True
+        def autocommit(dbapi_connection: Any, record: Any) -> None:
+            dbapi_connection.autocommit = True
 
-            sqlalchemy.event.listen(engine.sync_engine, "connect", autocommit)
-            with pytest.raises(ConfigurationError, match="autocommit"):
-                await store.claim("j", "w", ttl=TTL)
-            sqlalchemy.event.remove(engine.sync_engine, "connect", autocommit)
-            await engine.dispose()
-            state = await store.state("j")
-            assert state is not None and (state.owner, state.fence) == (None, 0)
-        finally:
-            await engine.dispose()
+        sqlalchemy.event.listen(engine.sync_engine, "connect", autocommit)
+        with pytest.raises(ConfigurationError, match="autocommit"):
+            await store.claim("j", "w", ttl=TTL)
+        sqlalchemy.event.remove(engine.sync_engine, "connect", autocommit)
+        await engine.dispose()
+        state = await store.state("j")
+        assert state is not None and (state.owner, state.fence) == (None, 0)
 
-    asyncio.run(main())
+    run(target, scenario, driver=driver)
 
 
 def test_fence_marks_refuse_an_older_fence_as_coroutines(target: str) -> None:
