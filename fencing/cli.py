@@ -115,6 +115,55 @@ def _probability(text: str) -> float:
     return value
 
 
+class _ProgressLine:
+    """A long run's progress on a terminal: one line, rewritten in place (``\\r``), cut to the
+    terminal's width so it never wraps, and cleared at the end. A ``torture.Progress``."""
+
+    def __init__(self, stream: TextIO, prog: str, jobs: int) -> None:
+        self.stream = stream
+        self.prog = prog
+        self.jobs = jobs
+        self.shown = False
+
+    def __call__(self, phase: str, elapsed: float, total: float | None, done: int | None) -> None:
+        if phase == "setup":
+            text = f"setting up: enqueuing {self.jobs} jobs"
+        elif phase == "stopping":
+            text = "stopping the workers"
+        elif phase == "verdict":
+            text = "checking the journals and the database"
+        else:
+            text = phase if total is None else f"{phase} {elapsed:.1f}/{total:g}s"
+            if done is not None:
+                text += f", {done}/{self.jobs} jobs done"
+        self._write(f"{self.prog}: {text}")
+
+    def clear(self) -> None:
+        if self.shown:
+            self._write("")
+            self.shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            width = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: size unknown
+        except (OSError, ValueError):
+            width = 80
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal: the run goes on
+            self.stream.write("\r" + text[: max(width - 1, 0)] + "\x1b[K")
+            self.stream.flush()
+            self.shown = bool(text)
+
+
+@contextlib.contextmanager
+def _cleared(progress: _ProgressLine | None) -> Iterator[None]:
+    """The progress line gone before anything else is printed, however the run ends."""
+    try:
+        yield
+    finally:
+        if progress is not None:
+            progress.clear()
+
+
 def _add_torture(commands: Commands) -> None:
     from . import torture  # the harness loads only when asked for
 
@@ -128,7 +177,8 @@ def _add_torture(commands: Commands) -> None:
             "controller freezes them past their lease (SIGSTOP), kills them (SIGKILL, also inside "
             "transactions) and restarts them, and revokes leases. Every call is journaled; at the "
             "end the journals and the database are checked against the rules. Exit code 0 with no "
-            "violation, 1 with any. The harness uses only tables named PREFIX..., dropped first."
+            "violation, 1 with any. The harness uses only tables named PREFIX..., dropped first. "
+            "On a terminal, one line on stderr shows the phase, its seconds and the jobs done."
         ),
     )
     parser.add_argument(
@@ -223,7 +273,8 @@ def _add_torture(commands: Commands) -> None:
     def run(args: argparse.Namespace) -> int:
         seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
         faults = tuple(kind for kind in args.faults.split(",") if kind)
-        with tempfile.TemporaryDirectory(prefix="fencing-torture-db-") as scratch:
+        progress = _ProgressLine(sys.stderr, parser.prog, args.jobs) if sys.stderr.isatty() else None
+        with tempfile.TemporaryDirectory(prefix="fencing-torture-db-") as scratch, _cleared(progress):
             try:
                 config = torture.TortureConfig(
                     url=args.url or os.path.join(scratch, "torture.db"),
@@ -246,8 +297,10 @@ def _add_torture(commands: Commands) -> None:
                     keep_tables=args.keep_tables,
                     faults=faults,
                 )
-                outcome = torture.run_torture(config)
+                outcome = torture.run_torture(config, progress=progress)
             except (FencingError, ValueError, TypeError) as exc:
+                if progress is not None:
+                    progress.clear()
                 print(f"fencing torture: {exc}", file=sys.stderr)
                 return 2
         print(torture.summary(outcome))

@@ -1,8 +1,11 @@
 """The ``fencing`` command: every subcommand, its exit codes, its JSON and its tables.
 
-Most tests call ``main(argv)`` in this process (fast); a few run the installed console
-script in a subprocess, as an operator would, and one runs ``stats --watch`` on a
-pseudo-terminal. Every database test runs on the database under test (``target``).
+Most tests call ``main(argv)`` in this process (fast) for the details. Every subcommand also
+runs at least once through the installed console script in a subprocess, as an operator
+runs it, on the database under test (``target``): exit codes, JSON parsed, a table snapshot,
+bad URLs, a missing table, odd ids through stdin and argv; ``stats --watch`` and
+``torture``'s progress line run on a pseudo-terminal. ``demo``, which makes its own SQLite
+file whatever the database under test, and the checks of arguments alone run on SQLite only.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from fencing.schema import KEY_TYPE
 ODD_IDS = ['it\'s "q"', "ünï 日本", "two\nlines", "back\\slash `tick` ; DROP TABLE jobs; --"]
 SCRIPT = Path(sys.executable).with_name("fencing")
 TIMEOUT = 60
+#: the database commands
+COMMANDS = ("init", "enqueue", "jobs", "show", "stats", "revoke", "release", "delete", "marks")
 
 
 @dataclass
@@ -79,11 +84,18 @@ def db_now(engine: Engine) -> float:
     return Overview(engine).now()
 
 
-def script(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    """The installed console script, as an operator runs it."""
+def script(
+    *args: str, stdin: str | None = None, timeout: float = TIMEOUT
+) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as an operator runs it (stdin, stdout and stderr pipes)."""
     assert SCRIPT.exists(), f"no console script at {SCRIPT}: pip install -e ."
     done = subprocess.run(
-        [str(SCRIPT), *args], input=stdin, capture_output=True, text=True, encoding="utf-8", timeout=TIMEOUT
+        [str(SCRIPT), *args],
+        input=stdin if stdin is not None else "",
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        timeout=timeout,
     )
     assert "Traceback" not in done.stderr, done.stderr
     return done
@@ -164,7 +176,8 @@ def test_enqueue_reads_ids_from_stdin_one_per_line(
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n\nc\nd\r\n spaced \r\n"))
     ran = cli("enqueue", "-")
     assert (ran.code, ran.out) == (0, "enqueued 5 new jobs\n")
-    assert [r["id"] for r in cli("jobs", "--json").records] == ["a", "b", "c", "d", " spaced "]
+    # sorted: jobs enqueued within one tick of the database's clock are listed by id
+    assert sorted(r["id"] for r in cli("jobs", "--json").records) == [" spaced ", "a", "b", "c", "d"]
     assert queue.state(" spaced ") is not None  # only the line ending is removed
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"ok\n\xff\n")))
     ran = cli("enqueue")
@@ -433,7 +446,7 @@ def test_url_comes_from_the_environment_or_is_required(
 
 @pytest.mark.backend("sqlite")
 def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for command in ("init", "enqueue", "jobs", "show", "stats", "revoke", "release", "delete", "marks"):
+    for command in COMMANDS:
         with pytest.raises(SystemExit) as exited:
             main([command, "--help"])
         assert exited.value.code == 0
@@ -488,31 +501,140 @@ def test_listing_ready_jobs_walks_the_ready_index_to_its_limit(queue: JobStore, 
 
 # -- the console script, as an operator runs it ----------------------------------------------------
 
-
-def test_console_script_enqueues_odd_ids_from_stdin(target: str, queue: JobStore) -> None:
-    ids = [i for i in ODD_IDS if "\n" not in i]
-    done = script("enqueue", "--url", target, "--json", stdin="\n".join(ids) + "\n")
-    assert done.returncode == 0, done.stderr
-    assert [json.loads(line) for line in done.stdout.splitlines()] == [{"id": i, "new": True} for i in ids]
-    assert all(queue.state(i) is not None for i in ids)
+OWNER = 'ōwner "x"'
 
 
-def test_console_script_fails_cleanly_when_the_database_is_down(target: str) -> None:
+def records(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_console_script_runs_every_database_command(target: str, engine: Engine) -> None:
+    """init, enqueue, jobs, show, revoke, release, delete, stats and marks in a row, each in
+    its own process: exit codes, JSON, odd ids through stdin and argv, and exit code 1 for a
+    command that changed nothing."""
+    url = ["--url", target]
+    touch(engine)
+    missing = script("stats", *url)
+    assert (missing.returncode, missing.stdout, missing.stderr) == (1, "", f"fencing stats: {MISSING}\n")
+    created = script("init", *url, "--json")
+    assert (created.returncode, records(created)) == (0, [{"table": "jobs", "created": True}])
+    piped = [i for i in ODD_IDS if "\n" not in i]
+    enqueued = script("enqueue", *url, "--json", stdin="\n".join(piped) + "\n")
+    assert (enqueued.returncode, records(enqueued)) == (0, [{"id": i, "new": True} for i in piped])
+    given = script("enqueue", *url, ODD_IDS[2], ODD_IDS[0])  # a newline in an id: as an argument
+    assert (given.returncode, given.stdout) == (0, "enqueued 1 new job; 1 already existed, unchanged\n")
+    listed = script("jobs", *url, "--json")
+    assert listed.returncode == 0 and sorted(r["id"] for r in records(listed)) == sorted(ODD_IDS)
+
+    store = JobStore(engine)
+    for job_id in ODD_IDS[:2]:
+        assert store.claim(job_id, OWNER, ttl=300) is not None
+    shown = script("show", *url, ODD_IDS[1])  # non-ASCII text on stdout, not JSON's escapes
+    assert shown.returncode == 0
+    rows = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+    assert (rows["id"], rows["state"], rows["owner"], rows["fence"]) == (ODD_IDS[1], "held", OWNER, "1")
+    revoked = script("revoke", *url, ODD_IDS[0], "--json")
+    assert (revoked.returncode, records(revoked)) == (
+        0,
+        [{"id": ODD_IDS[0], "revoked": True, "owner": OWNER, "fence": 1, "new_fence": 2}],
+    )
+    again = script("revoke", *url, ODD_IDS[0], "--json")  # changed nothing: exit code 1
+    assert (again.returncode, records(again)) == (1, [{"id": ODD_IDS[0], "revoked": False, "state": "ready"}])
+    assert again.stderr == f"fencing revoke: job {ODD_IDS[0]!r}: it is ready, not held; nothing changed\n"
+    released = script("release", *url, ODD_IDS[1], "--delay", "600", "--json")
+    assert (released.returncode, records(released)) == (
+        0,
+        [{"id": ODD_IDS[1], "released": True, "owner": OWNER, "fence": 1, "delay": 600.0}],
+    )
+    deleted = script("delete", *url, ODD_IDS[3])
+    assert (deleted.returncode, deleted.stdout) == (
+        0,
+        f"deleted job {ODD_IDS[3]!r} (it was ready; fence 0 kept)\n",
+    )
+    [stats] = records(script("stats", *url, "--json"))
+    counts = {k: stats[k] for k in ("ready", "held", "deferred", "done", "deleted", "highest_fence")}
+    assert counts == {"ready": 2, "held": 0, "deferred": 1, "done": 0, "deleted": 1, "highest_fence": 2}
+
+    marks = FenceMarks(engine)
+    marks.create_tables()
+    assert marks.accept(ODD_IDS[1], 3) and marks.record_once(ODD_IDS[0], fence=3)
+    listed_marks = script("marks", *url, "--json")
+    assert listed_marks.returncode == 0
+    [mark, key] = records(listed_marks)
+    assert (mark["table"], mark["resource"], mark["fence"]) == ("fence_marks", ODD_IDS[1], 3)
+    assert (key["table"], key["key"], key["fence"]) == ("idempotency_keys", ODD_IDS[0], 3)
+
+
+def test_console_script_fails_cleanly_on_a_bad_url(target: str) -> None:
     down = script("stats", "--url", unreachable(target))
     assert (down.returncode, down.stdout) == (1, "")
     assert down.stderr.startswith("fencing stats: ") and len(down.stderr.splitlines()) <= 3
+    assert "s3cret" not in down.stderr
+    malformed = script("jobs", "--url", "postgresql://user:s3cret@host:port/db")
+    assert (malformed.returncode, malformed.stdout) == (1, "")
+    assert malformed.stderr.startswith("fencing jobs: not a database URL (")
+    assert "s3cret" not in malformed.stderr
 
 
-@pytest.mark.backend("sqlite")
-def test_console_script_version_and_bad_arguments(target: str) -> None:
+def test_console_script_version_help_and_bad_arguments(target: str) -> None:
     done = script("--version")
     assert (done.returncode, done.stdout) == (0, f"fencing {fencing.__version__}\n")
+    helped = script("--help")
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: fencing ")
+    commands = {line.split()[0] for line in helped.stdout.splitlines() if line.startswith("    ")}
+    assert commands >= {*COMMANDS, "demo", "torture"}
     bad = script("jobs", "--url", target, "--limit", "many")
-    assert bad.returncode == 2
+    assert (bad.returncode, bad.stdout) == (2, "")
     assert "fencing jobs: error: argument --limit: not a whole number: 'many'" in bad.stderr
 
 
-@pytest.mark.backend("sqlite")
+@pytest.mark.backend("sqlite")  # the demo makes its own SQLite file, whatever the database under test
+def test_console_script_demo_plays_the_story() -> None:
+    done = script("demo", "--ttl", "0.2")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert "A's write REJECTED (stale fence 1, current fence 2)" in done.stdout
+
+
+#: a torture run small enough for a test: two workers, twenty jobs, one second of faults
+TINY_TORTURE = ["--workers", "2", "--jobs", "20", "--seconds", "1", "--drain", "30", "--seed", "7"]
+
+
+def test_console_script_torture_tiny_run_prints_its_summary_and_nothing_else(target: str) -> None:
+    url = ["--url", target] if "://" in target else []  # SQLite: its own file in a temporary directory
+    done = script("torture", *url, *TINY_TORTURE, timeout=120)
+    assert (done.returncode, done.stderr) == (0, "")  # not on a terminal: no progress line
+    first, front, tally, *_, last = done.stdout.splitlines()
+    if url:
+        assert first == f"fencing torture: {target}"
+    else:
+        assert re.fullmatch(r"fencing torture: SQLite file \S+/torture\.db", first), first
+    assert front.startswith("sync front: fencing:JobStore, Heartbeat threads, on ")
+    assert tally.startswith("2 workers, 20 jobs, ttl 0.5 s, seed 7; ")
+    assert tally.endswith("; 20/20 jobs done")
+    assert last.split() == ["violations", "0"]
+    assert "\r" not in done.stdout and "\x1b" not in done.stdout
+
+
+def read_terminal(master: int, proc: subprocess.Popen[Any], enough: bytes = b"", times: int = 0) -> bytes:
+    """What the process wrote to the pseudo-terminal: until ``enough`` was seen ``times`` times
+    (then Ctrl-C), or until the process ended; then the rest, up to the terminal's closing."""
+    seen = b""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and (seen.count(enough) < times if times else proc.poll() is None):
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+    if times:
+        proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=TIMEOUT) == 0
+    with contextlib.suppress(OSError):
+        while select.select([master], [], [], 5)[0] and (chunk := os.read(master, 65536)):
+            seen += chunk
+    return seen
+
+
 def test_stats_watch_refreshes_in_place_on_a_terminal_until_ctrl_c(target: str, queue: JobStore) -> None:
     queue.enqueue("a")
     master, slave = pty.openpty()
@@ -520,17 +642,8 @@ def test_stats_watch_refreshes_in_place_on_a_terminal_until_ctrl_c(target: str, 
         [str(SCRIPT), "stats", "--url", target, "--watch", "0.1"], stdin=slave, stdout=slave, stderr=slave
     )
     os.close(slave)
-    seen = b""
-    deadline = time.monotonic() + TIMEOUT
     try:
-        while seen.count(b"\x1b[H") < 3 and time.monotonic() < deadline:
-            if select.select([master], [], [], 1)[0]:
-                seen += os.read(master, 65536)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=TIMEOUT) == 0
-        with contextlib.suppress(OSError):  # EIO: the terminal's other side is closed
-            while chunk := os.read(master, 65536):
-                seen += chunk
+        seen = read_terminal(master, proc, b"\x1b[H", 3)
     finally:
         proc.kill()
         os.close(master)
@@ -542,3 +655,43 @@ def test_stats_watch_refreshes_in_place_on_a_terminal_until_ctrl_c(target: str, 
         assert "every 0.1s (Ctrl-C to stop)\x1b[K\r\n" in frame  # the terminal ends lines with \r\n
         assert "1  claimable now\x1b[K\r\n" in frame
     assert "Traceback" not in text
+
+
+@pytest.mark.backend("sqlite")  # the progress line is the command's, the same on every database
+def test_torture_shows_one_progress_line_on_a_terminal_then_clears_it() -> None:
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [str(SCRIPT), "torture", *TINY_TORTURE],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        text=True,
+        encoding="utf-8",
+    )
+    os.close(slave)
+    try:
+        seen = read_terminal(master, proc)
+        assert proc.stdout is not None
+        summary = proc.stdout.read()
+    finally:
+        proc.kill()
+        os.close(master)
+        if proc.stdout is not None:
+            proc.stdout.close()
+    text = seen.decode()
+    assert text.startswith("\r") and "\n" not in text  # one line, rewritten in place
+    updates = text.split("\r")[1:]
+    assert all(u.endswith("\x1b[K") for u in updates), updates
+    shown = [u.removesuffix("\x1b[K") for u in updates]
+    assert shown[0] == "fencing torture: setting up: enqueuing 20 jobs"
+    faults = [s for s in shown if s.startswith("fencing torture: faults ")]
+    assert faults, shown
+    for line in faults:
+        assert re.fullmatch(r"fencing torture: faults \d+\.\d/1s, \d+/20 jobs done", line), line
+    assert shown[-3:] == [
+        "fencing torture: stopping the workers",
+        "fencing torture: checking the journals and the database",
+        "",  # cleared before the summary
+    ]
+    assert summary.splitlines()[-1].split() == ["violations", "0"]
+    assert "\r" not in summary and "\x1b" not in summary

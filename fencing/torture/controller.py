@@ -30,9 +30,10 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from sqlalchemy import Engine, func, select, text
 
@@ -49,7 +50,7 @@ from .worker import HOLDING, IN_TRANSACTION, run_worker
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnProcess
 
-__all__ = ["Run", "run_torture"]
+__all__ = ["Progress", "Run", "run_torture"]
 
 #: how long a fault waits for a worker in the state it targets before giving up
 TARGET_WAIT = 0.5
@@ -57,6 +58,15 @@ TARGET_WAIT = 0.5
 SHUTDOWN_TIMEOUT = 30.0
 #: enqueued per transaction while setting up
 ENQUEUE_CHUNK = 500
+
+#: told how a run goes, to show it (the harness never waits on it): the phase ("setup",
+#: "faults", "drain", "stopping", "verdict"), seconds into the phase, the phase's longest
+#: length (None: no bound), and the jobs done so far (None: not counted in this phase)
+Progress: TypeAlias = "Callable[[str, float, float | None, int | None], None]"
+
+
+def _no_progress(phase: str, elapsed: float, total: float | None, done: int | None) -> None:
+    pass
 
 
 @dataclass
@@ -172,8 +182,10 @@ class _Pool:
         return stuck
 
 
-def run_torture(config: TortureConfig) -> Run:
-    """One whole run; the returned :class:`Run` holds the verdict (``violations == 0`` is a pass)."""
+def run_torture(config: TortureConfig, *, progress: Progress | None = None) -> Run:
+    """One whole run; the returned :class:`Run` holds the verdict (``violations == 0`` is a pass).
+    ``progress`` is called as the run goes (:data:`Progress`), from this thread."""
+    report = progress or _no_progress
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fencing-torture-") as scratch:
         journal_dir = Path(config.journal_dir or scratch)
@@ -185,14 +197,16 @@ def run_torture(config: TortureConfig) -> Run:
         try:
             # the workers' front opened once here: a bad store or driver fails now, not in each worker
             with_front(config, tables, lambda _front: None)
+            report("setup", 0.0, None, None)
             tables.recreate(engine)
             store = JobStore(engine, tables.jobs)
             _enqueue(engine, store, config.jobs)
             journal = Journal(journal_dir / "controller.jsonl")
             try:
-                fault_phase = _drive(config, engine, store, tables, journal, journal_dir)
+                fault_phase = _drive(config, engine, store, tables, journal, journal_dir, report)
             finally:
                 journal.close()
+            report("verdict", 0.0, None, None)
             state = _database_state(engine, tables)
             verdict = judge(config, read_journals(journal_dir), state)
             done = sum(1 for row in state.jobs if row[5] == 1)
@@ -224,6 +238,7 @@ def _drive(
     tables: TortureTables,
     journal: Journal,
     journal_dir: Path,
+    report: Progress = _no_progress,
 ) -> float:
     """Run the workers through the fault phase and the drain; the fault phase's length."""
     rng = random.Random(config.seed)
@@ -239,7 +254,9 @@ def _drive(
             now = time.monotonic()
             _restart_the_dead(pool, journal)
             if now >= next_count:
-                if _open_jobs(engine, tables) == 0:
+                open_jobs = _open_jobs(engine, tables)
+                report("faults", now - begun, config.seconds, config.jobs - open_jobs)
+                if open_jobs == 0:
                     break
                 next_count = now + 0.25
             if now >= next_fault and config.faults:
@@ -253,11 +270,17 @@ def _drive(
             time.sleep(0.002)
         fault_phase = time.monotonic() - begun
         pool.thaw_all()
-        drain_until = time.monotonic() + config.drain
-        while time.monotonic() < drain_until and _open_jobs(engine, tables) > 0:
+        drain_from = time.monotonic()
+        drain_until = drain_from + config.drain
+        while (now := time.monotonic()) < drain_until:
+            open_jobs = _open_jobs(engine, tables)
+            report("drain", now - drain_from, config.drain, config.jobs - open_jobs)
+            if open_jobs == 0:
+                break
             _restart_the_dead(pool, journal)
             time.sleep(0.05)
     finally:
+        report("stopping", 0.0, None, None)
         for index in pool.shutdown(timeout=SHUTDOWN_TIMEOUT):
             journal.record("hung", worker=index, waited=SHUTDOWN_TIMEOUT, t=time.time())
     return fault_phase
