@@ -178,6 +178,7 @@ class AsyncHeartbeat(LeaseReckoning[AsyncLeaseKeeper, asyncio.Event]):
         event.set()
 
     async def _report_lost(self) -> None:
+        self._log_lost()
         try:
             reported = self._call_on_lost()
             if inspect.isawaitable(reported):

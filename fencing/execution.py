@@ -46,7 +46,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
-from . import bridge, forks
+from . import bridge, events, forks
 from . import sqlite as sqlite_glue
 from .checkout import Checkout, give_back
 from .dberrors import DB_ERRORS, driver_errors, is_transient
@@ -58,10 +58,13 @@ from .engines import (
     refuse_sharing_pool,
 )
 from .errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
+from .metrics import LOCK_WAIT_MIN
 from .writelock import busy_error, poll_pause
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, scoped_session
+
+    from .metrics import StoreMetrics
 
 __all__ = [
     "FAST_DRIVERS",
@@ -304,6 +307,8 @@ class Runner:
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
         #: the owner of the engine has disposed of it for good (:meth:`retire`)
         self.retired = False
+        #: where lost lock races and lock waits are counted (the store's metrics), if anywhere
+        self.metrics: StoreMetrics | None = None
         forks.register(engine)
 
     def retire(self) -> None:
@@ -330,10 +335,11 @@ class Runner:
 
     # -- the store's own transactions ---------------------------------------------------------
 
-    def run(self, unit: Callable[[Executor], T], *, write: bool = True) -> T:
+    def run(self, unit: Callable[[Executor], T], *, write: bool = True, job: str | None = None) -> T:
         """Run ``unit`` in a transaction of its own, retrying lock races and a dead idle
         connection. ``write=False`` is for units that only read: on SQLite they take no
-        write lock (one statement on the fast path runs as its own snapshot)."""
+        write lock (one statement on the fast path runs as its own snapshot). ``job``: the
+        one job the unit is about, if it is (for the log line of a retry)."""
         self._usable_here()
         verdict = _Verdict()
         if self._fast and not self._observers:
@@ -342,13 +348,13 @@ class Runner:
             except self.errors as exc:
                 if verdict.again is None:
                     raise
-                return self._retrying(lambda v: self._on_driver(unit, write, v), verdict, exc)
+                return self._retrying(lambda v: self._on_driver(unit, write, v), verdict, exc, job)
         try:
             return self._on_core(unit, write, verdict)
         except self.errors as exc:
             if verdict.again is None:
                 raise
-            return self._retrying(lambda v: self._on_core(unit, write, v), verdict, exc)
+            return self._retrying(lambda v: self._on_core(unit, write, v), verdict, exc, job)
 
     def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
         """The first row (or ``None``) of one read statement: the hot path of ``state()``.
@@ -420,29 +426,40 @@ class Runner:
 
     # -- the two ways ---------------------------------------------------------------------
 
-    def _retrying(self, attempt: Callable[[_Verdict], T], verdict: _Verdict, exc: BaseException) -> T:
+    def _retrying(
+        self, attempt: Callable[[_Verdict], T], verdict: _Verdict, exc: BaseException, job: str | None
+    ) -> T:
         """Try again after an attempt failed with ``exc``, judged ``verdict``, as long as
         the verdicts allow: a lost lock race within the wait budget, or once a dead idle
-        connection."""
+        connection. Each retry of a lost race is logged (DEBUG, ``fencing.retry``) and
+        counted; the time from the first lost race to the end is a lock wait."""
         races = 0  # lost lock races so far
         started = 0.0  # when the first was lost: the wait for the lock begins there
         reconnected = False
-        while True:
-            if verdict.again == _LOCK_RACE:
-                if races == 0:
-                    started = time.monotonic()
-                races += 1
-                if not self.lock_wait.again(races, started):
-                    raise self.lock_wait.busy(exc) from exc
-            elif verdict.again == _DEAD_IDLE and not reconnected and races == 0:
-                reconnected = True  # an idle connection the server closed: once, afresh
-            else:
-                raise exc
-            verdict = _Verdict()
-            try:
-                return attempt(verdict)
-            except self.errors as again:
-                exc = again
+        metrics = self.metrics
+        try:
+            while True:
+                if verdict.again == _LOCK_RACE:
+                    if races == 0:
+                        started = time.monotonic()
+                    races += 1
+                    if not self.lock_wait.again(races, started):
+                        raise self.lock_wait.busy(exc) from exc
+                    events.retried(exc, job, races, time.monotonic() - started)
+                    if metrics is not None:
+                        metrics.retried()
+                elif verdict.again == _DEAD_IDLE and not reconnected and races == 0:
+                    reconnected = True  # an idle connection the server closed: once, afresh
+                else:
+                    raise exc
+                verdict = _Verdict()
+                try:
+                    return attempt(verdict)
+                except self.errors as again:
+                    exc = again
+        finally:
+            if races and metrics is not None:
+                metrics.waited(time.monotonic() - started)
 
     def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
         held, lean, pool = self._checkout()
@@ -456,7 +473,11 @@ class Runner:
                 cursor = info[_CURSOR] = conn.cursor()
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
+                began = time.perf_counter()
                 self._write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", self.errors, lowered=True)
+                waited = time.perf_counter() - began
+                if waited > LOCK_WAIT_MIN and self.metrics is not None:
+                    self.metrics.waited(waited)
             result = unit(_DriverExecutor(cursor, self._compiled_for))
             committing = True
             if self._write_lock is None:

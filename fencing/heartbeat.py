@@ -12,7 +12,11 @@ later than the real one: it is early by the round trip of the renewal plus that 
 ``held`` turns ``False`` (and ``lost`` is set) the moment a renewal is refused, a
 renewal fails with an error that cannot get better, database errors last past the local
 deadline, or the local deadline passes, even if the thread is blocked inside a renewal.
-Once ``False`` it never turns ``True`` again: a lost lease is never revived.
+Once ``False`` it never turns ``True`` again: a lost lease is never revived. The loss is
+logged once, when the heartbeat (its thread or task, or a refused first renewal) reports it:
+a WARNING on ``fencing.heartbeat`` with ``path="heartbeat"``, ``job_id``, ``owner``,
+``fence``, ``reason`` and ``error`` (the exception's repr, or ``None``); a refused renewal
+has also logged its line on ``fencing.refused``, with the holder and fence it met.
 
 **With a fenced block on the same lease** (``store.fenced(heartbeat.lease)`` while the
 heartbeat runs, in any thread of this process), the block holds the job's row until its
@@ -353,6 +357,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             renewed = yield self._send_renewal(self._lease, self._now())
         if renewed is None:
             self._lose("the first renewal was refused (stale fence, done or expired)", None)
+            self._log_lost()
             raise LeaseLost(self._describe_loss())
         self._accept(renewed, sent)
         if self._key is not None:
@@ -521,6 +526,26 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
         self._error = error
         self._signal(self._lost)
 
+    def _log_lost(self) -> None:
+        """The one WARNING line of a loss (once it is recorded; by whoever reports it)."""
+        with self._lock:
+            lease, reason, error = self._lease, self._reason, self._error
+        logger.warning(
+            "lost the lease on job %r (owner %r, fence %d): %s",
+            lease.job_id,
+            lease.owner,
+            lease.fence,
+            reason,
+            extra={
+                "path": "heartbeat",
+                "job_id": lease.job_id,
+                "owner": lease.owner,
+                "fence": lease.fence,
+                "reason": reason,
+                "error": None if error is None else repr(error),
+            },
+        )
+
     def _describe_loss(self) -> str:
         with self._lock:
             lease, reason, released = self._lease, self._reason, self._released
@@ -640,6 +665,7 @@ class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
         return threading.Event()
 
     def _report_lost(self) -> None:
+        self._log_lost()
         try:
             self._call_on_lost()
         except Exception:

@@ -45,6 +45,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
+from . import events
 from .checks import FENCE_MAX, check_fence, check_new_table, check_text, show_value
 from .clock import database_now
 from .dberrors import (
@@ -56,12 +57,14 @@ from .dberrors import (
 )
 from .errors import (
     ConfigurationError,
+    DatabaseBusy,
     FencingError,
     InvalidArgument,
     InvalidArgumentType,
     TableMissing,
 )
 from .execution import CallerConnection, CoreExecutor, Executor, Runner
+from .metrics import StoreMetrics
 from .refusals import logger as refused_logger
 from .schema import ID_MAX_BYTES, KEY_COLUMN, KEY_TYPE, as_text
 
@@ -215,6 +218,10 @@ class FenceMarks:
         self._nul_ok = dialect != "postgresql"  # PostgreSQL text cannot hold U+0000
         self._accept = self._accept_unit(dialect)
         self._record = self._record_unit(dialect)
+        #: what these marks did, by outcome (fencing.metrics): ``accept.accepted``,
+        #: ``accept.refused.older fence``, ``record_once.recorded``, ``record_once.duplicate``,
+        #: and the lock races of their transactions
+        self.metrics = self._runner.metrics = StoreMetrics()
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -224,11 +231,16 @@ class FenceMarks:
 
     def _run(self, unit: Callable[[Executor], T], conn: CallerConnection | None, table: Table) -> T:
         try:
-            if conn is None:
-                return self._runner.run(unit)
-            return unit(CoreExecutor(self._runner.caller(conn, table)))
-        except self._errors as exc:
-            raise self._wrap(exc, table) from sqlalchemy_error(exc, self.engine.dialect)
+            try:
+                if conn is None:
+                    return self._runner.run(unit)
+                return unit(CoreExecutor(self._runner.caller(conn, table)))
+            except self._errors as exc:
+                raise self._wrap(exc, table) from sqlalchemy_error(exc, self.engine.dialect)
+        except DatabaseBusy as exc:
+            self.metrics.busy()
+            events.busy(exc, None, table.name)
+            raise
 
     def _wrap(self, exc: BaseException, table: Table) -> FencingError:
         wrapped = wrap_database_error(exc, table.name)
@@ -308,8 +320,10 @@ class FenceMarks:
             return False
 
         if self._run(unit, conn, self.marks):
+            self.metrics.add("accept.accepted")
             return True
         res, token = params["res"], params["token"]
+        self.metrics.add("accept.refused.older fence")
         refused_logger.warning(
             "refused accept of resource %r with fence %d: older than its mark %d",
             res,
@@ -360,7 +374,9 @@ class FenceMarks:
             "token": None if fence is None else self._fence(fence),
         }
         record = self._record
-        return self._run(lambda x: record(x, params), conn, self.keys)
+        recorded = self._run(lambda x: record(x, params), conn, self.keys)
+        self.metrics.add("record_once.recorded" if recorded else "record_once.duplicate")
+        return recorded
 
     # -- the compare-and-set units, one per dialect ----------------------------------------
 

@@ -96,7 +96,7 @@ def never_current(path: str, job_id: str, owner: str, fence: int) -> Refusal:
 def report(refusals: Sequence[Refusal], metrics: StoreMetrics) -> None:
     """Log and count each refusal (after its transaction: never inside a lock)."""
     for r in refusals:
-        metrics.add(f"{r.path}.refused.{r.reason}")
+        metrics.refusal(r)
         logger.warning(
             "refused %s of job %r by %r with fence %d: %s (holder now %r, fence %s)",
             r.path,
