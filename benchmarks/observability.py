@@ -72,6 +72,7 @@ from sqlalchemy import Engine, MetaData, Table
 import fencing
 from fencing import JobStore
 from fencing.metrics import StoreMetrics
+from fencing.schema import KEY_TYPE
 from fencing.values import Lease
 
 
@@ -206,7 +207,9 @@ def backend(url: str | None, durability: str) -> Iterator[tuple[Engine, Table, s
 def fill(engine: Engine, table: Table, n: int, round_no: int) -> None:
     with engine.begin() as conn:
         conn.execute(table.delete())
-        conn.execute(table.insert(), [{"id": f"r{round_no}-{i:07d}"} for i in range(n)])
+        # the key column's own type (MariaDB: UTF-8 bytes), as the store binds it
+        insert = table.insert().values(id=sqlalchemy.bindparam("id", type_=KEY_TYPE))
+        conn.execute(insert, [{"id": f"r{round_no}-{i:07d}"} for i in range(n)])
 
 
 def cycle(store: JobStore, n: int) -> float:
