@@ -24,6 +24,7 @@ from .errors import (
     TableMissing,
 )
 from .heartbeat import Heartbeat
+from .history import History, HistoryEntry, history_table, holder_at
 from .marks import FenceMarks, fence_marks_table, idempotency_keys_table
 from .schema import jobs, jobs_table, metadata
 from .sqlite import configure as configure_sqlite
@@ -41,6 +42,8 @@ __all__ = [
     "FencesExhausted",
     "FencingError",
     "Heartbeat",
+    "History",
+    "HistoryEntry",
     "InvalidArgument",
     "InvalidArgumentType",
     "JobState",
@@ -53,6 +56,8 @@ __all__ = [
     "configure_sqlite",
     "create_sqlite_engine",
     "fence_marks_table",
+    "history_table",
+    "holder_at",
     "idempotency_keys_table",
     "jobs",
     "jobs_table",

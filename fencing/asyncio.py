@@ -36,6 +36,7 @@ from sqlalchemy.util.concurrency import greenlet_spawn
 from . import bridge
 from .async_heartbeat import AsyncHeartbeat
 from .errors import ConfigurationError, InvalidArgumentType
+from .history import History, HistoryEntry
 from .marks import FenceMarks, fence_marks, idempotency_keys
 from .metrics import StoreMetrics
 from .schema import jobs
@@ -158,8 +159,10 @@ class AsyncJobStore:
     refuses them (:class:`~fencing.ConfigurationError`).
     """
 
-    def __init__(self, engine: AsyncEngine, table: Table = jobs) -> None:
-        self.sync_store: JobStore = _BridgedJobStore(sync_engine(engine, "AsyncJobStore"), table)
+    def __init__(self, engine: AsyncEngine, table: Table = jobs, *, history: History | None = None) -> None:
+        self.sync_store: JobStore = _BridgedJobStore(
+            sync_engine(engine, "AsyncJobStore"), table, history=history
+        )
         self.engine = engine
         self.table = table
 
@@ -331,6 +334,12 @@ class AsyncJobStore:
     ) -> list[JobState]:
         return await run(self.sync_store.poisoned, max_attempts, now=now, conn=caller_sync(conn))
 
+    async def history(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> list[HistoryEntry]:
+        return await run(self.sync_store.history, job_id, conn=caller_sync(conn))
+
+    async def prune_history(self, *, conn: AsyncCallerConnection | None = None) -> int:
+        return await run(self.sync_store.prune_history, conn=caller_sync(conn))
+
     @contextlib.asynccontextmanager
     async def fenced(
         self,
@@ -382,6 +391,11 @@ class AsyncFenceMarks:
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
         return f"<AsyncFenceMarks marks={self.marks.name!r} keys={self.keys.name!r} engine={url!r}>"
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What these marks did, by outcome (:class:`fencing.metrics.StoreMetrics`)."""
+        return self.sync_marks.metrics
 
     async def create_tables(self, *, conn: AsyncCallerConnection | None = None) -> None:
         await run(self.sync_marks.create_tables, conn=caller_sync(conn))

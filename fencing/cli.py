@@ -35,6 +35,7 @@ from . import cache, demo
 from .checks import FENCE_MAX
 from .dberrors import DB_ERRORS, database_errors, wrap_database_error
 from .errors import DatabaseMissing, FencingError, InvalidArgument, TableMissing
+from .history import History, HistoryEntry, history_table
 from .marks import fence_marks_table, idempotency_keys_table
 from .overview import STATES, JobView, Overview, Summary
 from .schema import jobs, jobs_table
@@ -262,8 +263,9 @@ def _add_torture(commands: Commands) -> None:
     parser.add_argument(
         "--store",
         metavar="MODULE:CALLABLE",
-        help=f"the store on trial, built from (engine, table) (default {torture.FRONTS['sync']}; "
-        f"with --async, from (AsyncEngine, table), default {torture.FRONTS['async']})",
+        help="the store on trial, built from (engine, table, history=History) (default "
+        f"{torture.FRONTS['sync']}; with --async, from (AsyncEngine, table, history=History), "
+        f"default {torture.FRONTS['async']})",
     )
     parser.add_argument(
         "--journal", metavar="DIR", help="keep the journals here (default: a temporary directory)"
@@ -738,13 +740,21 @@ def _add_show(commands: Commands, common: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("id", metavar="ID", help="the job's id")
     _max_attempts_option(parser, "to tell poisoned jobs from ready ones")
+    parser.add_argument(
+        "--history-table",
+        default="fencing_history",
+        metavar="NAME",
+        help="the ownership history table (%(default)s), shown when it exists",
+    )
 
     def show(args: argparse.Namespace, db: _Database, out: _Output) -> int:
         job = db.overview.job(args.id, max_attempts=args.max_attempts)
         if job is None:
             return _fail(parser, f"no job {args.id!r} in table {db.table.name!r}")
+        history = _history_of(db, args.history_table, job.job_id)
         if out.json:
-            out.record(**_job_record(job), result=job.result)
+            recorded = None if history is None else [asdict(e) for e in history]
+            out.record(**_job_record(job), result=job.result, history=recorded)
             return 0
         until = "-" if job.until == 0 else f"{_instant(job.until)} ({_when(job)})"
         rows = [
@@ -757,9 +767,33 @@ def _add_show(commands: Commands, common: argparse.ArgumentParser) -> None:
             ["now", f"{_instant(job.now)} (the database's clock)"],
         ]
         out.lines(_table(["", ""], rows)[1:])
+        if history:
+            out.lines(["", f"history ({args.history_table}, oldest first)", *_history_lines(history)])
         return 0
 
     _runs_on_database(parser, show)
+
+
+def _history_of(db: _Database, name: str, job_id: str) -> list[HistoryEntry] | None:
+    """The job's ownership history from table ``name``, or ``None`` if there is no such table."""
+    with database_errors(name):
+        if not sqlalchemy.inspect(db.engine).has_table(name, schema=db.table.schema):
+            return None
+    table = history_table(MetaData(), name, schema=db.table.schema)
+    return JobStore(db.engine, db.table, history=History(table, retention=None)).history(job_id)
+
+
+def _history_lines(entries: Sequence[HistoryEntry]) -> list[str]:
+    rows = []
+    for e in entries:
+        if e.event == "refused":
+            detail = f"{e.path}: {e.reason}; holder {_shown(e.holder)}, fence {_cell(e.current_fence)}"
+        elif e.until is not None and e.event in ("claim", "renew"):
+            detail = f"until {_instant(e.until)}"
+        else:
+            detail = "" if e.path is None else f"by {e.path}"
+        rows.append([str(e.seq), _instant(e.at), e.event, _shown(e.owner), _cell(e.fence), detail])
+    return _table(["SEQ", "AT", "EVENT", "OWNER", "FENCE", "DETAIL"], rows, numeric=(0, 4))
 
 
 def _stats_lines(s: Summary) -> list[str]:

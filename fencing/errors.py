@@ -8,6 +8,8 @@ SQLAlchemy / driver error kept as ``__cause__``.
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ConfigurationError",
     "DatabaseBusy",
@@ -80,4 +82,11 @@ class FencesExhausted(FencingError):
 class LeaseLost(FencingError):
     """The lease is no longer current (stale fence, expired, done or revoked): stop before
     doing anything irreversible. Raised by ``JobStore.fenced`` (whose block is then rolled
-    back) and by ``Heartbeat.check``."""
+    back) and by ``Heartbeat.check``.
+
+    ``reason`` (from the store): why the lease was not current, one of
+    :data:`fencing.refusals.REASONS`, or ``None`` where it was not read."""
+
+    reason: str | None = None
+    #: the refusal and the clock it was judged on, for the store's history (internal)
+    _refusal: Any = None

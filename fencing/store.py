@@ -50,11 +50,13 @@ from .errors import (
     DatabaseBusy,
     DatabaseError,
     FencesExhausted,
+    FencingError,
     InvalidArgument,
     InvalidArgumentType,
     LeaseLost,
 )
 from .execution import CallerConnection, CoreExecutor, Executor, Runner, forked_away
+from .history import History, HistoryEntry, Recorder
 from .metrics import StoreMetrics
 from .refusals import Refusal, judge, never_current, report
 from .schema import ID_MAX_BYTES, ensure_jobs_table, jobs
@@ -94,11 +96,15 @@ class JobStore:
     #: only way an asyncio driver's engine is taken
     async_front = False
 
-    def __init__(self, engine: Engine, table: Table = jobs) -> None:
+    def __init__(self, engine: Engine, table: Table = jobs, *, history: History | None = None) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
         if not isinstance(table, Table):
             raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
+        if history is not None and not isinstance(history, History):
+            raise InvalidArgumentType(
+                f"history must be a fencing.History (around a history table), got {type(history).__name__}"
+            )
         dialect = engine.dialect
         self._runner = Runner.admit(engine, bridged=self.async_front)
         self.engine = engine
@@ -125,8 +131,11 @@ class JobStore:
         #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
         #: fraction of it is logged)
         self._shortest_ttl = float("inf")
+        #: how this store records ownership history (fencing.history), if it does
+        self.history_config = history
+        self._history = None if history is None else Recorder(history, table)
         #: what this store did, by outcome (fencing.metrics); refused writes are also logged
-        self.metrics = StoreMetrics()
+        self.metrics = self._runner.metrics = StoreMetrics()
 
     @property
     def clock_resolution(self) -> float:
@@ -148,14 +157,27 @@ class JobStore:
         write: bool = True,
         job: str | None = None,
     ) -> T:
+        started = time.perf_counter()
         try:
-            if conn is None:
-                if holds.HELD[0] and (write or not self._sqlite):
-                    self._refuse_self_wait(job)
-                return self._runner.run(unit, write=write)
-            return unit(CoreExecutor(self._runner.caller(conn, self.table)))
-        except self._errors as exc:
-            self._fail(exc)
+            try:
+                if conn is None:
+                    if holds.HELD[0] and (write or not self._sqlite):
+                        self._refuse_self_wait(job)
+                    answer = self._runner.run(unit, write=write, job=job)
+                    if write and self._history is not None and not holds.HELD[0] and self._history.due():
+                        self._prune_quietly()
+                else:
+                    answer = unit(CoreExecutor(self._runner.caller(conn, self.table)))
+            except self._errors as exc:
+                self._fail(exc)
+        except DatabaseBusy as exc:
+            from .events import busy  # only ever on this path
+
+            self.metrics.busy()
+            busy(exc, job, self.table.name)
+            raise
+        self.metrics.ran(job, started)  # what the report of its outcome is timed against
+        return answer
 
     def _refuse_self_wait(self, job: str | None) -> None:
         """Refuse, at once, an operation on a connection of its own that would wait for a
@@ -227,12 +249,12 @@ class JobStore:
 
         try:
             if conn is not None:
-                ensure_jobs_table(self._runner.caller(conn, self.table), self.table)
+                self._ensure_tables(self._runner.caller(conn, self.table))
                 return
             for attempt in range(2):
                 try:
                     with self._runner.transaction() as own:
-                        ensure_jobs_table(own, self.table)
+                        self._ensure_tables(own)
                     return
                 except DB_ERRORS as exc:
                     # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
@@ -240,6 +262,50 @@ class JobStore:
                         raise
         except self._errors as exc:
             self._fail(exc)
+
+    def _ensure_tables(self, conn: Connection) -> None:
+        ensure_jobs_table(conn, self.table)
+        if self.history_config is not None:
+            self.history_config.table.create(conn, checkfirst=True)
+
+    # -- the ownership history (fencing.history) --------------------------------------------
+
+    def history(self, job_id: str, *, conn: CallerConnection | None = None) -> list[HistoryEntry]:
+        """The ownership history of ``job_id``, oldest first (see :mod:`fencing.history`).
+
+        :class:`ConfigurationError` if this store records no history."""
+        recorder = self._recorder()
+        params = {"job_id": self._key("job_id", job_id)}
+        stmt = recorder.read
+        return self._run(lambda x: recorder.entries(x.rows(stmt, params)), conn, write=False)
+
+    def prune_history(self, *, conn: CallerConnection | None = None) -> int:
+        """Delete the history rows older than the retention, on the database's clock: how
+        many. The store does this by itself now and then; 0 with ``retention=None``."""
+        recorder = self._recorder()
+        retention = recorder.history.retention
+        if retention is None:
+            return 0
+        stmt, params = recorder.prune, {"retention": retention}
+        return self._run(lambda x: x.count(stmt, params), conn)
+
+    def _recorder(self) -> Recorder:
+        if self._history is None:
+            raise ConfigurationError(
+                "this store records no history: JobStore(engine, table, history=fencing.History(...))"
+            )
+        return self._history
+
+    def _prune_quietly(self) -> None:
+        """The automatic prune: a failure is logged (the next one tries again), never raised
+        over the operation that was due to run it."""
+        try:
+            pruned = self.prune_history()
+        except FencingError:
+            logger.warning("pruning the ownership history failed; it is tried again later", exc_info=True)
+            return
+        if pruned:
+            logger.debug("pruned %d history rows", pruned, extra={"path": "prune", "rows": pruned})
 
     # -- the contract's operations --------------------------------------------------------
 
@@ -326,17 +392,21 @@ class JobStore:
         owner = self._key("owner", owner)
         s, clock = self._clock(now, ttl)
         lease = self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn, job=job_id)
-        self.metrics.add("claim.empty" if lease is None else "claim.accepted")
+        self.metrics.claim(lease)
         return lease
 
     def _claim_unit(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
         job_id, owner = params["job_id"], params["holder"]
+        history = self._history
         if self._returning:
 
             def returning(x: Executor) -> Lease | None:
                 rows = x.rows(s.claim_returning, params)
                 if rows:
-                    return Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]))
+                    lease = Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]))
+                    if history is not None:
+                        history.leases(x, "claim", [lease], params)
+                    return lease
                 _refuse_if_exhausted(x, s, job_id)
                 return None
 
@@ -347,7 +417,10 @@ class JobStore:
                 _refuse_if_exhausted(x, s, job_id)
                 return None
             fence, until = x.rows(s.lease_of, params)[0]
-            return Lease(job_id, owner, int(fence), float(until))
+            lease = Lease(job_id, owner, int(fence), float(until))
+            if history is not None:
+                history.leases(x, "claim", [lease], params)
+            return lease
 
         return counting
 
@@ -371,21 +444,34 @@ class JobStore:
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         refused: list[Refusal] = []
 
+        history = self._history
+
         def renewed(x: Executor) -> Lease | None:
-            if "new_until" in params:
-                if x.count(s.renew_counting, params) == 1:
-                    return Lease(job_id, owner, fence, params["new_until"])
-            elif self._returning:
-                rows = x.rows(s.renew_returning, params)
-                if rows:
-                    return Lease(job_id, owner, fence, float(rows[0][0]))
-            elif x.count(s.renew_counting, params) == 1:
-                return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
-            refused[:] = [self._why(x, s, "renew", params)]
-            return None
+            renewal = self._renewal(x, s, params)
+            if renewal is None:
+                refused[:] = [self._why(x, s, "renew", params)]
+                if history is not None:
+                    history.refusals(x, refused, params)
+            elif history is not None and history.renewals:
+                history.leases(x, "renew", [renewal], params)
+            return renewal
 
         renewal = self._run(renewed, conn, job=job_id)
         return self._refused(refused, None) if renewal is None else self._accepted("renew", renewal)
+
+    def _renewal(self, x: Executor, s: Statements, params: dict[str, Any]) -> Lease | None:
+        """Renew the lease in ``params``: the new :class:`Lease`, or ``None`` if refused."""
+        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
+        if "new_until" in params:
+            if x.count(s.renew_counting, params) == 1:
+                return Lease(job_id, owner, fence, params["new_until"])
+        elif self._returning:
+            rows = x.rows(s.renew_returning, params)
+            if rows:
+                return Lease(job_id, owner, fence, float(rows[0][0]))
+        elif x.count(s.renew_counting, params) == 1:
+            return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
+        return None
 
     def complete(
         self,
@@ -424,11 +510,14 @@ class JobStore:
             s = self._by_caller
             stmt = s.release
             clock = {"now": 0.0}  # release checks no clock; the reason read compares with 0
+            # the history's instant: the caller's now, else the database's
+            at = {} if now is None else {"now": check_now(now)}
         else:
             s, clock = self._clock(now, delay, name="delay")
             stmt = s.release_later
+            at = clock
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
-        return self._guarded("release", s, stmt, params, conn)
+        return self._guarded("release", s, stmt, params, conn, at=at)
 
     def _guarded(
         self,
@@ -437,18 +526,27 @@ class JobStore:
         stmt: Executable,
         params: dict[str, Any],
         conn: CallerConnection | None,
+        *,
+        at: dict[str, Any] | None = None,
     ) -> bool:
         """Run the guarded write ``stmt`` of one lease: accepted, or refused with its reason
-        (read in the same transaction, logged and counted after it)."""
+        (read in the same transaction, logged and counted after it). ``at``: the history's
+        clock, when it is not the statement's."""
         job_id, owner, fence = params["job_id"], params["holder"], params["token"]
         if not fence_can_match(fence):
             return self._refused([never_current(path, job_id, owner, fence)], False)
         refused: list[Refusal] = []
+        history = self._history
+        clock = params if at is None else at
 
         def unit(x: Executor) -> bool:
             if x.count(stmt, params) == 1:
+                if history is not None:
+                    history.tokens(x, path, [(job_id, owner, fence)], clock)
                 return True
             refused[:] = [self._why(x, s, path, params)]
+            if history is not None:
+                history.refusals(x, refused, clock)
             return False
 
         if self._run(unit, conn, job=job_id):
@@ -461,7 +559,7 @@ class JobStore:
         return judge(path, params["job_id"], params["holder"], params["token"], rows[0] if rows else None)
 
     def _accepted(self, path: str, answer: T) -> T:
-        self.metrics.add(f"{path}.accepted")
+        self.metrics.accepted(path)
         return answer
 
     def _refused(self, refusals: list[Refusal], answer: T) -> T:
@@ -478,15 +576,19 @@ class JobStore:
         params = {"job_id": job_id}
         s = self._by_caller
 
+        history = self._history
+
         def unit(x: Executor) -> bool:
             if x.count(s.revoke, params) == 1:
+                if history is not None:
+                    history.copy(x, "revoke", job_id, {})
                 return True
             _refuse_if_exhausted(x, s, job_id)
             return False
 
         revoked = self._run(unit, conn, job=job_id)
         if revoked:
-            self.metrics.add("revoke.accepted")
+            self.metrics.ended("revoke", job_id)
             logger.info("revoked the lease on job %r", job_id, extra={"path": "revoke", "job_id": job_id})
         return revoked
 
@@ -495,9 +597,18 @@ class JobStore:
         is enqueued again continues above every fence it ever had. ``False`` if missing."""
         params = {"job_id": self._key("job_id", job_id)}
         stmt = self._by_caller.delete
-        deleted = self._run(lambda x: x.count(stmt, params) == 1, conn, job=params["job_id"])
+        history = self._history
+
+        def unit(x: Executor) -> bool:
+            if x.count(stmt, params) != 1:
+                return False
+            if history is not None:
+                history.copy(x, "delete", params["job_id"], {})
+            return True
+
+        deleted = self._run(unit, conn, job=params["job_id"])
         if deleted:
-            self.metrics.add("delete.accepted")
+            self.metrics.ended("delete", params["job_id"])
             logger.info(
                 "deleted job %r", params["job_id"], extra={"path": "delete", "job_id": params["job_id"]}
             )
@@ -573,6 +684,7 @@ class JobStore:
         generation = forks.GENERATION[0]
         ours = True  # whether an error comes from the library's statements, not the block
         ending = False
+        lost: LeaseLost | None = None
         try:
             with runner.transaction() as own:
                 x = CoreExecutor(own)
@@ -584,6 +696,9 @@ class JobStore:
                 ours = ending = True  # the block ran: the end check, then COMMIT
                 self._finish(x, s, params, complete, block, entered)
             block.committed(complete)
+        except LeaseLost as exc:
+            lost = exc
+            raise
         except self._errors as exc:
             if not ours:
                 raise  # the block's own statement failed: its error, as it was
@@ -599,6 +714,29 @@ class JobStore:
             self._fail(exc)
         finally:
             hold.end()
+            if lost is not None and self._history is not None:
+                self._record_lost(None, lost)
+
+    def _record_lost(self, x: Executor | None, lost: LeaseLost) -> None:
+        """Write a fenced block's refusal to the history after its rollback: on ``x`` (the
+        caller's transaction) or in a transaction of the store's own. A failure here is
+        logged, never raised over the :class:`LeaseLost`."""
+        history = self._history
+        if history is None or lost._refusal is None:
+            return
+        why, clock = lost._refusal
+        try:
+            if x is not None:
+                history.refusals(x, [why], clock)
+            else:
+                self._run(lambda own: history.refusals(own, [why], clock), None)
+        except Exception:  # whatever it was, the LeaseLost is the error to see
+            logger.warning(
+                "could not record the refused fenced block on job %r in the history",
+                why.job_id,
+                exc_info=True,
+                extra=why.fields(),
+            )
 
     def _take_hold(self, job_id: str, conn: Connection | None) -> holds.Hold:
         """Register a block's hold on ``job_id`` (:mod:`fencing.holds`), or refuse one this
@@ -657,7 +795,11 @@ class JobStore:
             connection = self._runner.caller(conn, self.table)
             x = CoreExecutor(connection)
             self._take_hold(params["job_id"], connection)
-            block = self._begin_block(x, s, params, joined=True)
+            try:
+                block = self._begin_block(x, s, params, joined=True)
+            except LeaseLost as lost:
+                self._record_lost(x, lost)
+                raise
             session = None if isinstance(conn, Connection) else conn
             savepoint = (connection if session is None else session).begin_nested()
         except self._errors as exc:
@@ -681,6 +823,8 @@ class JobStore:
                 savepoint.rollback()
             if isinstance(exc, self._errors):
                 self._fail(exc)
+            if isinstance(exc, LeaseLost):
+                self._record_lost(x, exc)
             raise
         try:
             savepoint.commit()
@@ -724,6 +868,9 @@ class JobStore:
             self._hold(x, s, params, " at the end of the fenced block; rolled back", joined=False)
         elif x.count(s.complete, params) != 1:
             self._lost(x, s, "fenced", params, "was lost before completing")
+        if self._history is not None:
+            token = (params["job_id"], params["holder"], params["token"])
+            self._history.tokens(x, "complete" if complete else "fenced", [token], params, path="fenced")
 
     def _lost(self, x: Executor, s: Statements, path: str, params: dict[str, Any], what: str) -> NoReturn:
         """Raise :class:`LeaseLost` for a fenced block (or a check), its reason logged first."""
@@ -733,7 +880,11 @@ class JobStore:
         else:
             why = never_current(path, job, owner, token)
         self._refused([why], None)
-        raise LeaseLost(f"lease on {job!r} (fence {token}) {what}")
+        lost = LeaseLost(f"lease on {job!r} (fence {token}) {what}")
+        # the block's transaction is rolled back: its history row is written after that
+        lost.reason = why.reason
+        lost._refusal = (why, {"now": params["now"]} if "now" in params else {})
+        raise lost
 
     def _warn_if_long(self, params: dict[str, Any], held: float) -> None:
         """SQLite: say so when a fenced block kept every other writer waiting too long."""
@@ -821,13 +972,15 @@ class JobStore:
         leases = self._run(
             self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None), conn
         )
-        self._claimed(leases)
+        self._claimed(leases, max_attempts)
         return leases
 
-    def _claimed(self, leases: list[Lease]) -> None:
-        self.metrics.add("claim_next.calls")
-        if leases:
-            self.metrics.add("claim_next.jobs", len(leases))
+    def _claimed(self, leases: list[Lease], max_attempts: int | None = None) -> None:
+        self.metrics.claimed(leases)
+        if max_attempts is not None and leases:
+            from .events import last_attempts  # only with max_attempts
+
+            last_attempts(leases, max_attempts)
 
     def _claim_next_unit(
         self, owner: object, ttl: object, now: object, limit: object, max_attempts: object, *, own: bool
@@ -840,12 +993,16 @@ class JobStore:
         s, clock = self._clock(now, ttl)
         params = {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
         in_claim_order = own and limit > 1 and self._postgresql
+        history = self._history
 
         def returning(x: Executor) -> list[Lease]:
             if in_claim_order:
                 x.count(s.walk_in_claim_order, {})
             rows = x.rows(s.claim_next_returning, params)
-            return [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+            leases = [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+            if history is not None:
+                history.leases(x, "claim", leases, params)
+            return leases
 
         def picking(x: Executor) -> list[Lease]:
             picked = {job_id: int(fence) for job_id, fence in x.rows(s.pick_ready, params)}
@@ -857,11 +1014,14 @@ class JobStore:
             # the pick locked these rows: the UPDATE claimed those now one fence above the pick.
             # Another (no longer ready at the UPDATE's own now) may still carry this owner from
             # an earlier, expired lease: its old fence must not be handed out a second time
-            return [
+            leases = [
                 Lease(job_id, owner, int(fence), float(until))
                 for job_id, fence, until in x.rows(read, both)
                 if int(fence) == picked[job_id] + 1
             ]
+            if history is not None:
+                history.leases(x, "claim", leases, params)
+            return leases
 
         return returning if self._returning else picking
 
@@ -925,6 +1085,7 @@ class JobStore:
             refused += [never_current("complete_many", j, o, f) for j, o, f, _ in batch]
             return len(batch), None, refused
         complete = self._complete_many(s, clock, batch, todo)
+        history = self._history
 
         def unit(x: Executor) -> set[int]:
             accepted = complete(x)
@@ -935,6 +1096,10 @@ class JobStore:
                 for i, (j, o, f, _) in enumerate(batch)
                 if i not in accepted
             ]
+            if history is not None:
+                tokens = [batch[i][:3] for i in sorted(accepted)]
+                history.tokens(x, "complete", tokens, clock, path="complete_many")
+                history.refusals(x, [r for r in refused if fence_can_match(r.fence)], clock)
             return accepted
 
         return len(batch), unit, refused
@@ -977,7 +1142,7 @@ class JobStore:
             return accepted, claim(x)
 
         accepted, leases = self._run(step, conn)
-        self._claimed(leases)
+        self._claimed(leases, max_attempts)
         return self._judged(size, accepted, refused), leases
 
     def _complete_many(

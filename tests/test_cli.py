@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, bindparam, event, insert, make_url
+from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
 import fencing.cli
-from fencing import FenceMarks, JobStore
+from fencing import FenceMarks, History, JobStore, history_table
 from fencing.cli import main
 from fencing.overview import Overview
 from fencing.schema import KEY_TYPE
@@ -248,6 +248,39 @@ def test_show_a_job_with_its_time_left(cli: Any, queue: JobStore) -> None:
     missing = cli("show", "nobody")
     assert (missing.code, missing.out) == (1, "")
     assert "no job 'nobody' in table 'jobs'" in missing.err
+
+
+def test_show_prints_the_ownership_history_when_the_table_exists(
+    cli: Any, queue: JobStore, engine: Engine
+) -> None:
+    job = ODD_IDS[1]
+    queue.enqueue(job)
+    assert "history" not in cli("show", job).out  # no history table: the job alone
+    assert cli("show", job, "--json").records[0]["history"] is None
+    recorded = JobStore(engine, history=History(history_table(MetaData()), retention=None))
+    recorded.create_table()
+    old = recorded.claim(job, "wörker-1", ttl=300)
+    assert old is not None and recorded.revoke(job)
+    assert not recorded.complete(old, "late")
+    ran = cli("show", job)
+    assert ran.code == 0, ran.err
+    lines = ran.out.splitlines()
+    start = lines.index("history (fencing_history, oldest first)")
+    header, *rows = lines[start + 1 :]
+    assert header.split() == ["SEQ", "AT", "EVENT", "OWNER", "FENCE", "DETAIL"]
+    assert [row.split()[4:7] for row in rows] == [
+        ["claim", "wörker-1", "1"],
+        ["revoke", "-", "2"],
+        ["refused", "wörker-1", "1"],
+    ]
+    assert rows[2].endswith("complete: stale fence; holder -, fence 2")
+    [record] = cli("show", job, "--json").records
+    assert [(e["event"], e["owner"], e["fence"], e["reason"]) for e in record["history"]] == [
+        ("claim", "wörker-1", 1, None),
+        ("revoke", None, 2, None),
+        ("refused", "wörker-1", 1, "stale fence"),
+    ]
+    assert cli("show", job, "--history-table", "elsewhere", "--json").records[0]["history"] is None
 
 
 def test_stats_counts_every_state(cli: Any, queue: JobStore, engine: Engine) -> None:

@@ -23,13 +23,21 @@ from alembic.migration import MigrationContext
 from sqlalchemy import Engine, MetaData, Table, inspect
 
 import fencing
-from fencing import FenceMarks, JobStore, fence_marks_table, idempotency_keys_table, jobs_table
+from fencing import (
+    FenceMarks,
+    History,
+    JobStore,
+    fence_marks_table,
+    history_table,
+    idempotency_keys_table,
+    jobs_table,
+)
 from fencing.marks import marks_metadata
 
 #: the application's models module, as a user would write it
 MODELS_MODULE = "app_models"
 MODELS = '''\
-"""The application's tables: the library's three, in the application's own MetaData."""
+"""The application's tables: the library's four, in the application's own MetaData."""
 
 from sqlalchemy import MetaData
 
@@ -39,12 +47,26 @@ metadata = MetaData()
 jobs = fencing.jobs_table(metadata)
 fence_marks = fencing.fence_marks_table(metadata)
 idempotency_keys = fencing.idempotency_keys_table(metadata)
+history = fencing.history_table(metadata)
 '''
 
 TABLES = {
     "jobs": ["id", "owner", "until", "fence", "result", "done"],
     "fence_marks": ["resource", "fence"],
     "idempotency_keys": ["key", "fence", "recorded_at"],
+    "fencing_history": [
+        "seq",
+        "job_id",
+        "event",
+        "owner",
+        "fence",
+        "until",
+        "at",
+        "path",
+        "reason",
+        "holder",
+        "current_fence",
+    ],
 }
 
 
@@ -56,6 +78,7 @@ class App:
     jobs: Table
     marks: Table
     keys: Table
+    history: Table
 
     @classmethod
     def tables(cls, prefix: str = "") -> App:
@@ -65,6 +88,7 @@ class App:
             jobs_table(md, f"{prefix}jobs"),
             fence_marks_table(md, f"{prefix}fence_marks"),
             idempotency_keys_table(md, f"{prefix}idempotency_keys"),
+            history_table(md, f"{prefix}fencing_history"),
         )
 
 
@@ -111,10 +135,12 @@ def differences(engine: Engine, metadata: MetaData) -> list[Any]:
 
 
 def reflected(engine: Engine, name: str) -> tuple[Any, ...]:
-    """A table's columns (name, type, nullable, default), key and indexed columns."""
+    """A table's columns (name, type, nullable, default), key and indexed columns; a default
+    naming the table (PostgreSQL's sequence of a serial key) names it ``<table>``."""
     insp = inspect(engine)
     columns = [
-        (c["name"], str(c["type"]), c["nullable"], str(c.get("default"))) for c in insp.get_columns(name)
+        (c["name"], str(c["type"]), c["nullable"], str(c.get("default")).replace(name, "<table>"))
+        for c in insp.get_columns(name)
     ]
     indexes = sorted(tuple(ix["column_names"]) for ix in insp.get_indexes(name))
     return columns, insp.get_pk_constraint(name)["constrained_columns"], indexes
@@ -205,7 +231,7 @@ def test_migrated_tables_are_the_ones_the_library_creates(project: Project, engi
     project.autogenerate("initial tables")
     project.upgrade()
     made = App.tables(prefix="made_")
-    store = JobStore(engine, made.jobs)
+    store = JobStore(engine, made.jobs, history=History(made.history))
     try:
         store.create_table()
         FenceMarks(engine, made.marks, made.keys).create_tables()
@@ -219,7 +245,7 @@ def test_the_library_works_on_the_migrated_tables(project: Project, engine: Engi
     project.autogenerate("initial tables")
     project.upgrade()
     app = App.tables()
-    store = JobStore(engine, app.jobs)
+    store = JobStore(engine, app.jobs, history=History(app.history, retention=None))
     try:
         store.create_table()  # the migrated table passes the library's own check
         assert store.enqueue("invoice-42", ready_at=0.0)
@@ -236,6 +262,10 @@ def test_the_library_works_on_the_migrated_tables(project: Project, engine: Engi
             True,
         )
         assert store.claim_next("worker-b", now=3.0, ttl=30.0) == []
+        assert [(e.event, e.owner, e.fence, e.at) for e in store.history("invoice-42")] == [
+            ("claim", "worker-a", 1, 1.0),
+            ("complete", "worker-a", 1, 2.0),
+        ]
 
         marks = FenceMarks(engine, app.marks, app.keys)
         marks.create_tables()
@@ -255,7 +285,7 @@ def test_the_library_works_on_the_migrated_tables(project: Project, engine: Engi
 
 def test_tables_created_by_the_library_compare_clean(engine: Engine) -> None:
     app = App.tables()
-    store = JobStore(engine, app.jobs)
+    store = JobStore(engine, app.jobs, history=History(app.history))
     try:
         store.create_table()
     finally:

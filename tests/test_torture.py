@@ -40,6 +40,9 @@ def test_real_store_survives_every_fault(target: str, front: str) -> None:
     # the late writers were there, and were refused (by the store or their heartbeat)
     refused = sum(n for key, n in tally.items() if "refused" in key) + tally[("skip",)]
     assert refused >= 1, report
+    # the ownership history was checked against all of that: claims, completions, refusals
+    for event in ("claim", "complete", "revoke", "refused"):
+        assert tally[("history", event)] >= 1, f"no {event} in the history\n{report}"
 
 
 @pytest.mark.slow
@@ -134,7 +137,7 @@ def test_command_line_exits_1_on_a_violation(tmp_path: Any) -> None:
         (["--check-heartbeat", "2"], "must be between 0 and 1"),
         (
             ["--async", "--store", "tests.torture_broken:AckById"],
-            "cannot build a fencing.asyncio.AsyncJobStore from (AsyncEngine, Table)",
+            "cannot build a fencing.asyncio.AsyncJobStore from (AsyncEngine, Table, history=History)",
         ),
     ],
 )
@@ -255,6 +258,71 @@ def test_verdict_passes_an_honest_history() -> None:
 )
 def test_verdict_rule_fires(events: list[dict[str, Any]], db: DatabaseState, rule: str) -> None:
     verdict = judge(CONFIG, events, db)
+    assert rule in verdict.counts, verdict.violations
+
+
+def _row(seq: int, event: str, owner: str | None, fence: int, *refusal: Any) -> tuple[Any, ...]:
+    """A history row of job ``j``: (seq, job, event, owner, fence, path, reason, holder, current)."""
+    return (seq, "j", event, owner, fence, *(refusal or (None, None, None, None)))
+
+
+#: the honest run's history: a claims, b takes over, a's late write is refused, b completes
+HONEST = [
+    _row(1, "claim", "a", 1),
+    _row(2, "claim", "b", 2),
+    _row(3, "refused", "a", 1, "complete", "stale fence", "b", 2),
+    _row(4, "complete", "b", 2),
+]
+HONEST_EVENTS = [
+    _claim(1, "a", 0.0, 1.0),
+    _write(1, "a", 2.0, ok=False),
+    _claim(2, "b", 1.5, 2.5),
+    _write(2, "b", 2.1),
+]
+
+
+def test_verdict_passes_an_honest_ownership_history() -> None:
+    verdict = judge(CONFIG, HONEST_EVENTS, _db(history=HONEST))
+    assert verdict.total == 0, verdict.violations
+    assert verdict.tallies[("history", "refused")] == 1
+
+
+@pytest.mark.parametrize(
+    ("history", "events", "rule"),
+    [
+        (
+            [HONEST[0], HONEST[2], HONEST[1], HONEST[3]],
+            HONEST_EVENTS,
+            "history: refusal with a holder the job never had",
+        ),
+        (
+            [*HONEST[:2], _row(3, "refused", "a", 1, "complete", "stale fence", "c", 2), HONEST[3]],
+            HONEST_EVENTS,
+            "history: refusal with a holder the job never had",
+        ),
+        (
+            [HONEST[0], _row(2, "complete", "b", 2), _row(3, "claim", "b", 2)],
+            [],
+            "history: write before its claim",
+        ),
+        ([_row(1, "release", "a", 1), _row(2, "claim", "a", 1)], [], "history: write before its claim"),
+        (HONEST[:3], HONEST_EVENTS, "history: accepted write missing"),
+        ([*HONEST[:2], HONEST[3]], HONEST_EVENTS, "history: refused write missing"),
+        (
+            HONEST,
+            [
+                *HONEST_EVENTS,
+                {"k": "release", "job": "j", "fence": 2, "owner": "b", "ok": True, "t0": 2.0, "t1": 2.1},
+            ],
+            "history: release missing",
+        ),
+        (HONEST[:3], [], "history: completion missing"),
+    ],
+)
+def test_verdict_history_rule_fires(
+    history: list[tuple[Any, ...]], events: list[dict[str, Any]], rule: str
+) -> None:
+    verdict = judge(CONFIG, events, _db(history=history))
     assert rule in verdict.counts, verdict.violations
 
 

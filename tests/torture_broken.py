@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from sqlalchemy import Connection, Table, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from fencing import JobStore, Lease
+from fencing import History, JobStore, Lease
 from fencing.asyncio import AsyncJobStore
 from fencing.schema import as_text
 
@@ -75,15 +75,15 @@ class ReadThenClaim(JobStore):
         return leases
 
 
-def _on_the_async_front(broken: type[JobStore]) -> Callable[[AsyncEngine, Table], AsyncJobStore]:
+def _on_the_async_front(broken: type[JobStore]) -> Callable[..., AsyncJobStore]:
     """A factory of ``AsyncJobStore`` with ``broken``'s rules behind it, the way the async
     store runs the sync store's own: the same breakage, reached through the async front's
     calls on the asyncio driver (``--async --store tests.torture_broken:AsyncNAME``)."""
     bridged = type(broken.__name__, (broken,), {"async_front": True})  # allowed on an AsyncEngine
 
-    def build(engine: AsyncEngine, table: Table) -> AsyncJobStore:
-        store = AsyncJobStore(engine, table)
-        store.sync_store = bridged(engine.sync_engine, table)
+    def build(engine: AsyncEngine, table: Table, *, history: History | None = None) -> AsyncJobStore:
+        store = AsyncJobStore(engine, table, history=history)
+        store.sync_store = bridged(engine.sync_engine, table, history=history)
         return store
 
     return build

@@ -53,9 +53,10 @@ class TortureConfig:
     prefix: str = "fencing_torture_"
     #: "sync" or "async" (:data:`FRONTS`)
     front: str = "sync"
-    #: "module:callable" building the store to put on trial from (engine, table): a
-    #: ``JobStore`` from an ``Engine``, or on the async front an ``AsyncJobStore`` from an
-    #: ``AsyncEngine``; None: the front's own (:data:`FRONTS`)
+    #: "module:callable" building the store to put on trial from (engine, table,
+    #: history=History): a ``JobStore`` from an ``Engine``, or on the async front an
+    #: ``AsyncJobStore`` from an ``AsyncEngine``, recording its ownership history as told
+    #: (the verdict checks it); None: the front's own (:data:`FRONTS`)
     store_factory: str | None = None
     journal_dir: str | None = None
     keep_tables: bool = False

@@ -10,6 +10,7 @@ from sqlalchemy.exc import ArgumentError
 
 from .. import cache
 from ..errors import ConfigurationError, InvalidArgument
+from ..history import History
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -61,9 +62,10 @@ def open_async_engine(url: str) -> AsyncEngine:
         raise InvalidArgument(f"cannot use database URL {target!r} with {driver}: {exc}") from exc
 
 
-def open_store(factory: str, engine: object, table: Table, kind: type[S]) -> S:
-    """``factory`` is ``"module:callable"``; the callable gets ``(engine, table)`` and must
-    return a ``kind`` (the front's store class)."""
+def open_store(factory: str, engine: object, table: Table, kind: type[S], *, history: History) -> S:
+    """``factory`` is ``"module:callable"``; the callable gets ``(engine, table,
+    history=history)`` and must return a ``kind`` (the front's store class) that records its
+    ownership history as ``history`` says."""
     module_name, _, name = factory.partition(":")
     try:
         build: Any = getattr(importlib.import_module(module_name), name)
@@ -71,10 +73,10 @@ def open_store(factory: str, engine: object, table: Table, kind: type[S]) -> S:
         raise ConfigurationError(f"cannot load the store factory {factory!r}: {exc}") from exc
     what = f"{kind.__module__}.{kind.__name__}"
     try:
-        store = build(engine, table)
+        store = build(engine, table, history=history)
     except TypeError as exc:  # e.g. a sync store's factory given the async front's engine
         raise ConfigurationError(
-            f"{factory} cannot build a {what} from ({type(engine).__name__}, Table): {exc}"
+            f"{factory} cannot build a {what} from ({type(engine).__name__}, Table, history=History): {exc}"
         ) from exc
     if not isinstance(store, kind):
         raise ConfigurationError(f"{factory} returned {type(store).__name__}, not a {what}")

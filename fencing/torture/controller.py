@@ -199,7 +199,7 @@ def run_torture(config: TortureConfig, *, progress: Progress | None = None) -> R
             with_front(config, tables, lambda _front: None)
             report("setup", 0.0, None, None)
             tables.recreate(engine)
-            store = JobStore(engine, tables.jobs)
+            store = JobStore(engine, tables.jobs, history=tables.recorded)
             _enqueue(engine, store, config.jobs)
             journal = Journal(journal_dir / "controller.jsonl")
             try:
@@ -364,7 +364,13 @@ def _database_state(engine: Engine, tables: TortureTables) -> DatabaseState:
             for row in conn.execute(select(e.c.seq, e.c.resource, e.c.owner, e.c.fence).order_by(e.c.seq))
         ]
         marks = {res: int(fence) for res, fence in conn.execute(select(as_text(m.c.resource), m.c.fence))}
+        h = tables.history
+        history_row = (h.c.seq, as_text(h.c.job_id), h.c.event, as_text(h.c.owner), h.c.fence)
+        refusal = (h.c.path, h.c.reason, as_text(h.c.holder), h.c.current_fence)
+        history = [tuple(row) for row in conn.execute(select(*history_row, *refusal).order_by(h.c.seq))]
         integrity = None
         if engine.dialect.name == "sqlite":
             integrity = "; ".join(str(row[0]) for row in conn.execute(text("PRAGMA integrity_check")))
-    return DatabaseState(jobs=jobs, results=results, external=external, marks=marks, integrity=integrity)
+    return DatabaseState(
+        jobs=jobs, results=results, external=external, marks=marks, integrity=integrity, history=history
+    )

@@ -119,7 +119,7 @@ class Front(abc.ABC, Generic[H]):
 class SyncFront(Front[Heartbeat]):
     def __init__(self, config: TortureConfig, tables: TortureTables) -> None:
         self.engine = open_engine(config.url)
-        self.store = open_store(config.store, self.engine, tables.jobs, JobStore)
+        self.store = open_store(config.store, self.engine, tables.jobs, JobStore, history=tables.recorded)
         self.marks = FenceMarks(self.engine, tables.marks, tables.keys)
 
     def begin(self) -> AbstractContextManager[Any]:
@@ -142,7 +142,9 @@ class AsyncFront(Front["AsyncHeartbeat"]):
         from ..asyncio import AsyncFenceMarks, AsyncJobStore
 
         self.engine = open_async_engine(config.url)
-        self.store = _AwaitedStore(open_store(config.store, self.engine, tables.jobs, AsyncJobStore))
+        self.store = _AwaitedStore(
+            open_store(config.store, self.engine, tables.jobs, AsyncJobStore, history=tables.recorded)
+        )
         self.marks = _AwaitedMarks(AsyncFenceMarks(self.engine, tables.marks, tables.keys))
 
     @contextlib.contextmanager

@@ -6,7 +6,9 @@
 * ``<prefix>fence_marks`` / ``<prefix>idempotency_keys``: the high-water marks of an
   "external" resource per job (:class:`fencing.FenceMarks`);
 * ``<prefix>external``: the writes that resource accepted, in the order it accepted them
-  (a write and its accepted token commit together, under the mark's row lock).
+  (a write and its accepted token commit together, under the mark's row lock);
+* ``<prefix>history``: the store's ownership history (:func:`fencing.history_table`), every
+  row kept, which the verdict sets against the journals and the jobs table.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, String, Table, inspect
 
+from ..history import History, history_table
 from ..marks import fence_marks_table, idempotency_keys_table
 from ..schema import KEY_TYPE, jobs_table
 
@@ -29,6 +32,12 @@ class TortureTables:
     marks: Table
     keys: Table
     external: Table
+    history: Table
+
+    @property
+    def recorded(self) -> History:
+        """How every store of the run records its history: all of it, kept for the verdict."""
+        return History(self.history, retention=None)
 
     @classmethod
     def named(cls, prefix: str) -> TortureTables:
@@ -56,6 +65,7 @@ class TortureTables:
                 Column("owner", String(200), nullable=False),
                 Column("fence", BigInteger, nullable=False),
             ),
+            history=history_table(metadata, f"{prefix}history"),
         )
 
     def recreate(self, engine: Engine) -> None:

@@ -48,6 +48,9 @@ class DatabaseState:
     marks: dict[str, int]
     #: ``PRAGMA integrity_check`` on SQLite, else None
     integrity: str | None = None
+    #: the ownership history in seq order: (seq, job_id, event, owner, fence, path, reason,
+    #: holder, current_fence); None when the run recorded none
+    history: Sequence[tuple[Any, ...]] | None = None
 
 
 @dataclass
@@ -80,6 +83,8 @@ def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> 
     _accepted_writes_were_current(verdict, by_kind)
     _done_exactly_once(verdict, config, by_kind["write"], db)
     _external_tokens_never_went_back(verdict, db)
+    if db.history is not None:
+        _history_agrees(verdict, by_kind, db, db.history)
     for crash in by_kind["crash"]:
         verdict.flag("worker crashed", f"{crash['type']}: {crash['message']}")
     for hung in by_kind["hung"]:
@@ -260,3 +265,66 @@ def _external_tokens_never_went_back(verdict: Verdict, db: DatabaseState) -> Non
         mark = db.marks.get(resource)
         if mark is None or mark < fence:
             verdict.flag("external mark behind", f"{resource}: mark {mark}, but fence {fence} was accepted")
+
+
+#: history events that write under a lease, which its claim must come before
+_WRITES_UNDER_A_LEASE = ("complete", "fenced", "release", "renew")
+
+
+def _history_agrees(
+    verdict: Verdict, by_kind: dict[str, list[Event]], db: DatabaseState, history: Sequence[tuple[Any, ...]]
+) -> None:
+    """The ownership history against the journals and the jobs table: every accepted write's
+    lease was claimed before it (in ``seq`` order), every write the journals saw accepted or
+    refused is there, every done job's completion is there, and every refused write carries
+    a holder and fence its job really had before the refusal was written."""
+    for row in history:
+        verdict.tallies[("history", row[2])] += 1
+    claimed: set[LeaseKey] = set()
+    by_event: dict[str, set[LeaseKey]] = defaultdict(set)
+    #: job -> the (fence, holder) states it has been in so far, replayed in seq order
+    states: dict[str, set[tuple[int, str | None]]] = defaultdict(lambda: {(0, None)})
+    now: dict[str, tuple[int, str | None]] = {}
+    for seq, job, event, owner, fence, path, reason, holder, current in history:
+        key = (job, fence, owner)
+        by_event[event].add(key)
+        if event in _WRITES_UNDER_A_LEASE and key not in claimed:
+            verdict.flag(
+                "history: write before its claim",
+                f"{job}: {event} by {owner} (fence {fence}) at seq {seq}, no claim of that lease before it",
+            )
+        fence_now, holder_now = now.get(job, (0, None))
+        if event == "claim":
+            claimed.add(key)
+            fence_now, holder_now = fence, owner
+        elif event in ("revoke", "delete"):
+            fence_now, holder_now = fence, None
+        elif event == "release":
+            holder_now = None
+        elif event == "refused" and current is not None and (current, holder) not in states[job]:
+            verdict.flag(
+                "history: refusal with a holder the job never had",
+                f"{job}: {path} by {owner} (fence {fence}) refused ({reason}) at seq {seq}, recorded "
+                f"holder {holder} at fence {current}, a state the history never shows before it",
+            )
+        now[job] = (fence_now, holder_now)
+        states[job].add((fence_now, holder_now))
+    for write in by_kind["write"]:
+        key = (write["job"], write["fence"], write["owner"])
+        if key not in by_event["complete" if write["ok"] else "refused"]:
+            outcome = "accepted" if write["ok"] else "refused"
+            verdict.flag(
+                f"history: {outcome} write missing",
+                f"{write['job']}: the {write['how']} write by {write['owner']} (fence {write['fence']}) "
+                f"was {outcome} but the history has no row of it",
+            )
+    for release in by_kind["release"]:
+        key = (release["job"], release["fence"], release["owner"])
+        if release["ok"] and key not in by_event["release"]:
+            verdict.flag("history: release missing", f"{release['job']}: the release by {release['owner']}")
+    for job, owner, _until, fence, _result, done in db.jobs:
+        if done == 1 and (job, fence, owner) not in by_event["complete"]:
+            verdict.flag(
+                "history: completion missing",
+                f"{job} is done under {owner} (fence {fence}) but the history has no completion of it",
+            )

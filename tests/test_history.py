@@ -1,0 +1,371 @@
+"""The ownership history: one row per change of a lease, in the change's own transaction.
+
+Each test runs on the database under test. The history answers "who held the job, with which
+fence, and whose write was refused": every accepted write's lease is claimed before it, every
+refused write is there with the holder and fence the guard saw, a rolled-back transaction
+leaves no row, retention prunes old rows, and the jobs table is the contract's as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, MetaData, func, inspect, select
+
+from fencing import (
+    ConfigurationError,
+    History,
+    HistoryEntry,
+    InvalidArgument,
+    InvalidArgumentType,
+    JobStore,
+    Lease,
+    LeaseLost,
+    history_table,
+    holder_at,
+    jobs_table,
+)
+from tests import backends
+
+TTL = 30.0
+
+
+def table_in(metadata: MetaData | None = None) -> Any:
+    return history_table(metadata or MetaData())
+
+
+@pytest.fixture
+def recorded(engine: Engine) -> JobStore:
+    """A store recording everything, renewals included, kept forever."""
+    s = JobStore(engine, history=History(table_in(), retention=None, renewals=True))
+    s.create_table()
+    return s
+
+
+def brief(entries: list[HistoryEntry]) -> list[tuple[Any, ...]]:
+    """What a row says, without its instants."""
+    return [(e.event, e.owner, e.fence, e.path, e.reason, e.holder, e.current_fence) for e in entries]
+
+
+def test_every_change_of_a_lease_is_recorded_in_order(recorded: JobStore) -> None:
+    s = recorded
+    for job in ("a", "b", "c"):
+        assert s.enqueue(job)
+    a1 = s.claim("a", "w1", ttl=TTL)
+    assert a1 is not None
+    renewed = s.renew(a1, ttl=TTL)
+    assert renewed is not None
+    assert s.complete(renewed, "r1")
+    assert not s.complete(a1, "late")  # refused: done
+    b1, c1 = sorted(s.claim_next("w2", ttl=TTL, limit=2), key=lambda lease: lease.job_id)
+    assert s.complete_many([(b1, "x"), (b1, "again")]) == [True, False]
+    assert s.release(c1)
+    c2 = s.claim("c", "w3", ttl=TTL)
+    assert c2 is not None and s.release(c2, delay=0.001)
+    assert s.delete("a")
+
+    assert brief(s.history("a")) == [
+        ("claim", "w1", 1, None, None, None, None),
+        ("renew", "w1", 1, None, None, None, None),
+        ("complete", "w1", 1, None, None, None, None),
+        ("refused", "w1", 1, "complete", "done", "w1", 1),
+        ("delete", None, 1, None, None, None, None),
+    ]
+    assert brief(s.history("b")) == [
+        ("claim", "w2", 1, None, None, None, None),
+        ("complete", "w2", 1, "complete_many", None, None, None),
+        ("refused", "w2", 1, "complete_many", "done", "w2", 1),
+    ]
+    assert brief(s.history("c")) == [
+        ("claim", "w2", 1, None, None, None, None),
+        ("release", "w2", 1, None, None, None, None),
+        ("claim", "w3", 2, None, None, None, None),
+        ("release", "w3", 2, None, None, None, None),
+    ]
+    entries = s.history("a")
+    assert [e.seq for e in entries] == sorted(e.seq for e in entries)
+    assert entries[0].until == pytest.approx(a1.until) and entries[1].until == pytest.approx(renewed.until)
+    assert all(math.isfinite(e.at) and abs(e.at - time.time()) < 60 for e in entries)
+
+
+def test_revoke_records_the_new_fence_and_the_holders_late_write_its_reason(recorded: JobStore) -> None:
+    s = recorded
+    s.enqueue("j")
+    lease = s.claim("j", "w1", ttl=TTL)
+    assert lease is not None and s.revoke("j")
+    assert s.renew(lease, ttl=TTL) is None
+    assert not s.release(lease)
+    assert brief(s.history("j")) == [
+        ("claim", "w1", 1, None, None, None, None),
+        ("revoke", None, 2, None, None, None, None),
+        ("refused", "w1", 1, "renew", "stale fence", None, 2),
+        ("refused", "w1", 1, "release", "stale fence", None, 2),
+    ]
+
+
+def test_a_refused_write_carries_the_holder_who_took_over(recorded: JobStore) -> None:
+    s = recorded
+    s.enqueue("j", ready_at=0)
+    old = s.claim("j", "stalled", ttl=10, now=1000.0)
+    assert old is not None
+    new = s.claim("j", "fresh", ttl=10, now=1010.0)  # the old lease ran out at 1010
+    assert new is not None
+    assert not s.complete(old, "stale", now=1011.0)
+    *_, refused = s.history("j")
+    assert (refused.event, refused.owner, refused.fence, refused.reason) == (
+        "refused",
+        "stalled",
+        1,
+        "stale fence",
+    )
+    assert (refused.holder, refused.current_fence, refused.at) == ("fresh", 2, 1011.0)
+    # and who held the job at each instant, from the history alone
+    entries = s.history("j")
+    assert holder_at(entries, 999.0) is None
+    first = holder_at(entries, 1005.0)
+    assert first is not None and (first.owner, first.fence) == ("stalled", 1)
+    second = holder_at(entries, 1012.0)
+    assert second is not None and (second.owner, second.fence) == ("fresh", 2)
+
+
+def test_the_history_row_commits_or_rolls_back_with_the_callers_transaction(
+    recorded: JobStore, engine: Engine
+) -> None:
+    s = recorded
+    s.enqueue("j")
+    with engine.connect() as conn, conn.begin():
+        assert s.claim("j", "w", ttl=TTL, conn=conn) is not None
+        assert [e.event for e in s.history("j", conn=conn)] == ["claim"]
+        conn.rollback()
+    assert s.history("j") == [] and s.state("j").fence == 0  # type: ignore[union-attr]
+    with engine.begin() as conn:
+        lease = s.claim("j", "w", ttl=TTL, conn=conn)
+    assert lease is not None and [e.event for e in s.history("j")] == ["claim"]
+
+
+def test_a_fenced_block_records_its_commit_and_a_lost_block_its_refusal_after_the_rollback(
+    recorded: JobStore, engine: Engine
+) -> None:
+    s = recorded
+    for job in ("kept", "done", "lost", "joined"):
+        s.enqueue(job, ready_at=0)
+    kept = s.claim("kept", "w", ttl=TTL)
+    assert kept is not None
+    with s.fenced(kept):
+        pass
+    done = s.claim("done", "w", ttl=TTL)
+    assert done is not None
+    with s.fenced(done, complete=True, result="r"):
+        pass
+    assert brief(s.history("kept"))[1:] == [("fenced", "w", 1, "fenced", None, None, None)]
+    assert brief(s.history("done"))[1:] == [("complete", "w", 1, "fenced", None, None, None)]
+
+    # lost at the end: the caller's clock runs past the lease while the block runs
+    lost = s.claim("lost", "w", ttl=10, now=1000.0)
+    assert lost is not None
+    with pytest.raises(LeaseLost) as caught, s.fenced(lost, now=1009.99, complete=True, result="x"):
+        time.sleep(0.05)
+    assert caught.value.reason == "expired"
+    assert brief(s.history("lost"))[1:] == [("refused", "w", 1, "fenced", "expired", "w", 1)]
+    assert s.state("lost").done == 0  # type: ignore[union-attr]
+
+    # lost at the start, in the caller's transaction: the refusal is the caller's to commit
+    joined = s.claim("joined", "w", ttl=TTL)
+    assert joined is not None and s.revoke("joined")
+    with engine.begin() as conn, pytest.raises(LeaseLost), s.fenced(joined, conn=conn):
+        pass
+    assert brief(s.history("joined"))[2:] == [("refused", "w", 1, "fenced", "stale fence", None, 2)]
+
+
+def test_every_claim_of_a_batch_is_recorded_with_its_own_lease(recorded: JobStore) -> None:
+    s = recorded
+    jobs = [f"j{i:03}" for i in range(150)]  # more than one INSERT chunk (128)
+    for job in jobs:
+        s.enqueue(job, ready_at=0)
+    leases = s.claim_next("w", ttl=TTL, limit=150)
+    assert len(leases) == 150
+    accepted, more = s.complete_and_claim_next([(lease, "r") for lease in leases], "w", ttl=TTL)
+    assert all(accepted) and more == []
+    for lease in leases:
+        assert [(e.event, e.owner, e.fence) for e in s.history(lease.job_id)] == [
+            ("claim", "w", 1),
+            ("complete", "w", 1),
+        ]
+
+
+def test_racing_threads_leave_a_history_where_every_write_follows_its_claim(recorded: JobStore) -> None:
+    s = recorded
+    jobs = [f"j{i}" for i in range(40)]
+    for job in jobs:
+        s.enqueue(job, ready_at=0)
+    refused = []
+
+    def work(me: str) -> None:
+        while leases := s.claim_next(me, ttl=0.05, limit=2):
+            time.sleep(0.03)  # sometimes past the lease: another worker takes the job over
+            for lease, ok in zip(leases, s.complete_many([(le, me) for le in leases]), strict=True):
+                if not ok:
+                    refused.append(lease)
+
+    threads = [threading.Thread(target=work, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for job in jobs:
+        entries = s.history(job)
+        claims = {(e.owner, e.fence): e.seq for e in entries if e.event == "claim"}
+        [done] = [e for e in entries if e.event == "complete"]
+        assert claims.get((done.owner, done.fence), math.inf) < done.seq, entries
+        state = s.state(job)
+        assert state is not None and (state.owner, state.fence) == (done.owner, done.fence)
+        for e in entries:
+            if e.event == "refused":  # the holder and fence it names are a claim made before it
+                assert claims.get((e.holder, e.current_fence), math.inf) < e.seq, entries
+    for lease in refused:
+        assert any(
+            (e.event, e.owner, e.fence) == ("refused", lease.owner, lease.fence)
+            for e in s.history(lease.job_id)
+        )
+
+
+def test_retention_prunes_rows_older_than_it_on_the_database_clock(engine: Engine) -> None:
+    history = History(table_in(), retention=1.0)
+    assert history.prune_every == 1.0
+    s = JobStore(engine, history=history)
+    s.create_table()  # a write: the first automatic prune runs after it
+    s.enqueue("old", ready_at=0)
+    s.enqueue("new", ready_at=0)
+    # recorded at 1000 on the caller's clock: decades before the database's now
+    assert s.claim("old", "w", ttl=10, now=1000.0) is not None
+    assert len(s.history("old")) == 1  # the next prune is not due yet
+    time.sleep(1.1)
+    assert s.claim("new", "w", ttl=TTL) is not None  # then it is: pruned after this write
+    assert s.history("old") == []
+    assert [e.event for e in s.history("new")] == ["claim"]  # recent: kept
+    keep_all = JobStore(engine, history=History(s.history_config.table, retention=None))  # type: ignore[union-attr]
+    assert keep_all.claim("old", "v", ttl=10, now=1020.0) is not None
+    assert keep_all.prune_history() == 0 and len(keep_all.history("old")) == 1
+    assert s.prune_history() == 1 and s.history("old") == []
+
+
+def test_create_table_makes_the_history_table_and_leaves_the_jobs_table_as_the_contract_has_it(
+    engine: Engine,
+) -> None:
+    metadata = MetaData()
+    jobs = jobs_table(metadata)
+    history = history_table(metadata)
+    s = JobStore(engine, jobs, history=History(history))
+    s.create_table()
+    s.create_table()  # idempotent
+    found = inspect(engine)
+    assert [c["name"] for c in found.get_columns("jobs")] == [
+        "id",
+        "owner",
+        "until",
+        "fence",
+        "result",
+        "done",
+    ]
+    assert {c["name"] for c in found.get_columns("fencing_history")} == set(history.c.keys())
+    assert {i["name"] for i in found.get_indexes("fencing_history")} >= {
+        "ix_fencing_history_job",
+        "ix_fencing_history_at",
+    }
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(history)).scalar() == 0
+
+
+@pytest.mark.parametrize(
+    ("build", "error", "says"),
+    [
+        (lambda: History("fencing_history"), InvalidArgumentType, "must be a sqlalchemy Table"),  # type: ignore[arg-type]
+        (lambda: History(jobs_table(MetaData())), InvalidArgument, "is not a history table"),
+        (lambda: History(table_in(), retention=0), InvalidArgument, "retention must be a positive"),
+        (lambda: History(table_in(), retention=-5.0), InvalidArgument, "retention must be a positive"),
+        (
+            lambda: History(table_in(), retention=float("nan")),
+            InvalidArgument,
+            "retention must be a positive",
+        ),
+        (
+            lambda: History(table_in(), retention=float("inf")),
+            InvalidArgument,
+            "retention must be a positive",
+        ),
+        (lambda: History(table_in(), retention=True), InvalidArgument, "retention must be a positive"),
+        (lambda: History(table_in(), retention="7d"), InvalidArgument, "retention must be a positive"),  # type: ignore[arg-type]
+        (lambda: History(table_in(), renewals="yes"), InvalidArgumentType, "renewals must be a bool"),  # type: ignore[arg-type]
+    ],
+)
+def test_a_bad_history_setting_is_refused_with_what_was_wrong(build: Any, error: type, says: str) -> None:
+    with pytest.raises(error, match=says):
+        build()
+
+
+def test_a_store_without_history_says_so_and_bad_arguments_change_nothing(
+    engine: Engine, recorded: JobStore
+) -> None:
+    with pytest.raises(
+        InvalidArgumentType, match=r"history must be a fencing\.History \(around a history table\), got Table"
+    ):
+        JobStore(engine, history=table_in())  # type: ignore[arg-type]
+    plain = JobStore(engine)
+    with pytest.raises(ConfigurationError, match="records no history"):
+        plain.history("j")
+    with pytest.raises(ConfigurationError, match="records no history"):
+        plain.prune_history()
+    with pytest.raises(InvalidArgumentType):
+        recorded.history(7)  # type: ignore[arg-type]
+    recorded.enqueue("j")
+    with pytest.raises(InvalidArgumentType):
+        recorded.complete(Lease("j", "w", 1, 0.0), b"bytes")  # type: ignore[arg-type]
+    assert recorded.history("j") == []
+
+
+def test_holder_at_follows_claims_and_the_ends_of_leases() -> None:
+    def e(seq: int, event: str, at: float, owner: str | None = "w", fence: int = 1) -> HistoryEntry:
+        return HistoryEntry(seq, "j", event, owner, fence, at + 10, at)
+
+    entries = [
+        e(1, "claim", 100),
+        e(2, "release", 105),
+        e(3, "claim", 110, "v", 2),
+        e(4, "complete", 115, "v", 2),
+    ]
+    assert holder_at(entries, 99) is None
+    assert holder_at(entries, 100) == entries[0]
+    assert holder_at(entries, 104.9) == entries[0]
+    assert holder_at(entries, 105) is None
+    assert holder_at(entries, 112) == entries[2]
+    assert holder_at(entries, 200) is None
+    assert holder_at([e(1, "claim", 100), e(2, "revoke", 101, None, 2)], 102) is None
+
+
+def test_the_async_store_records_the_same_history(target: str) -> None:
+    from fencing.asyncio import AsyncJobStore
+
+    async def run() -> list[tuple[Any, ...]]:
+        engine = backends.async_engine_for(target)
+        try:
+            s = AsyncJobStore(engine, history=History(table_in(), retention=None))
+            await s.create_table()
+            await s.enqueue("j")
+            lease = await s.claim("j", "w", ttl=TTL)
+            assert lease is not None and await s.complete(lease, "r")
+            assert not await s.complete(lease, "again")
+            assert await s.prune_history() == 0
+            return brief(await s.history("j"))
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(run()) == [
+        ("claim", "w", 1, None, None, None, None),
+        ("complete", "w", 1, None, None, None, None),
+        ("refused", "w", 1, "complete", "done", "w", 1),
+    ]
