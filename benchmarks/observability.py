@@ -20,6 +20,10 @@ entry each) is the same cycle on its own store object over the same engine and t
 ``DEBUG handler``
     the same at DEBUG: every record the library makes is formatted and written (in a
     cycle without lock races there is none either);
+``history``
+    the ownership history on (:class:`fencing.History`, ``retention=None``): each claim and
+    each completion also writes a history row, in its own transaction (an ``INSERT`` more
+    in each);
 ``otel``
     :func:`fencing.otel.instrument` on an SDK ``MeterProvider`` with an in-memory reader
     (collected once per round, outside the timing): the export reads ``store.metrics``
@@ -70,7 +74,8 @@ import sqlalchemy
 from sqlalchemy import Engine, MetaData, Table
 
 import fencing
-from fencing import JobStore
+from fencing import History, JobStore, history_table
+from fencing.history import Recorder
 from fencing.metrics import StoreMetrics
 from fencing.schema import KEY_TYPE
 from fencing.values import Lease
@@ -150,6 +155,26 @@ def _handler(level: int) -> Callable[[JobStore], Cleanup]:
     return prepare
 
 
+#: the history tables the ``history`` variant made, by engine (dropped with the jobs table)
+_HISTORY_TABLES: dict[int, Table] = {}
+
+
+def _history(store: JobStore) -> Cleanup:
+    """The ownership history switched on for this store (as ``history=`` would at
+    construction); the table made once per engine, untimed."""
+    table = _HISTORY_TABLES.get(id(store.engine))
+    if table is None:
+        table = history_table(MetaData(), f"bench_obs_history_{os.getpid()}")
+        table.create(store.engine, checkfirst=True)
+        _HISTORY_TABLES[id(store.engine)] = table
+    store._history = Recorder(History(table, retention=None), store.table)
+
+    def undo() -> None:
+        store._history = None
+
+    return undo
+
+
 def _otel_variant() -> Variant | None:
     try:
         from opentelemetry.sdk.metrics import MeterProvider
@@ -173,6 +198,7 @@ def variants() -> list[Variant]:
         Variant("metrics off", _metrics_off),
         Variant("WARNING handler", _handler(logging.WARNING)),
         Variant("DEBUG handler", _handler(logging.DEBUG)),
+        Variant("history", _history),
     ]
     otel = _otel_variant()
     if otel is not None:
@@ -201,6 +227,9 @@ def backend(url: str | None, durability: str) -> Iterator[tuple[Engine, Table, s
         yield engine, table, engine.url.render_as_string(hide_password=True)
     finally:
         table.drop(engine, checkfirst=True)
+        history = _HISTORY_TABLES.pop(id(engine), None)
+        if history is not None:
+            history.drop(engine, checkfirst=True)
         engine.dispose()
 
 
