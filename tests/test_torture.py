@@ -11,7 +11,7 @@ import pytest
 
 from fencing.errors import InvalidArgument
 from fencing.torture import TortureConfig, run_torture, summary
-from fencing.torture.verdict import DatabaseState, judge
+from fencing.torture.verdict import METRICS_DISAGREE, DatabaseState, judge
 
 #: a short run that still injects every kind of fault several times
 SHORT = {"workers": 4, "jobs": 250, "seconds": 8.0, "fault_every": 0.1, "drain": 60.0}
@@ -43,6 +43,12 @@ def test_real_store_survives_every_fault(target: str, front: str) -> None:
     # the ownership history was checked against all of that: claims, completions, refusals
     for event in ("claim", "complete", "revoke", "refused"):
         assert tally[("history", event)] >= 1, f"no {event} in the history\n{report}"
+    # the workers that stopped cleanly journaled their store's and marks' counters, and each
+    # agreed with that worker's own journal, call by call
+    checked = tally[("metrics", "checked")]
+    assert checked >= 1, f"no worker's metrics were cross-checked\n{report}"
+    assert tally[("metrics", "agreed")] == checked, report
+    assert "metrics cross-checked (workers that stopped cleanly)" in report
 
 
 @pytest.mark.slow
@@ -338,3 +344,131 @@ def test_verdict_allows_for_a_renewal_that_extended_the_lease() -> None:
     renewed = {"k": "renew", "job": "j", "fence": 2, "owner": "b", "until": 3.0, "t0": 0.8, "t1": 0.81}
     events = [_claim(2, "b", 0.0, 1.0), renewed, _write(2, "b", 1.5)]
     assert judge(CONFIG, events, _db()).total == 0
+
+
+# -- each worker's own counters against its journal -------------------------------------------
+
+
+def _call(kind: str, job: str, owner: str = "a", **fields: Any) -> dict[str, Any]:
+    return {"k": kind, "job": job, "fence": 1, "owner": owner, "t0": 0.0, "t1": 0.001, **fields}
+
+
+#: one worker ("a") that made every kind of call, and one ("b") killed before it could
+#: journal its counters: b's calls must not be counted against a's
+CALLS = [
+    _call("claim", "j1", until=9.0),
+    _call("claim", "j2", until=9.0),
+    _call("claim", "j3", until=9.0),
+    _call("write", "j1", how="plain", ok=True),
+    _call("write", "j2", how="plain", ok=False),
+    _call("write", "j3", how="batch", ok=True),
+    _call("write", "j4", how="step", ok=True),  # its step claimed nothing
+    _call("write", "j5", how="step", ok=False),
+    _call("write", "j6", how="fenced", ok=True, nested=True),
+    _call("write", "j7", how="fenced", ok=False),
+    _call("renew", "j1", until=9.5),
+    _call("renew", "j2", until=None),
+    _call("release", "j8", ok=True),
+    _call("release", "j9", ok=True, delay=0.2),
+    _call("release", "j10", ok=False),
+    _call("external", "j1", ok=True),
+    _call("external", "j2", ok=False),
+    _call("claim", "j11", owner="b", until=9.0),
+    _call("write", "j11", owner="b", how="plain", ok=True),
+    _call("renew", "j11", owner="b", until=9.5),
+]
+#: what a's store and marks counted for those calls
+STORE_COUNTS = {
+    "claim_next.calls": 4,  # 2 claim_next calls (one empty) + 2 steps
+    "claim_next.jobs": 3,
+    "complete.accepted": 1,
+    "complete.refused.stale fence": 1,
+    "complete_many.accepted": 2,  # the batch's and the step's
+    "complete_many.refused.expired": 1,
+    "fenced.refused.stale fence": 1,
+    "renew.accepted": 1,
+    "renew.refused.expired": 1,
+    "release.accepted": 2,
+    "release.refused.done": 1,
+    "lock.retried": 3,  # no journal accounts for these
+    "lock.busy": 1,
+}
+MARKS_COUNTS = {"accept.accepted": 1, "accept.refused.older fence": 1}
+
+
+def _metrics(store: dict[str, int], marks: dict[str, int], owner: str = "a") -> dict[str, Any]:
+    return {"k": "metrics", "owner": owner, "worker": 0, "polls": 2, "store": store, "marks": marks, "t": 1.0}
+
+
+def _changed(counts: dict[str, int], name: str, n: int | None) -> dict[str, int]:
+    """``counts`` with ``name`` set to ``n`` (``None``: removed)."""
+    changed = {k: v for k, v in counts.items() if k != name}
+    return changed if n is None else {**changed, name: n}
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        # the refusal counted under another reason: the journal knows none
+        {"complete_many.refused.expired": None, "complete_many.refused.done": 1},
+        {"lock.retried": 40, "lock.busy": None},  # no journal accounts for these
+        {"fenced.accepted": 1},  # if the store ever counts them, they must agree
+    ],
+)
+def test_verdict_finds_a_workers_metrics_agree_with_its_journal(changes: dict[str, int | None]) -> None:
+    store = dict(STORE_COUNTS)
+    for name, n in changes.items():
+        store = _changed(store, name, n)
+    verdict = judge(CONFIG, [*CALLS, _metrics(store, MARKS_COUNTS)], _db())
+    assert METRICS_DISAGREE not in verdict.counts, verdict.violations
+    assert verdict.tallies[("metrics", "checked")] == verdict.tallies[("metrics", "agreed")] == 1
+
+
+@pytest.mark.parametrize(
+    ("which", "name", "n"),
+    [
+        ("store", "complete.accepted", 2),
+        ("store", "complete.refused.stale fence", None),
+        ("store", "complete_many.accepted", 1),  # the step's completion not counted
+        ("store", "complete_many.refused.expired", 2),
+        ("store", "claim_next.calls", 3),
+        ("store", "claim_next.jobs", 4),  # b's claim counted as a's
+        ("store", "fenced.refused.stale fence", 0),
+        ("store", "fenced.accepted", 2),
+        ("store", "renew.accepted", 2),
+        ("store", "renew.refused.done", 1),
+        ("store", "release.accepted", 1),
+        ("store", "release.refused.done", None),
+        ("store", "revoke.accepted", 1),  # a call the worker never makes
+        ("store", "claim.accepted", 1),
+        ("marks", "accept.accepted", 2),
+        ("marks", "accept.refused.older fence", None),
+        ("marks", "record_once.recorded", 1),
+    ],
+)
+def test_verdict_rule_fires_on_a_tampered_metric(which: str, name: str, n: int | None) -> None:
+    store, marks = dict(STORE_COUNTS), dict(MARKS_COUNTS)
+    if which == "store":
+        store = _changed(store, name, n)
+    else:
+        marks = _changed(marks, name, n)
+    verdict = judge(CONFIG, [*CALLS, _metrics(store, marks)], _db())
+    assert verdict.counts[METRICS_DISAGREE] == 1, verdict.violations
+    [message] = verdict.violations[METRICS_DISAGREE]
+    assert message.startswith(f"worker 0 (a): {which} counter {name.partition('.refused.')[0]}"), message
+    assert verdict.tallies[("metrics", "checked")] == 1
+    assert verdict.tallies[("metrics", "agreed")] == 0
+
+
+def test_verdict_checks_only_workers_that_journaled_their_metrics() -> None:
+    # b was killed: nothing to check; a killed worker's later incarnation is a process (and
+    # an owner) of its own, checked against its own calls only
+    verdict = judge(CONFIG, CALLS, _db())
+    assert METRICS_DISAGREE not in verdict.counts
+    assert verdict.tallies[("metrics", "checked")] == 0
+    b = {"claim_next.calls": 1, "claim_next.jobs": 1, "complete.accepted": 1, "renew.accepted": 1}
+    both = [*CALLS, _metrics(STORE_COUNTS, MARKS_COUNTS), {**_metrics(b, {}, owner="b"), "polls": 1}]
+    verdict = judge(CONFIG, both, _db())
+    assert METRICS_DISAGREE not in verdict.counts, verdict.violations
+    assert verdict.tallies[("metrics", "agreed")] == 2

@@ -27,6 +27,7 @@ from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 from .. import holds
 from ..heartbeat import Heartbeat
 from ..marks import FenceMarks
+from ..metrics import StoreMetrics
 from ..store import JobStore
 from ..values import Lease
 from .config import TortureConfig
@@ -99,6 +100,10 @@ class Front(abc.ABC, Generic[H]):
 
     store: WorkerStore
     marks: WorkerMarks
+    #: the counters of the store and of the marks on trial (what a worker that stops cleanly
+    #: journals, for the verdict to set against what it journaled call by call)
+    store_metrics: StoreMetrics
+    marks_metrics: StoreMetrics
 
     @abc.abstractmethod
     def begin(self) -> AbstractContextManager[Any]:
@@ -119,8 +124,10 @@ class Front(abc.ABC, Generic[H]):
 class SyncFront(Front[Heartbeat]):
     def __init__(self, config: TortureConfig, tables: TortureTables) -> None:
         self.engine = open_engine(config.url)
-        self.store = open_store(config.store, self.engine, tables.jobs, JobStore, history=tables.recorded)
-        self.marks = FenceMarks(self.engine, tables.marks, tables.keys)
+        store = open_store(config.store, self.engine, tables.jobs, JobStore, history=tables.recorded)
+        marks = FenceMarks(self.engine, tables.marks, tables.keys)
+        self.store, self.marks = store, marks
+        self.store_metrics, self.marks_metrics = store.metrics, marks.metrics
 
     def begin(self) -> AbstractContextManager[Any]:
         return self.engine.begin()
@@ -142,10 +149,10 @@ class AsyncFront(Front["AsyncHeartbeat"]):
         from ..asyncio import AsyncFenceMarks, AsyncJobStore
 
         self.engine = open_async_engine(config.url)
-        self.store = _AwaitedStore(
-            open_store(config.store, self.engine, tables.jobs, AsyncJobStore, history=tables.recorded)
-        )
-        self.marks = _AwaitedMarks(AsyncFenceMarks(self.engine, tables.marks, tables.keys))
+        store = open_store(config.store, self.engine, tables.jobs, AsyncJobStore, history=tables.recorded)
+        marks = AsyncFenceMarks(self.engine, tables.marks, tables.keys)
+        self.store, self.marks = _AwaitedStore(store), _AwaitedMarks(marks)
+        self.store_metrics, self.marks_metrics = store.metrics, marks.metrics
 
     @contextlib.contextmanager
     def begin(self) -> Iterator[_AwaitedConnection]:

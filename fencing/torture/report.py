@@ -1,4 +1,5 @@
-"""The summary a run prints: what was done, what was injected, what was refused, what broke."""
+"""The summary a run prints: what was done, what was injected, what was refused, how many
+workers' own counters were set against their journals, what broke."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ def summary(run: Run) -> str:
             ("not attempted: the heartbeat said the lease was lost", count("skip")),
         ],
     )
+    checked, agreed = count("metrics", "checked"), count("metrics", "agreed")
+    rows.append(("metrics cross-checked (workers that stopped cleanly)", f"{agreed} of {checked} agreed"))
     violations = run.violations
     rows.append(("violations", violations))
     width = max(len(label) for label, _ in rows) + 2

@@ -10,6 +10,11 @@ Two sources, each checked on its own:
 Every rule is stated so that it is certain, not merely likely: a write that *started*
 after a newer fence was handed out, after a revoke or release *returned*, or after the
 latest ``until`` any renewal could have given, must have been refused.
+
+A third source is checked against the second: the counters (``store.metrics``,
+``marks.metrics``) each worker that stopped cleanly journaled last, against the calls that
+same process journaled (its events carry its owner name, one per process): every call
+the worker makes is journaled once it returns, so each counter must equal its count there.
 """
 
 from __future__ import annotations
@@ -29,6 +34,16 @@ __all__ = ["CLOCK_TOLERANCE", "DatabaseState", "Verdict", "judge"]
 CLOCK_TOLERANCE = 0.01
 #: at most this many violations of one rule are listed (all are counted)
 LISTED_PER_RULE = 5
+#: the rule a worker's own counters are held to
+METRICS_DISAGREE = "metrics disagree with the journal"
+#: counters no journal accounts for call by call: a transaction the store ran again after a
+#: lost lock race, and DatabaseBusy raised (some on purpose never reach the worker's
+#: journal: the heartbeat retries a renewal that raised, a fenced block's history row is
+#: written quietly after its rollback)
+UNJOURNALED_COUNTERS = frozenset({"lock.retried", "lock.busy"})
+#: the store's path each way of finishing a job counts under (``complete_and_claim_next``
+#: judges its completions as ``complete_many`` does, and counts them there)
+COUNTED_AS = {"plain": "complete", "batch": "complete_many", "step": "complete_many", "fenced": "fenced"}
 
 Event = dict[str, Any]
 LeaseKey = tuple[str, int, str]  # job, fence, owner
@@ -85,6 +100,7 @@ def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> 
     _external_tokens_never_went_back(verdict, db)
     if db.history is not None:
         _history_agrees(verdict, by_kind, db, db.history)
+    _metrics_agree(verdict, by_kind)
     for crash in by_kind["crash"]:
         verdict.flag("worker crashed", f"{crash['type']}: {crash['message']}")
     for hung in by_kind["hung"]:
@@ -328,3 +344,89 @@ def _history_agrees(
                 "history: completion missing",
                 f"{job} is done under {owner} (fence {fence}) but the history has no completion of it",
             )
+
+
+#: the events a worker journals for the calls its counters count
+_COUNTED_CALLS = ("claim", "write", "renew", "release", "external")
+
+
+def _metrics_agree(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
+    """Each worker's counters against its own journal: exact, call by call.
+
+    Store: ``claim_next.jobs`` = its claim events (``claim_next`` and the step's claim);
+    ``claim_next.calls`` = its ``claim_next`` calls that returned (``polls``) + its step
+    writes; ``complete.*`` = its plain writes, ``complete_many.*`` = its batch and step writes,
+    ``fenced.refused.*`` = its fenced writes refused (a fenced block's acceptance is not
+    counted; if it ever is, ``fenced.accepted`` = those accepted), ``renew.*`` and
+    ``release.*`` = its renewals and releases (the heartbeat's included: through the
+    journaled keeper); accepted by ``.accepted``, refused by the sum of ``.refused.<reason>``.
+    Marks: ``accept.accepted`` and ``accept.refused.*`` = its external writes. Every other
+    counter, save :data:`UNJOURNALED_COUNTERS`, counts calls the worker never makes: 0.
+    """
+    reported = by_kind["metrics"]
+    if not reported:
+        return
+    owners = {m["owner"] for m in reported}
+    calls: dict[str, list[Event]] = defaultdict(list)
+    for kind in _COUNTED_CALLS:
+        for event in by_kind[kind]:
+            if event["owner"] in owners:
+                calls[event["owner"]].append(event)
+    for metrics in reported:
+        owner = metrics["owner"]
+        store, marks = _journaled_counts(calls[owner], metrics["polls"])
+        if "fenced.accepted" not in metrics["store"]:
+            store.pop("fenced.accepted", None)  # not counted by the store
+        mismatches = [
+            *_mismatches("store", store, _folded(metrics["store"])),
+            *_mismatches("marks", marks, _folded(metrics["marks"])),
+        ]
+        verdict.tallies[("metrics", "checked")] += 1
+        if not mismatches:
+            verdict.tallies[("metrics", "agreed")] += 1
+        for mismatch in mismatches:
+            verdict.flag(METRICS_DISAGREE, f"worker {metrics['worker']} ({owner}): {mismatch}")
+
+
+def _journaled_counts(events: list[Event], polls: int) -> tuple[Counter[str], Counter[str]]:
+    """What one worker's counters must say, from its journal: (store, marks), refusals
+    summed over their reasons (``<path>.refused``)."""
+    store: Counter[str] = Counter({"claim_next.calls": polls})
+    marks: Counter[str] = Counter()
+    for event in events:
+        kind = event["k"]
+        if kind == "claim":
+            store["claim_next.jobs"] += 1
+        elif kind == "write":
+            if event["how"] == "step":
+                store["claim_next.calls"] += 1
+            path = COUNTED_AS[event["how"]]
+            store[f"{path}.accepted" if event["ok"] else f"{path}.refused"] += 1
+        elif kind == "renew":
+            store["renew.refused" if event["until"] is None else "renew.accepted"] += 1
+        elif kind == "release":
+            store["release.accepted" if event["ok"] else "release.refused"] += 1
+        else:  # external
+            marks["accept.accepted" if event["ok"] else "accept.refused"] += 1
+    return store, marks
+
+
+def _folded(snapshot: dict[str, int]) -> Counter[str]:
+    """A snapshot's counters with each path's refusals summed over their reasons, less
+    those no journal accounts for."""
+    folded: Counter[str] = Counter()
+    for name, n in snapshot.items():
+        if name in UNJOURNALED_COUNTERS:
+            continue
+        path, refused, _reason = name.partition(".refused.")
+        folded[f"{path}.refused" if refused else name] += n
+    return folded
+
+
+def _mismatches(which: str, journaled: Counter[str], counted: Counter[str]) -> list[str]:
+    return [
+        f"{which} counter {name}{'.*' if name.endswith('.refused') else ''} is {counted[name]}, "
+        f"its journal says {journaled[name]}"
+        for name in sorted(set(journaled) | set(counted))
+        if journaled[name] != counted[name]
+    ]

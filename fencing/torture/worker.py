@@ -6,7 +6,9 @@ The cycle: ``claim_next`` (a batch) → per lease a heartbeat → simulated work
 (half of them with the heartbeat still renewing, nested around the block), a plain
 ``complete``, ``complete_many`` over the batch, or ``complete_and_claim_next`` (whose new
 lease the worker then works on). Sometimes the job is given back
-with a delay instead (a retry). Every call's outcome goes to the worker's journal.
+with a delay instead (a retry). Every call's outcome goes to the worker's journal; a worker
+that stops cleanly (asked to, not killed) journals last the counters of its store and
+marks (``metrics``), which the verdict sets against the rest of its journal.
 
 These rules are written once, for both fronts (:mod:`.fronts`): the sync store with
 :class:`fencing.Heartbeat` threads, or the async store with
@@ -127,6 +129,9 @@ class _Worker:
         self.store = front.store
         self.marks = front.marks
         self.keeper = _JournaledKeeper(self.store, self.journal)
+        #: the claim_next calls that returned (those that returned leases are journaled
+        #: lease by lease, the empty ones only in this count)
+        self.polls = 0
 
     def at(self, state: int) -> None:
         self.states[self.index] = state
@@ -149,6 +154,7 @@ class _Worker:
         leases = self.store.claim_next(
             self.owner, ttl=self.config.ttl, limit=self.rng.randint(1, self.config.batch)
         )
+        self.polls += 1
         self.record_claims(leases, t0)
         batched: list[Lease] = []
         todo = list(leases)  # a step's completion claims the next job: it joins this list
@@ -159,6 +165,19 @@ class _Worker:
             self.finish_batch(batched)
         self.at(IDLE)
         return bool(leases)
+
+    def record_metrics(self) -> None:
+        """The counters of this process's store and marks, journaled once it has stopped:
+        every call it made has returned (and is journaled) by then, heartbeats included."""
+        self.journal.record(
+            "metrics",
+            owner=self.owner,
+            worker=self.index,
+            polls=self.polls,
+            store=self.front.store_metrics.snapshot(),
+            marks=self.front.marks_metrics.snapshot(),
+            t=time.time(),
+        )
 
     def record_claims(self, leases: list[Lease], t0: float) -> None:
         t1 = time.time()
@@ -297,7 +316,9 @@ def run_worker(
     journal = Journal(Path(journal_dir) / f"worker-{index:03d}.{incarnation:04d}.jsonl")
 
     def work(front: Front[Any]) -> None:
-        _Worker(config, index, incarnation, states, journal, front).run(stop)
+        worker = _Worker(config, index, incarnation, states, journal, front)
+        worker.run(stop)
+        worker.record_metrics()  # only after a clean stop: a killed worker never gets here
 
     try:
         with_front(config, TortureTables.named(config.prefix), work)
