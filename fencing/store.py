@@ -696,6 +696,7 @@ class JobStore:
                 ours = ending = True  # the block ran: the end check, then COMMIT
                 self._finish(x, s, params, complete, block, entered)
             block.committed(complete)
+            self.metrics.add("fenced.accepted")
         except LeaseLost as exc:
             lost = exc
             raise
@@ -830,6 +831,7 @@ class JobStore:
             savepoint.commit()
         except self._errors as exc:
             self._fail(exc)
+        self.metrics.add("fenced.accepted")  # the block's part is done; the commit is the caller's
 
     def _hold(
         self,

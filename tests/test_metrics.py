@@ -97,6 +97,27 @@ def test_a_lease_that_ended_otherwise_is_not_timed(store: Any) -> None:
     assert "complete.held" not in store.metrics.timings()
 
 
+def test_a_fenced_block_is_counted_accepted_only_when_it_passes_its_final_check(engine: Engine) -> None:
+    store = JobStore(engine)
+    store.create_table()
+    for job in ("own", "joined", "lost"):
+        store.enqueue(job, ready_at=0)
+    own = store.claim("own", "w", ttl=30)
+    joined = store.claim("joined", "w", ttl=30)
+    lost = store.claim("lost", "w", ttl=30)
+    assert own is not None and joined is not None and lost is not None
+    with store.fenced(own, complete=True, result="r"):
+        pass
+    with engine.begin() as conn, store.fenced(joined, conn=conn):
+        pass
+    assert store.revoke("lost")
+    with pytest.raises(LeaseLost), store.fenced(lost):
+        pass
+    counts = store.metrics.snapshot()
+    assert counts["fenced.accepted"] == 2
+    assert counts["fenced.refused.stale fence"] == 1
+
+
 def test_the_leases_remembered_are_bounded(store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(metrics_module, "HELD_TRACKED", 3)
     for i in range(5):

@@ -356,8 +356,7 @@ def _metrics_agree(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
     Store: ``claim_next.jobs`` = its claim events (``claim_next`` and the step's claim);
     ``claim_next.calls`` = its ``claim_next`` calls that returned (``polls``) + its step
     writes; ``complete.*`` = its plain writes, ``complete_many.*`` = its batch and step writes,
-    ``fenced.refused.*`` = its fenced writes refused (a fenced block's acceptance is not
-    counted; if it ever is, ``fenced.accepted`` = those accepted), ``renew.*`` and
+    ``fenced.*`` = its fenced writes (blocks that completed their job), ``renew.*`` and
     ``release.*`` = its renewals and releases (the heartbeat's included: through the
     journaled keeper); accepted by ``.accepted``, refused by the sum of ``.refused.<reason>``.
     Marks: ``accept.accepted`` and ``accept.refused.*`` = its external writes. Every other
@@ -375,8 +374,6 @@ def _metrics_agree(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
     for metrics in reported:
         owner = metrics["owner"]
         store, marks = _journaled_counts(calls[owner], metrics["polls"])
-        if "fenced.accepted" not in metrics["store"]:
-            store.pop("fenced.accepted", None)  # not counted by the store
         mismatches = [
             *_mismatches("store", store, _folded(metrics["store"])),
             *_mismatches("marks", marks, _folded(metrics["marks"])),
