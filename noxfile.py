@@ -139,8 +139,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=NEWEST)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library and service.py."""
-    _install(session)
+    """mypy --strict on the library and service.py (fencing.otel with its extra installed)."""
+    _install(session, "otel")
     session.install("mypy")
     session.run("mypy")
 

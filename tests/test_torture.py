@@ -74,7 +74,9 @@ def test_harness_finds_the_violations_of_a_broken_store(
 ) -> None:
     # A late writer becomes a violation only when someone else took its job over first, which
     # the faults make likely but not certain in one short run (PostgreSQL's backlog order can
-    # leave a frozen worker's job unclaimed until it wakes): up to three seeds, each a new run.
+    # leave a frozen worker's job unclaimed until it wakes): up to three seeds, each a new run,
+    # until one of the rules this store breaks fires (its overrides record no history and count
+    # no metrics, so the history and metrics rules fire in every run and prove nothing here)
     for seed in (5, 6, 7):
         config = TortureConfig(
             url=target,
@@ -90,10 +92,11 @@ def test_harness_finds_the_violations_of_a_broken_store(
         )
         run = run_torture(config)
         report = summary(run)
-        if run.violations > 0:
+        if rules & set(run.verdict.counts):
             break
-    assert run.violations > 0, f"the harness missed a broken store ({broken}) in three runs\n{report}"
-    assert rules & set(run.verdict.counts), report
+    assert rules & set(run.verdict.counts), (
+        f"the harness missed a broken store ({broken}) in three runs\n{report}"
+    )
     assert "VIOLATION" in report
 
 
