@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from .metrics import StoreMetrics
 from .values import Lease
 
 __all__ = ["busy", "last_attempts", "retried"]
@@ -34,7 +35,9 @@ retry_logger = logging.getLogger("fencing.retry")
 poisoned_logger = logging.getLogger("fencing.poisoned")
 
 
-def busy(exc: BaseException, job_id: str | None, table: str) -> None:
+def busy(exc: BaseException, job_id: str | None, table: str, metrics: StoreMetrics) -> None:
+    """A :class:`~fencing.DatabaseBusy` a store (or marks) raises: counted and logged."""
+    metrics.busy()
     busy_logger.warning(
         "database busy%s: %s",
         "" if job_id is None else f" on job {job_id!r}",

@@ -195,7 +195,6 @@ class Recorder:
 
     def __init__(self, history: History, jobs: Table) -> None:
         self.history = history
-        self.renewals = history.renewals
         self._h = history.table
         self._jobs = jobs
         self._inserts: dict[tuple[bool, int], Executable] = {}

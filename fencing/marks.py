@@ -238,8 +238,7 @@ class FenceMarks:
             except self._errors as exc:
                 raise self._wrap(exc, table) from sqlalchemy_error(exc, self.engine.dialect)
         except DatabaseBusy as exc:
-            self.metrics.busy()
-            events.busy(exc, None, table.name)
+            events.busy(exc, None, table.name, self.metrics)
             raise
 
     def _wrap(self, exc: BaseException, table: Table) -> FencingError:

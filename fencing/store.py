@@ -22,7 +22,7 @@ from typing import Any, NoReturn, TypeVar
 from sqlalchemy import Connection, Engine, Table
 from sqlalchemy.sql import Executable
 
-from . import forks, holds
+from . import events, forks, holds
 from .checks import (
     FENCE_MAX,
     check_count,
@@ -171,10 +171,7 @@ class JobStore:
             except self._errors as exc:
                 self._fail(exc)
         except DatabaseBusy as exc:
-            from .events import busy  # only ever on this path
-
-            self.metrics.busy()
-            busy(exc, job, self.table.name)
+            events.busy(exc, job, self.table.name, self.metrics)
             raise
         self.metrics.ran(job, started)  # what the report of its outcome is timed against
         return answer
@@ -452,7 +449,7 @@ class JobStore:
                 refused[:] = [self._why(x, s, "renew", params)]
                 if history is not None:
                     history.refusals(x, refused, params)
-            elif history is not None and history.renewals:
+            elif history is not None and history.history.renewals:
                 history.leases(x, "renew", [renewal], params)
             return renewal
 
@@ -980,9 +977,7 @@ class JobStore:
     def _claimed(self, leases: list[Lease], max_attempts: int | None = None) -> None:
         self.metrics.claimed(leases)
         if max_attempts is not None and leases:
-            from .events import last_attempts  # only with max_attempts
-
-            last_attempts(leases, max_attempts)
+            events.last_attempts(leases, max_attempts)
 
     def _claim_next_unit(
         self, owner: object, ttl: object, now: object, limit: object, max_attempts: object, *, own: bool
