@@ -35,8 +35,8 @@ variant in turn (the order rotated from block to block), switching the variant o
 its block and off after it (untimed), until every variant has done its jobs. Each round
 gives each variant's ratio to ``default`` (time per cycle over the round); the table shows
 the median cycles/s and the median (and range) of those ratios over ``--rounds`` rounds.
-Below it, ``metrics calls`` is the metrics' own work per cycle measured alone (``ran``,
-``claimed``, ``ran``, ``accepted``, as the store calls them), in microseconds.
+Below it, ``metrics calls`` is the metrics' own work per cycle measured alone (``claimed``
+and ``accepted``, as the store calls them), in microseconds.
 
 Backends: SQLite (``fencing.create_sqlite_engine`` on a file in a temporary directory
 under the working directory, the library's default durability: every commit fsynced;
@@ -92,16 +92,13 @@ class NoMetrics(StoreMetrics):
     def time(self, name: str, seconds: float) -> None:
         pass
 
-    def ran(self, job: str | None, started: float) -> None:
+    def claimed(self, leases: Sequence[Lease], started: float) -> None:
         pass
 
-    def claimed(self, leases: Sequence[Lease]) -> None:
+    def claim(self, lease: Lease | None, started: float) -> None:
         pass
 
-    def claim(self, lease: Lease | None) -> None:
-        pass
-
-    def accepted(self, path: str) -> None:
+    def accepted(self, path: str, lease: tuple[str, int] | None = None) -> None:
         pass
 
     def refusal(self, refusal: Any) -> None:
@@ -257,10 +254,8 @@ def metrics_cost(repeat: int = 200_000) -> float:
     leases = [lease]
     started = time.perf_counter()
     for _ in range(repeat):
-        m.ran(None, time.perf_counter())
-        m.claimed(leases)
-        m.ran(lease.job_id, time.perf_counter())
-        m.accepted("complete")
+        m.claimed(leases, time.perf_counter())
+        m.accepted("complete", (lease.job_id, lease.fence))
     return (time.perf_counter() - started) / repeat * 1e6
 
 

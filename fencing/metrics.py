@@ -141,7 +141,7 @@ class StoreMetrics:
     also be used by an application for its own names.
     """
 
-    __slots__ = ("_counts", "_held", "_last", "_lock", "_timings")
+    __slots__ = ("_counts", "_held", "_lock", "_timings")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -150,8 +150,6 @@ class StoreMetrics:
         #: job id -> (fence, perf_counter at the claim) of the leases this store handed out
         #: (the oldest first, evicted past HELD_TRACKED)
         self._held: OrderedDict[str, tuple[int, float]] = OrderedDict()
-        #: per thread: (job id, perf_counter at its start) of the store's last transaction
-        self._last = threading.local()
 
     def __repr__(self) -> str:
         timed = {name: t.count for name, t in sorted(self.timings().items())}
@@ -196,20 +194,10 @@ class StoreMetrics:
 
     # -- what the store reports -----------------------------------------------------------------
 
-    def ran(self, job: str | None, started: float) -> None:
-        """The store's transaction (of ``job``, if it is one job's) that began at ``started``
-        (``time.perf_counter()``) has ended, on this thread: what the report of its outcome,
-        made next on the same thread, is timed against."""
-        self._last.run = (job, started)
-
-    def _last_run(self) -> tuple[str | None, float]:
-        run: tuple[str | None, float] | None = getattr(self._last, "run", None)
-        return (None, time.perf_counter()) if run is None else run
-
-    def claimed(self, leases: Sequence[Lease]) -> None:
-        """A ``claim_next`` (or a worker's step) handed out ``leases``."""
+    def claimed(self, leases: Sequence[Lease], started: float) -> None:
+        """A ``claim_next`` (or a worker's step) whose transaction began at ``started``
+        (``time.perf_counter()``) handed out ``leases``."""
         now = time.perf_counter()
-        started = self._last_run()[1]
         with self._lock:
             counts = self._counts
             counts["claim_next.calls"] += 1
@@ -218,10 +206,10 @@ class StoreMetrics:
                 self._began(leases, now)
             self._timed("claim_next.latency", now - started)
 
-    def claim(self, lease: Lease | None) -> None:
-        """A ``claim`` of a named job handed out ``lease`` (``None``: not claimable)."""
+    def claim(self, lease: Lease | None, started: float) -> None:
+        """A ``claim`` of a named job, begun at ``started``, handed out ``lease`` (``None``:
+        not claimable)."""
         now = time.perf_counter()
-        started = self._last_run()[1]
         with self._lock:
             if lease is None:
                 self._counts["claim.empty"] += 1
@@ -237,18 +225,18 @@ class StoreMetrics:
         while len(held) > HELD_TRACKED:
             held.popitem(last=False)
 
-    def accepted(self, path: str) -> None:
-        """A guarded write of one lease on ``path`` was accepted; a ``complete`` or
-        ``release`` ends the lease the store's last transaction on this thread wrote."""
-        if path not in ("complete", "release"):
+    def accepted(self, path: str, lease: tuple[str, int] | None = None) -> None:
+        """A guarded write on ``path`` was accepted; a ``complete`` or ``release`` of
+        ``lease`` (job, fence) ends it: timed if this store handed that lease out."""
+        if lease is None or path not in ("complete", "release"):
             self.add(f"{path}.accepted")
             return
-        job = self._last_run()[0]
+        job, fence = lease
         now = time.perf_counter()
         with self._lock:
             self._counts[f"{path}.accepted"] += 1
-            began = None if job is None else self._held.pop(job, None)
-            if began is not None:
+            began = self._held.pop(job, None)  # whatever lease of the job it was, it is over
+            if began is not None and began[0] == fence:
                 self._timed(f"{path}.held", now - began[1])
 
     def refusal(self, refusal: Refusal) -> None:

@@ -157,7 +157,6 @@ class JobStore:
         write: bool = True,
         job: str | None = None,
     ) -> T:
-        started = time.perf_counter()
         try:
             try:
                 if conn is None:
@@ -173,7 +172,6 @@ class JobStore:
         except DatabaseBusy as exc:
             events.busy(exc, job, self.table.name, self.metrics)
             raise
-        self.metrics.ran(job, started)  # what the report of its outcome is timed against
         return answer
 
     def _refuse_self_wait(self, job: str | None) -> None:
@@ -388,8 +386,10 @@ class JobStore:
         job_id = self._key("job_id", job_id)
         owner = self._key("owner", owner)
         s, clock = self._clock(now, ttl)
-        lease = self._run(self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}), conn, job=job_id)
-        self.metrics.claim(lease)
+        unit = self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock})
+        started = time.perf_counter()
+        lease = self._run(unit, conn, job=job_id)
+        self.metrics.claim(lease, started)
         return lease
 
     def _claim_unit(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
@@ -547,7 +547,7 @@ class JobStore:
             return False
 
         if self._run(unit, conn, job=job_id):
-            return self._accepted(path, True)
+            return self._accepted(path, True, (job_id, fence))
         return self._refused(refused, False)
 
     def _why(self, x: Executor, s: Statements, path: str, params: dict[str, Any]) -> Refusal:
@@ -555,8 +555,9 @@ class JobStore:
         rows = x.rows(s.row_now, params)
         return judge(path, params["job_id"], params["holder"], params["token"], rows[0] if rows else None)
 
-    def _accepted(self, path: str, answer: T) -> T:
-        self.metrics.accepted(path)
+    def _accepted(self, path: str, answer: T, lease: tuple[str, int] | None = None) -> T:
+        """Count an accepted write on ``path``; ``lease``: the (job, fence) it ended, if any."""
+        self.metrics.accepted(path, lease)
         return answer
 
     def _refused(self, refusals: list[Refusal], answer: T) -> T:
@@ -968,14 +969,15 @@ class JobStore:
         skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
         ``BEGIN IMMEDIATE`` serializes claims.
         """
-        leases = self._run(
-            self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None), conn
-        )
-        self._claimed(leases, max_attempts)
+        unit = self._claim_next_unit(owner, ttl, now, limit, max_attempts, own=conn is None)
+        started = time.perf_counter()
+        leases = self._run(unit, conn)
+        self._claimed(leases, max_attempts, started)
         return leases
 
-    def _claimed(self, leases: list[Lease], max_attempts: int | None = None) -> None:
-        self.metrics.claimed(leases)
+    def _claimed(self, leases: list[Lease], max_attempts: int | None, started: float) -> None:
+        """Count and time a claim of workers that began at ``started`` (``perf_counter``)."""
+        self.metrics.claimed(leases, started)
         if max_attempts is not None and leases:
             events.last_attempts(leases, max_attempts)
 
@@ -1138,8 +1140,9 @@ class JobStore:
             accepted = complete(x) if complete is not None else set()
             return accepted, claim(x)
 
+        started = time.perf_counter()
         accepted, leases = self._run(step, conn)
-        self._claimed(leases, max_attempts)
+        self._claimed(leases, max_attempts, started)
         return self._judged(size, accepted, refused), leases
 
     def _complete_many(
