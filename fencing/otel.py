@@ -35,6 +35,7 @@ from typing import Any
 
 from opentelemetry import metrics as otel
 
+from .errors import InvalidArgumentType
 from .metrics import BUCKETS, StoreMetrics, Timing
 
 __all__ = ["Instrumentation", "instrument"]
@@ -146,7 +147,9 @@ def instrument(
     ``meter_provider`` (default: OpenTelemetry's global one), meter ``fencing``."""
     metrics = source if isinstance(source, StoreMetrics) else getattr(source, "metrics", None)
     if not isinstance(metrics, StoreMetrics):
-        raise TypeError(f"source must be a fencing store or a StoreMetrics, got {type(source).__name__}")
+        raise InvalidArgumentType(
+            f"source must be a fencing store or a StoreMetrics, got {type(source).__name__}"
+        )
     labels: Attributes = {}
     table = getattr(source, "table", None)
     if table is None:

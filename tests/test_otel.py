@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from fencing import FenceMarks, JobStore, Lease
+from fencing import FenceMarks, InvalidArgumentType, JobStore, Lease
 
 pytest.importorskip("opentelemetry.sdk.metrics")
 
@@ -102,5 +102,5 @@ def test_several_stores_on_one_meter(engine: Engine) -> None:
 
 
 def test_instrument_refuses_what_has_no_metrics() -> None:
-    with pytest.raises(TypeError, match="StoreMetrics"):
+    with pytest.raises(InvalidArgumentType, match="StoreMetrics"):
         instrument(object(), MeterProvider())
