@@ -18,9 +18,9 @@ from __future__ import annotations
 import atexit
 from typing import Any
 
-from fencing.cache import StoreCache
-from fencing.checks import check_ttl
-from fencing.values import Lease
+from fencing.core.checks import check_ttl
+from fencing.core.values import Lease
+from fencing.fronts.cache import StoreCache
 
 __all__ = ["claim", "claim_many", "complete", "enqueue", "init_db", "release", "renew", "state"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from .errors import (
+from .core.errors import (
     ConfigurationError,
     DatabaseBusy,
     DatabaseCorrupt,
@@ -23,14 +23,14 @@ from .errors import (
     SchemaMismatch,
     TableMissing,
 )
-from .heartbeat import Heartbeat
-from .history import History, HistoryEntry, history_table, holder_at
-from .marks import FenceMarks, fence_marks_table, idempotency_keys_table
-from .schema import jobs, jobs_table, metadata
-from .sqlite import configure as configure_sqlite
-from .sqlite import create_engine as create_sqlite_engine
-from .store import JobStore
-from .values import JobState, Lease
+from .core.values import JobState, Lease
+from .engine.sqlite import configure as configure_sqlite
+from .engine.sqlite import create_engine as create_sqlite_engine
+from .lease.thread import Heartbeat
+from .sql.schema import jobs, jobs_table, metadata
+from .store.history import History, HistoryEntry, history_table, holder_at
+from .store.jobstore import JobStore
+from .store.marks import FenceMarks, fence_marks_table, idempotency_keys_table
 
 __all__ = [
     "ConfigurationError",

@@ -32,9 +32,9 @@ from fencing import (
     Lease,
     LeaseLost,
 )
-from fencing.async_heartbeat import AsyncHeartbeat
 from fencing.asyncio import AsyncJobStore
-from fencing.values import JobState
+from fencing.core.values import JobState
+from fencing.lease.task import AsyncHeartbeat
 from tests import backends
 
 T = TypeVar("T")

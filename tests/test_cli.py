@@ -29,7 +29,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
-import fencing.cli
+import fencing.tools.cli
 from fencing import FenceMarks, History, JobStore, history_table
 from fencing.cli import main
 from fencing.overview import Overview
@@ -172,7 +172,7 @@ def test_enqueue_says_how_many_were_new_and_changes_no_existing_job(cli: Any, qu
 def test_enqueue_reads_ids_from_stdin_one_per_line(
     cli: Any, queue: JobStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fencing.cli, "ENQUEUE_CHUNK", 2)  # three transactions
+    monkeypatch.setattr(fencing.tools.cli, "ENQUEUE_CHUNK", 2)  # three transactions
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n\nc\nd\r\n spaced \r\n"))
     ran = cli("enqueue", "-")
     assert (ran.code, ran.out) == (0, "enqueued 5 new jobs\n")

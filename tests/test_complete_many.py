@@ -13,7 +13,7 @@ from sqlalchemy import Engine, bindparam, event
 
 from fencing import InvalidArgument, InvalidArgumentType, JobState, JobStore, Lease
 from fencing.schema import KEY_TYPE
-from fencing.statements import COMPLETE_CHUNK
+from fencing.sql.statements import COMPLETE_CHUNK
 
 T0 = 1_000.0
 FENCE = 3

@@ -37,11 +37,11 @@ import pytest
 import sqlalchemy
 
 import fencing
-import fencing.execution
-import fencing.writelock
+import fencing.engine.writelock
+import fencing.runtime.execution
 from fencing import DatabaseBusy, DatabaseError, JobState, JobStore, Lease
-from fencing.execution import TRANSIENT_RETRIES, LockWait
-from fencing.writelock import COURTESY, STARVING, WriteLock, sidecar_path
+from fencing.engine.writelock import COURTESY, STARVING, WriteLock, sidecar_path
+from fencing.runtime.execution import TRANSIENT_RETRIES, LockWait
 from tests.processes import reap
 
 PROCESSES = 4
@@ -154,7 +154,9 @@ def test_a_zero_budget_tries_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     with sqlite_store(path, busy_timeout=0) as store:
         store.enqueue("j", ready_at=0.0)
         pauses: list[int] = []
-        monkeypatch.setattr(fencing.writelock, "poll_pause", lambda attempt, left: pauses.append(attempt))
+        monkeypatch.setattr(
+            fencing.engine.writelock, "poll_pause", lambda attempt, left: pauses.append(attempt)
+        )
         with write_locked(str(path)), pytest.raises(DatabaseBusy):
             store.claim("j", "w", now=NOW, ttl=TTL)
         assert pauses == []
@@ -298,7 +300,7 @@ def test_a_commit_refused_past_the_budget_is_busy_and_changes_nothing(tmp_path: 
 
 
 def test_servers_retry_a_lost_race_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fencing.execution, "backoff", lambda attempt: None)
+    monkeypatch.setattr(fencing.runtime.execution, "backoff", lambda attempt: None)
     wait = LockWait(None)
     assert all(wait.again(attempt, 0.0) for attempt in range(1, TRANSIENT_RETRIES + 1))
     assert not wait.again(TRANSIENT_RETRIES + 1, 0.0)
@@ -334,7 +336,7 @@ def test_a_lost_race_the_handler_did_not_wait_for_is_not_retried_in_a_spin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(fencing.writelock, "time", clock)
+    monkeypatch.setattr(fencing.engine.writelock, "time", clock)
     cursor = LockedCursor()  # BEGIN fails at once, as if SQLite's handler did not wait
     with pytest.raises(DatabaseBusy, match="busy_timeout"):
         WriteLock(0.05, None).begin(cursor.execute, "BEGIN IMMEDIATE", (sqlite3.Error,))
@@ -399,10 +401,10 @@ def test_writers_hold_back_while_another_waiter_has_priority(
     path = tmp_path / "courtesy.db"
     sidecar = sidecar_path(str(path))
     assert sidecar is not None
-    monkeypatch.setattr(fencing.writelock, "COURTESY", 60.0)  # hold back as long as it is taken
+    monkeypatch.setattr(fencing.engine.writelock, "COURTESY", 60.0)  # hold back as long as it is taken
     with sqlite_store(path) as store:
         holding_back = threading.Event()
-        original = fencing.writelock._priority_taken
+        original = fencing.engine.writelock._priority_taken
 
         def looking(fd: int) -> bool:
             taken = original(fd)
@@ -410,11 +412,11 @@ def test_writers_hold_back_while_another_waiter_has_priority(
                 holding_back.set()
             return taken
 
-        monkeypatch.setattr(fencing.writelock, "_priority_taken", looking)
+        monkeypatch.setattr(fencing.engine.writelock, "_priority_taken", looking)
         done = threading.Event()
         with priority_held(sidecar):
             # a store looks for a sidecar that did not exist at most every _LOOK_EVERY
-            time.sleep(2 * fencing.writelock._LOOK_EVERY)
+            time.sleep(2 * fencing.engine.writelock._LOOK_EVERY)
             writer = threading.Thread(target=lambda: (store.enqueue("second"), done.set()), daemon=True)
             writer.start()
             assert holding_back.wait(TIMEOUT)
@@ -436,7 +438,7 @@ def test_a_stalled_priority_holder_holds_a_writer_back_for_a_moment_only(tmp_pat
     sidecar = sidecar_path(str(path))
     assert sidecar is not None
     with sqlite_store(path, busy_timeout=60.0) as store, priority_held(sidecar):
-        time.sleep(2 * fencing.writelock._LOOK_EVERY)  # see test_writers_hold_back_...
+        time.sleep(2 * fencing.engine.writelock._LOOK_EVERY)  # see test_writers_hold_back_...
         started = time.monotonic()
         assert store.enqueue("j")  # no error, and long before the budget
         waited = time.monotonic() - started

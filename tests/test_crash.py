@@ -40,7 +40,7 @@ import sqlalchemy
 from sqlalchemy import Engine, MetaData, select
 
 from fencing import FenceMarks, JobStore, fence_marks_table, jobs
-from fencing.clock import database_now
+from fencing.core.clock import database_now
 from fencing.schema import as_text
 from tests import crash_worker
 from tests.backends import engine_for

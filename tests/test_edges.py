@@ -305,8 +305,8 @@ def test_every_store_entry_point_refuses_a_huge_number_by_name(store: JobStore) 
 
 
 def test_the_harness_and_the_demo_refuse_a_huge_number_by_name() -> None:
-    from fencing import demo
-    from fencing.torture import TortureConfig
+    from fencing.tools import demo
+    from fencing.tools.torture import TortureConfig
 
     for name in ("ttl", "seconds", "drain"):
         with pytest.raises(InvalidArgument, match=rf"^{name} must be a finite number of seconds, got 1000"):

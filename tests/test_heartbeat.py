@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import Engine
 
 from fencing import DatabaseError, FencingError, InvalidArgument, InvalidArgumentType, JobStore, Lease
-from fencing.heartbeat import Heartbeat, LeaseLost
+from fencing.lease.thread import Heartbeat, LeaseLost
 from fencing.schema import as_text
 
 pytestmark = pytest.mark.sync_only("Heartbeat renews from a thread; AsyncHeartbeat has its own tests")

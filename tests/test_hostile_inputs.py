@@ -51,8 +51,8 @@ from fencing import (
     SchemaMismatch,
     TableMissing,
 )
-from fencing.async_heartbeat import AsyncHeartbeat
 from fencing.asyncio import AsyncFenceMarks, AsyncJobStore
+from fencing.lease.task import AsyncHeartbeat
 from tests import asyncfront, backends
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "HOSTILE-INPUTS.md"

@@ -16,14 +16,14 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, inspect, 
 
 from fencing import ConfigurationError, InvalidArgument, InvalidArgumentType, TableMissing
 from fencing.checks import FENCE_MAX
-from fencing.marks import (
+from fencing.schema import as_text
+from fencing.store.marks import (
     FenceMarks,
     fence_marks,
     fence_marks_table,
     idempotency_keys,
     idempotency_keys_table,
 )
-from fencing.schema import as_text
 from tests import backends
 from tests.processes import reap
 

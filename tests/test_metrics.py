@@ -24,9 +24,9 @@ from sqlalchemy import Engine
 
 import fencing
 from fencing import DatabaseBusy, FenceMarks, JobStore, Lease, LeaseLost
-from fencing import metrics as metrics_module
-from fencing.heartbeat import Heartbeat
-from fencing.metrics import BUCKETS, StoreMetrics, Timing
+from fencing.lease.thread import Heartbeat
+from fencing.observe import metrics as metrics_module
+from fencing.observe.metrics import BUCKETS, StoreMetrics, Timing
 
 from . import backends
 

@@ -32,7 +32,7 @@ from fencing import (
     idempotency_keys_table,
     jobs_table,
 )
-from fencing.marks import marks_metadata
+from fencing.store.marks import marks_metadata
 
 #: the application's models module, as a user would write it
 MODELS_MODULE = "app_models"

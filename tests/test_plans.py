@@ -25,7 +25,7 @@ from sqlalchemy.sql import Executable
 
 from fencing import JobStore
 from fencing.schema import KEY_TYPE
-from fencing.statements import Statements
+from fencing.sql.statements import Statements
 
 BACKLOG = 100_000
 SMALL = 1_000

@@ -24,7 +24,7 @@ import pytest
 import fencing
 import service
 from fencing import ConfigurationError, DatabaseCorrupt, DatabaseError, JobStore
-from fencing.cache import StoreCache
+from fencing.fronts.cache import StoreCache
 
 pytestmark = pytest.mark.backend("sqlite")
 

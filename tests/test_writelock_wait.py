@@ -25,7 +25,7 @@ import pytest
 
 import fencing
 from fencing import JobStore, Lease
-from fencing.writelock import COURTESY, POLL_WITH_PRIORITY_MAX, sidecar_path
+from fencing.engine.writelock import COURTESY, POLL_WITH_PRIORITY_MAX, sidecar_path
 
 pytestmark = pytest.mark.backend("sqlite")
 

@@ -1,0 +1,91 @@
+"""The plain, immutable values the store hands back."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+__all__ = ["REASONS", "JobState", "Lease", "Refusal"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """The token a worker carries: every later write must present it.
+
+    ``until`` is when the lease expired as of the claim or the last renewal made through
+    this value, or ``None`` when it is not known (a token rebuilt from its parts).
+    Only ``job_id``, ``owner`` and ``fence`` take part in the database's guard.
+    """
+
+    job_id: str
+    owner: str
+    fence: int
+    until: float | None = None
+
+
+class JobState(NamedTuple):
+    """One stored row of the jobs table, read from the database.
+
+    A named tuple: a row is a tuple, immutable, and cheap to build on the read path.
+    """
+
+    job_id: str
+    owner: str | None
+    until: float
+    fence: int
+    result: str | None
+    done: bool
+
+    @classmethod
+    def from_row(cls, row: Any) -> JobState:
+        job_id, owner, until, fence, result, done = row
+        # tuple.__new__ directly: the generated NamedTuple __new__ costs a call on a hot path
+        return tuple.__new__(cls, (job_id, owner, float(until), int(fence), result, bool(done)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row in the contract's shape: keys ``id, owner, until, fence, result, done``."""
+        return {
+            "id": self.job_id,
+            "owner": self.owner,
+            "until": self.until,
+            "fence": self.fence,
+            "result": self.result,
+            "done": int(self.done),
+        }
+
+
+#: why a write was refused, in the order they are tested
+REASONS = (
+    "missing",  # no such job
+    "deleted",  # the job was deleted (its tombstone keeps the fence)
+    "done",  # the job is done: completed, by this lease or the one after it
+    "stale fence",  # the job was claimed again (or revoked) since this lease was handed out
+    "other owner",  # the fence is current but another owner presented it: a forged lease
+    "released",  # this lease was given back (owner cleared, fence kept)
+    "expired",  # this lease ran out before the write: until <= now
+    "not current",  # none of the above when read: it changed between the guard and the read
+)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One refused write: what was presented, and the job as the guard saw it."""
+
+    path: str
+    job_id: str
+    owner: str
+    fence: int
+    reason: str
+    holder: str | None = None
+    current_fence: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "job_id": self.job_id,
+            "owner": self.owner,
+            "fence": self.fence,
+            "reason": self.reason,
+            "holder": self.holder,
+            "current_fence": self.current_fence,
+        }

@@ -1,0 +1,2 @@
+"""The fronts over the store: asyncio (:mod:`fencing.asyncio`) and the store cache behind
+``service.py``."""

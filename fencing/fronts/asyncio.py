@@ -1,0 +1,412 @@
+"""asyncio: the same leases, fences and guarantees on SQLAlchemy's ``AsyncEngine``.
+
+:class:`AsyncJobStore` and :class:`AsyncFenceMarks` are the async fronts of
+:class:`fencing.JobStore` and :class:`fencing.FenceMarks`, not copies of them: each coroutine
+runs the sync store's own unit of work (the same argument checks, statements, retries and
+error mapping) through SQLAlchemy's own asyncio bridge, the way ``AsyncSession`` runs
+``Session``: ``greenlet_spawn`` runs the sync code on the loop's thread, and every driver
+call inside it is awaited on the loop. Lock waits inside a unit yield to the loop
+(:mod:`fencing.core.bridge`), so a task waiting for SQLite's write lock never stops the task that
+holds it.
+
+Drivers: aiosqlite (``fencing.sqlite.create_async_engine``, the same ``BEGIN IMMEDIATE``
+glue and durability settings as the sync engine), asyncpg and psycopg's async mode
+(``postgresql+asyncpg://``, ``postgresql+psycopg://`` with ``create_async_engine``), and
+aiomysql or asyncmy for MariaDB/MySQL. Install one with its extra, e.g.
+``pip install fencing[asyncpg]``.
+
+Cancellation (``task.cancel()``, ``asyncio.timeout``) at any await of an operation rolls
+its transaction back and gives the connection back to the pool (closed, if it could not be
+reset): nothing of the operation is kept, and a fenced block cancelled before it ended keeps
+none of its writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeAlias, TypeVar
+
+from sqlalchemy import Table
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
+from sqlalchemy.util.concurrency import greenlet_spawn
+
+from ..core import bridge
+from ..core.errors import ConfigurationError, InvalidArgumentType
+from ..core.values import JobState, Lease
+from ..lease.task import AsyncHeartbeat
+from ..observe.metrics import StoreMetrics
+from ..sql.schema import jobs
+from ..store.history import History, HistoryEntry
+from ..store.jobstore import JobStore
+from ..store.marks import FenceMarks, fence_marks, idempotency_keys
+
+__all__ = ["AsyncCallerConnection", "AsyncFenceMarks", "AsyncHeartbeat", "AsyncJobStore"]
+
+T = TypeVar("T")
+
+#: what ``conn=`` takes: an AsyncConnection, or an AsyncSession (or ``async_scoped_session``)
+#: in whose transaction the operation runs
+AsyncCallerConnection: TypeAlias = "AsyncConnection | AsyncSession | async_scoped_session[Any]"
+
+
+def sync_engine(engine: object, what: str) -> Any:
+    """The ``sync_engine`` of an ``AsyncEngine`` (the sync front's, refused by name)."""
+    if isinstance(engine, AsyncEngine):
+        return engine.sync_engine
+    hint = f" (a sync Engine: use fencing.{what[5:]})" if type(engine).__name__ == "Engine" else ""
+    raise InvalidArgumentType(f"engine must be a sqlalchemy AsyncEngine, got {type(engine).__name__}{hint}")
+
+
+def caller_sync(conn: object) -> Any:
+    """The sync ``Connection`` or ``Session`` behind what a caller passed as ``conn=``:
+    the object the sync rules run on, in the caller's transaction."""
+    if conn is None:
+        return None
+    if isinstance(conn, AsyncConnection):
+        if conn.sync_connection is None:
+            raise ConfigurationError(
+                "the AsyncConnection has not been started: use it inside "
+                "`async with engine.connect() as conn` (or await conn.start())"
+            )
+        return conn.sync_connection
+    if isinstance(conn, async_scoped_session):
+        conn = conn()
+    if isinstance(conn, AsyncSession):
+        return conn.sync_session
+    kind = type(conn).__name__
+    hint = " (a sync one: use fencing.JobStore)" if kind in ("Connection", "Session") else ""
+    raise InvalidArgumentType(
+        f"conn must be a sqlalchemy AsyncConnection, an AsyncSession or None, got {kind}{hint}"
+    )
+
+
+async def run(
+    fn: Callable[..., T],
+    *args: Any,
+    give_back: Callable[[T], Awaitable[object]] | None = None,
+    **kwargs: Any,
+) -> T:
+    """``fn(*args, **kwargs)``: the sync rules on the async driver (SQLAlchemy's bridge),
+    always run to their end (committed or rolled back).
+
+    A cancellation of the caller (``task.cancel()``, ``asyncio.timeout``) waits for the
+    operation to end, then goes on as ``CancelledError``; what the operation took for a caller
+    who is no longer there (``give_back``: the leases of a claim) is given back first. Why:
+    a cancellation delivered inside a driver call makes SQLAlchemy invalidate the connection
+    mid-transaction, and aiosqlite's thread then keeps that transaction, and SQLite's write
+    lock, open. An operation is short (its lock waits are bounded by the engine's), so the
+    cancellation takes effect at its boundary instead."""
+    token = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
+    try:  # the task copies the context: its locks are the caller's (fencing.core.bridge)
+        task = _start(greenlet_spawn(fn, *args, **kwargs))
+    finally:
+        bridge.CALLER.reset(token)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True  # the caller's: the operation goes on to its end
+        except BaseException:
+            break  # the operation's own error: raised below
+    result = task.result()
+    if cancelled:
+        if give_back is not None:
+            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
+                await asyncio.shield(give_back(result))
+        raise asyncio.CancelledError
+    return result
+
+
+def _start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """The operation's task. On Python 3.12+, on a loop that makes its tasks the default
+    way, it starts eagerly: its first step runs now, inside the caller's step, up to its
+    first wait on the database, instead of a turn of the loop later (nothing can cancel
+    the caller in between)."""
+    loop = asyncio.get_running_loop()
+    if _EAGER is not None and loop.get_task_factory() is None:
+        return _EAGER(loop, coro)  # type: ignore[no-any-return]
+    return asyncio.ensure_future(coro)
+
+
+#: asyncio's documented eager task factory (Python 3.12+)
+_EAGER: Any = None
+if sys.version_info >= (3, 12):
+    _EAGER = asyncio.create_eager_task_factory(asyncio.Task)
+
+
+class _BridgedJobStore(JobStore):
+    """The sync store on an ``AsyncEngine``'s ``sync_engine``: only ever run inside the bridge."""
+
+    async_front = True
+
+
+class _BridgedFenceMarks(FenceMarks):
+    async_front = True
+
+
+class AsyncJobStore:
+    """:class:`fencing.JobStore` for an ``AsyncEngine``: every operation a coroutine.
+
+    The rules, arguments, errors and guarantees are :class:`~fencing.JobStore`'s (see its
+    methods): this class only carries them onto the loop. ``conn=`` takes your
+    ``AsyncConnection`` or ``AsyncSession``; the operation then runs in your transaction.
+    A SQLite engine must come from :func:`fencing.sqlite.create_async_engine` (or
+    :func:`fencing.sqlite.configure`); refused engines are refused as the sync store
+    refuses them (:class:`~fencing.ConfigurationError`).
+    """
+
+    def __init__(self, engine: AsyncEngine, table: Table = jobs, *, history: History | None = None) -> None:
+        self.sync_store: JobStore = _BridgedJobStore(
+            sync_engine(engine, "AsyncJobStore"), table, history=history
+        )
+        self.engine = engine
+        self.table = table
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<AsyncJobStore table={self.table.name!r} engine={url!r}>"
+
+    @property
+    def clock_resolution(self) -> float:
+        """How finely the database's clock counts (see :attr:`JobStore.clock_resolution`)."""
+        return self.sync_store.clock_resolution
+
+    @property
+    def holds_key(self) -> Any:
+        return self.sync_store.holds_key
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What this store did, by outcome (:class:`fencing.observe.metrics.StoreMetrics`)."""
+        return self.sync_store.metrics
+
+    async def _give_back(self, leases: Iterable[Lease | None]) -> None:
+        """Release what a claim took for a caller that was cancelled meanwhile: the jobs
+        are claimable again at once (their fences stay)."""
+        for lease in leases:
+            if lease is not None:
+                await run(self.sync_store.release, lease)
+
+    async def _give_one(self, lease: Lease | None) -> None:
+        await self._give_back([lease])
+
+    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        await run(self.sync_store.create_table, conn=caller_sync(conn))
+
+    async def enqueue(
+        self, job_id: str, *, ready_at: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        return await run(self.sync_store.enqueue, job_id, ready_at=ready_at, conn=caller_sync(conn))
+
+    async def state(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> JobState | None:
+        return await run(self.sync_store.state, job_id, conn=caller_sync(conn))
+
+    async def claim(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> Lease | None:
+        back = self._give_back if conn is None else None
+        return await run(
+            self.sync_store.claim,
+            job_id,
+            owner,
+            ttl=ttl,
+            now=now,
+            conn=caller_sync(conn),
+            give_back=None if back is None else lambda lease: back([lease]),
+        )
+
+    async def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await run(self.sync_store.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
+
+    async def complete(
+        self,
+        lease: Lease,
+        result: str | None,
+        *,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> bool:
+        return await run(self.sync_store.complete, lease, result, now=now, conn=caller_sync(conn))
+
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | None = None,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> bool:
+        return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
+
+    async def revoke(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_store.revoke, job_id, conn=caller_sync(conn))
+
+    async def delete(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_store.delete, job_id, conn=caller_sync(conn))
+
+    async def check(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> None:
+        await run(self.sync_store.check, lease, now=now, conn=caller_sync(conn))
+
+    async def claim_next(
+        self,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> list[Lease]:
+        return await run(
+            self.sync_store.claim_next,
+            owner,
+            give_back=self._give_back if conn is None else None,
+            ttl=ttl,
+            now=now,
+            limit=limit,
+            max_attempts=max_attempts,
+            conn=caller_sync(conn),
+        )
+
+    async def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> list[bool]:
+        return await run(self.sync_store.complete_many, completions, now=now, conn=caller_sync(conn))
+
+    async def complete_and_claim_next(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        back = self._give_back if conn is None else None
+        return await run(
+            self.sync_store.complete_and_claim_next,
+            completions,
+            owner,
+            give_back=None if back is None else lambda step: back(step[1]),
+            ttl=ttl,
+            now=now,
+            limit=limit,
+            max_attempts=max_attempts,
+            conn=caller_sync(conn),
+        )
+
+    async def claim_many(
+        self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
+    ) -> list[Lease | None]:
+        """Race :meth:`claim` for every owner as tasks of this loop, each on a connection of
+        its own; results in input order. Every argument is checked before the first claim."""
+        units = self.sync_store._claim_units(job_id, owners, ttl, now)
+        # every claim ends before this returns or raises (the first error, as the sync store)
+        claims = (run(self.sync_store._run_own, u, give_back=self._give_one) for u in units)
+        outcomes = await asyncio.gather(*claims, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [o for o in outcomes if not isinstance(o, BaseException)]
+
+    async def poisoned(
+        self, max_attempts: int, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> list[JobState]:
+        return await run(self.sync_store.poisoned, max_attempts, now=now, conn=caller_sync(conn))
+
+    async def history(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> list[HistoryEntry]:
+        return await run(self.sync_store.history, job_id, conn=caller_sync(conn))
+
+    async def prune_history(self, *, conn: AsyncCallerConnection | None = None) -> int:
+        return await run(self.sync_store.prune_history, conn=caller_sync(conn))
+
+    @contextlib.asynccontextmanager
+    async def fenced(
+        self,
+        lease: Lease,
+        *,
+        now: float | None = None,
+        complete: bool = False,
+        result: str | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> AsyncIterator[Any]:
+        """:meth:`JobStore.fenced` as ``async with``: yields an ``AsyncConnection`` in the
+        store's own transaction, or, with ``conn=``, what you passed (the block joins your
+        transaction in a SAVEPOINT). The same all-or-nothing rule: if the lease is not current
+        at either check, :class:`~fencing.LeaseLost` and nothing of the block stays; a block
+        that raises, or is cancelled, keeps nothing either::
+
+            async with store.fenced(lease, complete=True, result="paid") as conn:
+                await conn.execute(invoices.insert().values(job=lease.job_id, total=99))
+        """
+        sync_conn = caller_sync(conn)
+        block = self.sync_store.fenced(lease, now=now, complete=complete, result=result, conn=sync_conn)
+
+        async def abandon(_: object) -> None:  # cancelled while the block began: roll it back
+            cancelled = asyncio.CancelledError()
+            await run(block.__exit__, type(cancelled), cancelled, None)
+
+        entered = await run(block.__enter__, give_back=abandon)
+        try:
+            yield conn if conn is not None else AsyncConnection(self.engine, entered)
+        except BaseException as exc:
+            await run(block.__exit__, type(exc), exc, exc.__traceback__)
+            raise
+        await run(block.__exit__, None, None, None)
+
+
+class AsyncFenceMarks:
+    """:class:`fencing.FenceMarks` for an ``AsyncEngine``: the same rules, as coroutines;
+    ``conn=`` takes your ``AsyncConnection`` or ``AsyncSession``."""
+
+    def __init__(
+        self, engine: AsyncEngine, marks: Table = fence_marks, keys: Table = idempotency_keys
+    ) -> None:
+        sync = sync_engine(engine, "AsyncFenceMarks")
+        self.sync_marks: FenceMarks = _BridgedFenceMarks(sync, marks, keys)
+        self.engine = engine
+        self.marks = marks
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<AsyncFenceMarks marks={self.marks.name!r} keys={self.keys.name!r} engine={url!r}>"
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What these marks did, by outcome (:class:`fencing.observe.metrics.StoreMetrics`)."""
+        return self.sync_marks.metrics
+
+    async def create_tables(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        await run(self.sync_marks.create_tables, conn=caller_sync(conn))
+
+    async def accept(self, resource: str, fence: int, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_marks.accept, resource, fence, conn=caller_sync(conn))
+
+    async def highest(self, resource: str, *, conn: AsyncCallerConnection | None = None) -> int | None:
+        return await run(self.sync_marks.highest, resource, conn=caller_sync(conn))
+
+    async def record_once(
+        self, key: str, *, fence: int | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        return await run(self.sync_marks.record_once, key, fence=fence, conn=caller_sync(conn))

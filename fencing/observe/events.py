@@ -1,0 +1,81 @@
+"""The log lines an operator watches besides refused writes (:mod:`fencing.refusals`).
+
+Each is one line with structured fields (``extra=``), on its own logger under ``fencing``
+so it can be routed or silenced by name:
+
+* ``fencing.busy`` (WARNING): an operation raised :class:`~fencing.DatabaseBusy` (it lost
+  every lock race within its budget, or the caller's transaction lost one): ``job_id`` (or
+  ``None`` for a many-job operation), ``table``, ``reason`` (``"database busy"``),
+  ``error``.
+* ``fencing.retry`` (DEBUG): a transaction of the store's own lost a lock race (deadlock,
+  serialization failure, lock wait timeout, SQLite busy after ``BEGIN``) and runs again:
+  ``job_id``, ``attempt`` (1 for the first retry), ``waited`` (seconds since the first lost
+  race), ``error``. Routine under contention, hence DEBUG; ``lock.retried`` counts them.
+* ``fencing.poisoned`` (INFO): ``claim_next(max_attempts=N)`` handed out a job's last
+  attempt (its fence is ``N``): if this lease is not completed, the job is poisoned, and
+  ``claim_next`` skips it from then on (:meth:`~fencing.JobStore.poisoned` lists it):
+  ``job_id``, ``owner``, ``fence``, ``max_attempts``. A skip itself is not logged: the
+  skipped rows are never read.
+* ``fencing.heartbeat`` (WARNING): a heartbeat found its lease lost (see
+  :mod:`fencing.lease.thread`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from ..core.values import Lease
+from .metrics import StoreMetrics
+
+__all__ = ["busy", "last_attempts", "retried"]
+
+busy_logger = logging.getLogger("fencing.busy")
+retry_logger = logging.getLogger("fencing.retry")
+poisoned_logger = logging.getLogger("fencing.poisoned")
+
+
+def busy(exc: BaseException, job_id: str | None, table: str, metrics: StoreMetrics) -> None:
+    """A :class:`~fencing.DatabaseBusy` a store (or marks) raises: counted and logged."""
+    metrics.busy()
+    busy_logger.warning(
+        "database busy%s: %s",
+        "" if job_id is None else f" on job {job_id!r}",
+        exc,
+        extra={"job_id": job_id, "table": table, "reason": "database busy", "error": str(exc)},
+    )
+
+
+def retried(exc: BaseException, job_id: str | None, attempt: int, waited: float) -> None:
+    if not retry_logger.isEnabledFor(logging.DEBUG):
+        return
+    orig = getattr(exc, "orig", None) or exc
+    error = f"{type(orig).__name__}: {str(orig).strip()[:200]}"
+    retry_logger.debug(
+        "lost a lock race%s, trying again (retry %d, %.3f s since the first): %s",
+        "" if job_id is None else f" on job {job_id!r}",
+        attempt,
+        waited,
+        error,
+        extra={"job_id": job_id, "attempt": attempt, "waited": waited, "error": error},
+    )
+
+
+def last_attempts(leases: Sequence[Lease], max_attempts: int) -> None:
+    """Log each of ``leases`` that is its job's last attempt under ``max_attempts``."""
+    for lease in leases:
+        if lease.fence == max_attempts:
+            poisoned_logger.info(
+                "job %r claimed by %r for its last attempt (%d of max_attempts %d): if it is not "
+                "completed, claim_next skips it from then on (poisoned)",
+                lease.job_id,
+                lease.owner,
+                lease.fence,
+                max_attempts,
+                extra={
+                    "job_id": lease.job_id,
+                    "owner": lease.owner,
+                    "fence": lease.fence,
+                    "max_attempts": max_attempts,
+                },
+            )

@@ -1,0 +1,611 @@
+"""How a unit of work reaches the database: always on a connection from the engine's pool.
+
+A *unit* is a function of an :class:`Executor` that runs one or more statements and returns a
+plain value. The store and ``FenceMarks`` build units; a :class:`Runner` decides where they run:
+
+* **In the caller's transaction** (``conn=``): a ``Connection`` or an ORM ``Session`` the
+  caller holds (:func:`caller_connection`); the unit's statements go through Core and commit
+  or roll back with the caller's own writes.
+* **In a transaction of the store's own**, in one of two ways that run the same statements in
+  the same transaction:
+
+  - *through Core* (``engine.connect()``, ``begin()``, ``execute()``) whenever anything
+    observes the engine: a connection event listener (``before_cursor_execute``,
+    OpenTelemetry, sqlcommenter...), logging at INFO (``echo=True``, ``sqlalchemy.engine``),
+    or execution options on the engine (``isolation_level``, ``schema_translate_map``): each
+    applies to the store's statements as to the application's own;
+  - *on the pooled DBAPI connection* otherwise: ``engine.raw_connection()`` checks a
+    connection out of the pool (its size, overflow, timeout, pre-ping and pool events all
+    apply), the statements, compiled once for the dialect, run on its cursor, and it goes back
+    to the pool with its transaction already ended, so the pool has nothing to reset.
+    SQLAlchemy's per-``execute`` bookkeeping (50-110 µs) is most of an operation's client
+    time; nobody is there to see it skipped.
+
+Every store transaction begins ``IMMEDIATE`` on SQLite (through the engine's
+:class:`~fencing.engine.writelock.WriteLock`: SQLite's busy handler for short waits, then priority
+for the longest waiter, within ``busy_timeout``); PostgreSQL and MariaDB wait for row locks
+in the server. A unit the database rolled back whole for a lock race (busy, deadlock, lock
+timeout, serialization failure), at any statement or at ``COMMIT`` (PostgreSQL reports a
+serialization failure there under ``SERIALIZABLE``; the transaction is gone, so nothing of
+it was kept), is run again, bounded (:class:`LockWait`): a unit is the store's own
+statements and returns nothing before it commits. A connection the server closed while idle
+is replaced once; one that died during ``COMMIT`` is not (the outcome is unknown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
+
+from sqlalchemy import Connection, Engine, Table, TypeDecorator
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine.processors import to_float as _TO_FLOAT
+from sqlalchemy.sql import Executable
+
+from ..core import bridge
+from ..core.errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
+from ..engine import forks
+from ..engine import sqlite as sqlite_glue
+from ..engine.admission import (
+    Observers,
+    autocommit_probe,
+    refuse_autocommit_connection,
+    refuse_autocommit_engine,
+    refuse_sharing_pool,
+)
+from ..engine.checkout import Checkout, give_back
+from ..engine.writelock import busy_error, poll_pause
+from ..observe import events
+from ..observe.metrics import LOCK_WAIT_MIN
+from ..sql.dberrors import DB_ERRORS, driver_errors, is_transient
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, scoped_session
+
+    from ..observe.metrics import StoreMetrics
+
+__all__ = [
+    "FAST_DRIVERS",
+    "CallerConnection",
+    "CoreExecutor",
+    "Executor",
+    "LockWait",
+    "Runner",
+    "caller_connection",
+]
+
+T = TypeVar("T")
+
+#: what ``conn=`` takes: a Connection, or an ORM Session (or ``scoped_session``) in whose
+#: transaction the operation runs
+CallerConnection: TypeAlias = "Connection | Session | scoped_session[Any]"
+
+#: drivers whose pooled connections the store can drive directly (statements compiled once);
+#: asyncpg only ever inside the async front's bridge (its adapter awaits each call there)
+FAST_DRIVERS = frozenset({"pysqlite", "psycopg", "pymysql", "asyncpg"})
+#: retries of a unit a server rolled back for a lock race (deadlock, serialization failure)
+TRANSIENT_RETRIES = 20
+_BACKOFF_CAP = 0.05
+
+
+def backoff(attempt: int) -> None:
+    """Sleep a little, jittered, longer each attempt (at most 50 ms)."""
+    # inside asyncio's bridge only this task waits: the loop runs on
+    bridge.sleep(random.uniform(0, min(_BACKOFF_CAP, 0.001 * 2**attempt)), time.sleep)
+
+
+class LockWait:
+    """How long a unit that lost a lock race is tried again.
+
+    ``budget`` (SQLite): seconds from the first lost race, the engine's ``busy_timeout``,
+    tried again after every :func:`~fencing.engine.writelock.poll_pause`; this covers what
+    :class:`~fencing.engine.writelock.WriteLock` does not: a race lost after ``BEGIN`` or by a
+    read. ``None`` (servers, which wait for row locks themselves): up to
+    :data:`TRANSIENT_RETRIES` more attempts after :func:`backoff`.
+    """
+
+    __slots__ = ("budget",)
+
+    def __init__(self, budget: float | None) -> None:
+        self.budget = budget
+
+    def again(self, attempt: int, started: float) -> bool:
+        """After the ``attempt``-th lost race of a call that began at ``started``
+        (``time.monotonic()``): sleep and return True, or False when the budget is spent."""
+        if self.budget is None:
+            if attempt > TRANSIENT_RETRIES:
+                return False
+            backoff(attempt)
+            return True
+        left = started + self.budget - time.monotonic()
+        if left <= 0:
+            return False
+        poll_pause(attempt, left)
+        return True
+
+    def busy(self, exc: BaseException) -> DatabaseBusy:
+        """The error for a call that spent its budget (raise it ``from exc``)."""
+        if self.budget is None:
+            return DatabaseBusy(f"lost {TRANSIENT_RETRIES + 1} lock races in a row; nothing was changed")
+        return busy_error(self.budget, exc)
+
+
+def _unknown_outcome() -> DatabaseError:
+    return DatabaseError(
+        "the connection died during COMMIT: the outcome is unknown; read the job's state before acting on it"
+    )
+
+
+class Executor(Protocol):
+    """What a unit of work may do: run a statement and get rows or a row count."""
+
+    def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]: ...
+
+    def count(self, stmt: Executable, params: Mapping[str, Any]) -> int: ...
+
+
+class CoreExecutor:
+    """Runs statements with ``Connection.execute`` (inside whatever transaction it has)."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
+        return self.conn.execute(stmt, params).all()
+
+    def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
+        return self.conn.execute(stmt, params).rowcount
+
+
+def caller_connection(conn: object, table: Table) -> Connection:
+    """The ``Connection`` of what a caller passed as ``conn=``: a Connection, or the one an
+    ORM ``Session`` (or ``scoped_session``) uses for ``table``, in the session's transaction."""
+    if isinstance(conn, Connection):
+        return conn
+    orm = sys.modules.get("sqlalchemy.orm")  # a Session exists only once the ORM was imported
+    if orm is not None and isinstance(conn, (orm.Session, orm.scoped_session)):
+        try:
+            connection: Connection = conn.connection(bind_arguments={"clause": table})
+        except sa_exc.UnboundExecutionError as exc:
+            raise ConfigurationError(f"the Session has no bind for table {table.name!r}: {exc}") from None
+        return connection
+    raise InvalidArgumentType(
+        f"conn must be a sqlalchemy Connection, an ORM Session or None, got {type(conn).__name__}"
+    )
+
+
+class _Compiled:
+    """One statement compiled for the driver: its SQL, argument builder and row converter."""
+
+    __slots__ = ("args", "convert", "sql")
+
+    def __init__(self, stmt: Executable, dialect: Any) -> None:
+        compiled: Any = stmt.compile(dialect=dialect)  # type: ignore[attr-defined]
+        self.sql: str = compiled.string
+        names = compiled.positiontup if compiled.positional else list(compiled.binds)
+        binds: list[tuple[str | None, str, Any]] = []
+        for name in names:
+            bind = compiled.binds[name]
+            if bind.expanding or bind.callable is not None:
+                raise AssertionError(f"driver path cannot bind {name!r} of {self.sql}")
+            process = bind.type.dialect_impl(dialect).bind_processor(dialect)
+            if process is _TO_FLOAT:  # the store's numbers are floats already (fencing.checks)
+                process = None
+            if bind.required:  # bindparam("job_id"): from the call's parameters
+                binds.append((bind.key, name, process))
+            else:  # a constant SQLAlchemy bound itself, e.g. SQLite's OFFSET after a LIMIT
+                value = bind.effective_value
+                binds.append((None, name, value if process is None else process(value)))
+        self.args = _positional(binds) if compiled.positional else _named(binds)
+        # the driver's own values are what SQLAlchemy returns too, except for our own
+        # TypeDecorators (MariaDB's UTF-8 byte keys), which must be decoded
+        impls = [c.type.dialect_impl(dialect) for c in getattr(stmt, "exported_columns", ())]
+        self.convert = _converter(
+            [i.result_processor(dialect, None) if isinstance(i, TypeDecorator) else None for i in impls]
+        )
+
+
+def _positional(binds: list[tuple[str | None, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
+    keys = tuple(key for key, _, p in binds if key is not None and p is None)
+    if len(keys) == len(binds):  # the common case: every value as it is, from the call
+        return lambda params: [params[k] for k in keys]
+    items = tuple((key, p) for key, _, p in binds)
+    return lambda params: [_value(params, key, p) for key, p in items]
+
+
+def _named(binds: list[tuple[str | None, str, Any]]) -> Callable[[Mapping[str, Any]], Any]:
+    items = tuple(binds)
+    return lambda params: {name: _value(params, key, p) for key, name, p in items}
+
+
+def _value(params: Mapping[str, Any], key: str | None, p: Any) -> Any:
+    """A parameter (processed if its type says so), or, without a key, the constant ``p``."""
+    if key is None:
+        return p
+    return params[key] if p is None else p(params[key])
+
+
+def _converter(processors: list[Any]) -> Callable[[list[Any]], list[Any]] | None:
+    if all(p is None for p in processors):
+        return None
+    procs = tuple(processors)
+    return lambda rows: [
+        tuple(v if p is None else p(v) for v, p in zip(row, procs, strict=True)) for row in rows
+    ]
+
+
+class _DriverExecutor:
+    __slots__ = ("compiled", "cursor")
+
+    def __init__(self, cursor: Any, compiled: Callable[[Executable], _Compiled]) -> None:
+        self.cursor = cursor
+        self.compiled = compiled
+
+    def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
+        c = self.compiled(stmt)
+        self.cursor.execute(c.sql, c.args(params))
+        rows = self.cursor.fetchall()
+        return rows if c.convert is None else c.convert(rows)
+
+    def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
+        c = self.compiled(stmt)
+        self.cursor.execute(c.sql, c.args(params))
+        return self.cursor.rowcount  # type: ignore[no-any-return]
+
+
+class Runner:
+    """Runs units of work on ``engine``'s pooled connections (see the module's docstring).
+
+    ``errors``: what a database call can raise here (SQLAlchemy's errors and the driver's
+    own); they are retried, or passed up for the caller to wrap.
+    """
+
+    @classmethod
+    def admit(cls, engine: Engine, *, bridged: bool = False) -> Runner:
+        """The runner for a store (or ``FenceMarks``) on ``engine``, after refusing an engine
+        under which lock + check + write cannot be one transaction (:class:`ConfigurationError`):
+        a SQLite engine without the library's ``BEGIN IMMEDIATE`` listener, ``AUTOCOMMIT`` on
+        a server, a pool that shares one connection between transactions. An asyncio
+        driver's engine only for the async fronts (``bridged``: :mod:`fencing.asyncio`)."""
+        if getattr(engine.dialect, "is_async", False) and not bridged:
+            raise ConfigurationError(
+                f"the engine's driver ({engine.dialect.driver}) is an asyncio driver: its "
+                "statements must be awaited; use fencing.asyncio.AsyncJobStore (or "
+                "AsyncFenceMarks) with the AsyncEngine"
+            )
+        if engine.dialect.name == "sqlite" and sqlite_glue.settings_of(engine) is None:
+            raise ConfigurationError(
+                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
+                "compare-and-set would not be atomic: create it with "
+                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
+            )
+        refuse_sharing_pool(engine)
+        refuse_autocommit_engine(engine)
+        # SQLAlchemy's errors, and the driver's own on the fast path, which calls it directly
+        return cls(engine, DB_ERRORS + driver_errors(engine))
+
+    def __init__(self, engine: Engine, errors: tuple[type[BaseException], ...]) -> None:
+        self.engine = engine
+        self.errors = errors
+        dialect = engine.dialect
+        settings = sqlite_glue.settings_of(engine) if dialect.name == "sqlite" else None
+        self._sqlite = settings is not None
+        #: SQLite: begins IMMEDIATE transactions, waiting for the lock (the longest waiter next)
+        self._write_lock = None if settings is None else settings.write_lock
+        self._settings = settings
+        #: whether anything observes the engine (its own begin listener, SQLite's, does not)
+        self._observers = Observers(engine, 1 if settings is not None else 0)
+        self._fast = dialect.driver in FAST_DRIVERS
+        self._root = forks.root(engine)
+        self._checkout_from = Checkout(engine)
+        self._autocommit = autocommit_probe(engine)
+        self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
+        self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
+        #: the owner of the engine has disposed of it for good (:meth:`retire`)
+        self.retired = False
+        #: where lost lock races and lock waits are counted (the store's metrics), if anywhere
+        self.metrics: StoreMetrics | None = None
+        forks.register(engine)
+
+    def retire(self) -> None:
+        """The engine's owner is done with it (a cache evicted the store) while threads may
+        still use it: from now on every connection handed back is closed, not kept. Call it
+        before ``engine.dispose()``: a connection returned meanwhile is closed by one or
+        the other."""
+        self.retired = True
+
+    # -- the caller's transaction -----------------------------------------------------------
+
+    def caller(self, conn: object, table: Table) -> Connection:
+        """The caller's ``Connection`` (or its Session's), checked: same kind of database,
+        a real transaction, usable in this process."""
+        self._usable_here()
+        connection = caller_connection(conn, table)
+        if connection.dialect.name != self.engine.dialect.name:
+            raise ConfigurationError(
+                f"conn is a {connection.dialect.name} connection; this store's engine is "
+                f"{self.engine.dialect.name}"
+            )
+        refuse_autocommit_connection(connection, self._autocommit)
+        return connection
+
+    # -- the store's own transactions ---------------------------------------------------------
+
+    def run(self, unit: Callable[[Executor], T], *, write: bool = True, job: str | None = None) -> T:
+        """Run ``unit`` in a transaction of its own, retrying lock races and a dead idle
+        connection. ``write=False`` is for units that only read: on SQLite they take no
+        write lock (one statement on the fast path runs as its own snapshot). ``job``: the
+        one job the unit is about, if it is (for the log line of a retry)."""
+        self._usable_here()
+        verdict = _Verdict()
+        if self._fast and not self._observers:
+            try:  # the usual case: once, without the retry loop's own cost
+                return self._on_driver(unit, write, verdict)
+            except self.errors as exc:
+                if verdict.again is None:
+                    raise
+                return self._retrying(lambda v: self._on_driver(unit, write, v), verdict, exc, job)
+        try:
+            return self._on_core(unit, write, verdict)
+        except self.errors as exc:
+            if verdict.again is None:
+                raise
+            return self._retrying(lambda v: self._on_core(unit, write, v), verdict, exc, job)
+
+    def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
+        """The first row (or ``None``) of one read statement: the hot path of ``state()``.
+
+        On SQLite's fast path it runs outside any explicit transaction: one SELECT is its own
+        snapshot and takes no write lock. Anything unusual goes to :meth:`run`.
+        """
+        self._usable_here()
+        if not (self._sqlite and self._fast) or self._observers:
+            rows = self.run(lambda x: x.rows(stmt, params), write=False)
+            return rows[0] if rows else None
+        compiled = self._compiled_for(stmt)
+        held, lean, pool = self._checkout()
+        try:
+            row = held.dbapi_connection.execute(compiled.sql, compiled.args(params)).fetchone()
+        except self.errors:
+            self._checkin(held, lean, pool, ended=False)
+            rows = self.run(lambda x: x.rows(stmt, params), write=False)
+            return rows[0] if rows else None
+        self._checkin(held, lean, pool, ended=True)
+        if row is None or compiled.convert is None:
+            return row
+        return compiled.convert([row])[0]
+
+    @contextlib.contextmanager
+    def transaction(self, *, write: bool = True) -> Iterator[Connection]:
+        """A Core ``Connection`` from the pool in a transaction of the store's own
+        (``IMMEDIATE`` on SQLite when ``write``): committed when the block ends, rolled back
+        if it raises. Not retried: the block is the caller's.
+
+        A block that ``fork()``-ed: the child never ends, returns or closes the parent's
+        transaction (it raises :class:`ConfigurationError` instead); the parent's is untouched.
+        """
+        self._usable_here()
+        generation = forks.GENERATION[0]
+        pool = self.engine.pool
+        conn = self.engine.connect()
+        fairy = conn.connection
+        forks.in_use(fairy, self._root)
+        try:
+            refuse_autocommit_connection(conn, self._autocommit)
+            if self._sqlite:
+                begin = "IMMEDIATE" if write else "DEFERRED"
+                conn.execution_options(**{sqlite_glue.BEGIN_OPTION: begin, sqlite_glue.STORE_OPTION: True})
+            trans = conn.begin()
+            try:
+                yield conn
+            except BaseException:
+                if forks.GENERATION[0] == generation:
+                    with contextlib.suppress(Exception):  # a dead connection: the block's error matters
+                        trans.rollback()
+                raise
+            if forks.GENERATION[0] != generation:
+                raise forked_away()
+            trans.commit()
+        finally:
+            if forks.GENERATION[0] == generation:
+                forks.released(fairy)
+                if self.engine.pool is not pool:  # disposed meanwhile: close, do not return
+                    with contextlib.suppress(Exception):
+                        conn.invalidate()
+                conn.close()
+                if self.retired or self.engine.pool is not pool:  # disposed while it was returned
+                    with contextlib.suppress(Exception):
+                        pool.dispose()
+
+    def forked_since(self, generation: int) -> bool:
+        return forks.GENERATION[0] != generation
+
+    # -- the two ways ---------------------------------------------------------------------
+
+    def _retrying(
+        self, attempt: Callable[[_Verdict], T], verdict: _Verdict, exc: BaseException, job: str | None
+    ) -> T:
+        """Try again after an attempt failed with ``exc``, judged ``verdict``, as long as
+        the verdicts allow: a lost lock race within the wait budget, or once a dead idle
+        connection. Each retry of a lost race is logged (DEBUG, ``fencing.retry``) and
+        counted; the time from the first lost race to the end is a lock wait."""
+        races = 0  # lost lock races so far
+        started = 0.0  # when the first was lost: the wait for the lock begins there
+        reconnected = False
+        metrics = self.metrics
+        try:
+            while True:
+                if verdict.again == _LOCK_RACE:
+                    if races == 0:
+                        started = time.monotonic()
+                    races += 1
+                    if not self.lock_wait.again(races, started):
+                        raise self.lock_wait.busy(exc) from exc
+                    events.retried(exc, job, races, time.monotonic() - started)
+                    if metrics is not None:
+                        metrics.retried()
+                elif verdict.again == _DEAD_IDLE and not reconnected and races == 0:
+                    reconnected = True  # an idle connection the server closed: once, afresh
+                else:
+                    raise exc
+                verdict = _Verdict()
+                try:
+                    return attempt(verdict)
+                except self.errors as again:
+                    exc = again
+        finally:
+            if races and metrics is not None:
+                metrics.waited(time.monotonic() - started)
+
+    def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
+        held, lean, pool = self._checkout()
+        conn = held.dbapi_connection  # these drivers' own connection objects
+        info = held.info  # kept with the DBAPI connection from checkout to checkout
+        ended = False  # the transaction was committed or rolled back: nothing for the pool to reset
+        committing = False
+        try:
+            cursor = info.get(_CURSOR)
+            if cursor is None:  # one cursor per connection, made once
+                cursor = info[_CURSOR] = conn.cursor()
+            # (a read on SQLite: its one statement runs as its own snapshot)
+            if self._write_lock is not None and write:
+                began = time.perf_counter()
+                self._write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", self.errors, lowered=True)
+                waited = time.perf_counter() - began
+                if waited > LOCK_WAIT_MIN and self.metrics is not None:
+                    self.metrics.waited(waited)
+            result = unit(_DriverExecutor(cursor, self._compiled_for))
+            committing = True
+            if self._write_lock is None:
+                conn.commit()
+            elif write:
+                cursor.execute("COMMIT")
+            ended = True
+            return result
+        except DatabaseBusy:  # the write lock was never had: no transaction is open
+            ended = True
+            raise
+        except self.errors as exc:
+            _drop_cursor(info)
+            ended = self._rollback(conn)
+            if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
+                verdict.again = _LOCK_RACE
+            elif self._disconnected(exc, conn):
+                ended = False
+                held.invalidate(exc)
+                if committing:
+                    raise _unknown_outcome() from exc
+                verdict.again = _DEAD_IDLE
+            raise
+        finally:
+            self._checkin(held, lean, pool, ended)
+
+    def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
+        committing = False
+        try:
+            with self.transaction(write=write) as conn:
+                result = unit(CoreExecutor(conn))
+                committing = True  # the block's end sends COMMIT
+            return result
+        except self.errors as exc:
+            if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
+                verdict.again = _LOCK_RACE
+            elif getattr(exc, "connection_invalidated", False):
+                if committing:
+                    raise _unknown_outcome() from exc
+                verdict.again = _DEAD_IDLE
+            raise
+
+    # -- pooled connections ---------------------------------------------------------------
+
+    def _usable_here(self) -> None:
+        why = forks.refusal(self.engine)
+        if why is not None:
+            raise ConfigurationError(why)
+
+    def _checkout(self) -> tuple[Any, bool, Any]:
+        """A connection from the pool (:mod:`fencing.engine.checkout`), whether it is a bare pool
+        record, and the pool; on SQLite with the short busy handler its BEGIN waits in."""
+        held, lean, pool = self._checkout_from()
+        forks.in_use(held, self._root)
+        try:
+            if self._settings is not None:
+                self._settings.lower_busy_handler(held.dbapi_connection, held.info)
+            elif self._autocommit is not None and self._autocommit(held.dbapi_connection):
+                raise ConfigurationError(
+                    "the engine's connections are in autocommit mode (isolation_level='AUTOCOMMIT', "
+                    "or a connect listener that sets it): lock + check + write must be one transaction"
+                )
+        except BaseException:
+            self._checkin(held, lean, pool, ended=False)
+            raise
+        return held, lean, pool
+
+    def _checkin(self, held: Any, lean: bool, pool: Any, ended: bool) -> None:
+        forks.released(held)
+        give_back(held, lean, pool, self.engine, ended=ended)
+        if self.retired:
+            with contextlib.suppress(Exception):
+                pool.dispose()
+
+    def _compiled_for(self, stmt: Executable) -> _Compiled:
+        try:
+            return self._compiled[id(stmt)][1]
+        except KeyError:
+            # keep the statement referenced so its id() is never reused by another
+            self._compiled[id(stmt)] = (stmt, _Compiled(stmt, self.engine.dialect))
+            return self._compiled[id(stmt)][1]
+
+    def _rollback(self, conn: Any) -> bool:
+        """Roll back whatever the failed unit left open; False if the connection is unusable."""
+        try:
+            conn.rollback()
+            return True
+        except Exception:  # a dead connection cannot even roll back: drop it
+            return False
+
+    def _disconnected(self, exc: BaseException, conn: Any) -> bool:
+        orig = getattr(exc, "orig", None) or exc
+        try:
+            return bool(self.engine.dialect.is_disconnect(orig, conn, None))  # type: ignore[arg-type]
+        except Exception:
+            return False
+
+
+#: in a pooled connection's ``info``: the cursor the fast path runs its statements on
+_CURSOR = "fencing_cursor"
+
+
+def _drop_cursor(info: dict[str, Any]) -> None:
+    """Forget (and close) a connection's cursor after a failed statement: a fresh one next."""
+    cursor = info.pop(_CURSOR, None)
+    if cursor is not None:
+        with contextlib.suppress(Exception):
+            cursor.close()
+
+
+def forked_away() -> ConfigurationError:
+    return ConfigurationError(
+        "this transaction was begun in the parent process and the process forked inside it: "
+        "the child never commits, rolls back or closes the parent's connection (nothing was done here)"
+    )
+
+
+#: why a failed attempt may run again
+_LOCK_RACE = "lock race"  # the database rolled it back whole
+_DEAD_IDLE = "dead idle connection"  # the server had closed the pooled connection
+
+
+class _Verdict:
+    """Set by an attempt that failed in a way that may be tried again."""
+
+    __slots__ = ("again",)
+
+    def __init__(self) -> None:
+        self.again: str | None = None

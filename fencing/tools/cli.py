@@ -1,0 +1,1138 @@
+"""The ``fencing`` command (also ``python -m fencing``): a thin layer over the library.
+
+Each command is one ``_add_*`` function that declares its arguments and sets ``run``, a
+function from the parsed arguments to an exit code. The database commands only parse, call
+the library (:class:`fencing.JobStore` for changes, :class:`fencing.overview.Overview` for
+reads) and print: aligned tables for people, ``--json`` (one object per line) for scripts.
+Exit codes: 0 done; 1 a failure (bad URL, server down, table missing) or, for ``revoke``,
+``release`` and ``delete``, nothing changed; 2 bad arguments (argparse's own). Errors go to
+stderr, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from importlib import metadata as package_metadata
+from typing import Any, TextIO, TypeAlias
+
+import sqlalchemy
+from sqlalchemy import Connection, Engine, MetaData, Table, make_url
+from sqlalchemy.exc import ArgumentError
+
+from ..core.checks import FENCE_MAX
+from ..core.errors import DatabaseMissing, FencingError, InvalidArgument, TableMissing
+from ..core.values import Lease
+from ..engine.sqlite import BEGIN_OPTION
+from ..engine.sqlite import create_engine as create_sqlite_engine
+from ..fronts import cache
+from ..sql.dberrors import DB_ERRORS, database_errors, wrap_database_error
+from ..sql.schema import jobs, jobs_table
+from ..store.history import History, HistoryEntry, history_table
+from ..store.jobstore import JobStore
+from ..store.marks import fence_marks_table, idempotency_keys_table
+from . import demo
+from .overview import STATES, JobView, Overview, Summary
+
+__all__ = ["build_parser", "main"]
+
+Run = Callable[[argparse.Namespace], int]
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+#: where ``--url`` comes from when it is not given
+URL_VARIABLE = "FENCING_URL"
+#: ids enqueued per transaction: one commit (one fsync on SQLite) each, and a write lock
+#: held for milliseconds, so workers on the same database are not kept waiting
+ENQUEUE_CHUNK = 500
+
+
+def _at_least(minimum: float) -> Callable[[str], float]:
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+        if not (math.isfinite(value) and value >= minimum):
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g} seconds, got {text!r}")
+        return value
+
+    return seconds
+
+
+def _add_demo(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="play the late-worker story on a real SQLite file with real worker processes",
+        description=(
+            "Worker A claims a job and stalls past its lease; worker B claims the job and "
+            "completes it; A wakes up and tries to write its stale result. The store rejects "
+            "A's write. Exit code 0 if the story went exactly so, 1 otherwise."
+        ),
+    )
+    parser.add_argument(
+        "--ttl",
+        type=_at_least(demo.MIN_TTL),
+        default=demo.DEFAULT_TTL,
+        metavar="SECONDS",
+        help=f"lease duration in real seconds (default {demo.DEFAULT_TTL:g}, at least {demo.MIN_TTL:g})",
+    )
+
+    def run(args: argparse.Namespace) -> int:
+        return demo.run_demo(args.ttl)
+
+    parser.set_defaults(run=run)
+
+
+def _whole(minimum: int, maximum: int) -> Callable[[str], int]:
+    def number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum}, got {value}")
+        return value
+
+    return number
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
+    return value
+
+
+class _ProgressLine:
+    """A long run's progress on a terminal: one line, rewritten in place (``\\r``), cut to the
+    terminal's width so it never wraps, and cleared at the end. A ``torture.Progress``."""
+
+    def __init__(self, stream: TextIO, prog: str, jobs: int) -> None:
+        self.stream = stream
+        self.prog = prog
+        self.jobs = jobs
+        self.shown = False
+
+    def __call__(self, phase: str, elapsed: float, total: float | None, done: int | None) -> None:
+        if phase == "setup":
+            text = f"setting up: enqueuing {self.jobs} jobs"
+        elif phase == "stopping":
+            text = "stopping the workers"
+        elif phase == "verdict":
+            text = "checking the journals and the database"
+        else:
+            text = phase if total is None else f"{phase} {elapsed:.1f}/{total:g}s"
+            if done is not None:
+                text += f", {done}/{self.jobs} jobs done"
+        self._write(f"{self.prog}: {text}")
+
+    def clear(self) -> None:
+        if self.shown:
+            self._write("")
+            self.shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            width = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: size unknown
+        except (OSError, ValueError):
+            width = 80
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal: the run goes on
+            self.stream.write("\r" + text[: max(width - 1, 0)] + "\x1b[K")
+            self.stream.flush()
+            self.shown = bool(text)
+
+
+@contextlib.contextmanager
+def _cleared(progress: _ProgressLine | None) -> Iterator[None]:
+    """The progress line gone before anything else is printed, however the run ends."""
+    try:
+        yield
+    finally:
+        if progress is not None:
+            progress.clear()
+
+
+def _add_torture(commands: Commands) -> None:
+    from . import torture  # the harness loads only when asked for
+
+    defaults = torture.TortureConfig(url="-")
+    parser = commands.add_parser(
+        "torture",
+        help="run real workers under injected faults and check every guarantee (exit 1 on a violation)",
+        description=(
+            "Enqueue jobs and run worker processes built only from the public API (claim_next, "
+            "a heartbeat, a fenced write, a write guarded by FenceMarks, complete) while a "
+            "controller freezes them past their lease (SIGSTOP), kills them (SIGKILL, also inside "
+            "transactions) and restarts them, and revokes leases. Every call is journaled; at the "
+            "end the journals and the database are checked against the rules. Exit code 0 with no "
+            "violation, 1 with any. The harness uses only tables named PREFIX..., dropped first. "
+            "On a terminal, one line on stderr shows the phase, its seconds and the jobs done."
+        ),
+    )
+    parser.add_argument(
+        "--url",
+        help="database URL or SQLite file path (default: a new SQLite file in a temporary directory)",
+    )
+    parser.add_argument(
+        "--workers", type=_whole(1, 256), default=defaults.workers, help="worker processes (%(default)s)"
+    )
+    parser.add_argument(
+        "--jobs", type=_whole(1, 10_000_000), default=defaults.jobs, help="jobs to run (%(default)s)"
+    )
+    parser.add_argument(
+        "--seconds",
+        type=_at_least(0.0),
+        default=defaults.seconds,
+        help="longest fault phase; it ends sooner when every job is done (%(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=_whole(0, 2**63 - 1), help="the faults' seed (default: random, printed)"
+    )
+    parser.add_argument(
+        "--ttl", type=_at_least(0.05), default=defaults.ttl, help="lease TTL in seconds (%(default)s)"
+    )
+    parser.add_argument(
+        "--work",
+        type=_at_least(0.0),
+        default=defaults.work,
+        help="most simulated work per job, seconds (%(default)s)",
+    )
+    parser.add_argument(
+        "--finish",
+        choices=torture.FINISH_MODES,
+        default=defaults.finish,
+        help="how jobs are completed: fenced block, complete(), complete_many(), or a mix (%(default)s)",
+    )
+    parser.add_argument(
+        "--batch", type=_whole(1, 1000), default=defaults.batch, help="largest claim_next batch (%(default)s)"
+    )
+    parser.add_argument(
+        "--fault-every",
+        type=_at_least(0.01),
+        default=defaults.fault_every,
+        help="mean seconds between two faults (%(default)s)",
+    )
+    parser.add_argument(
+        "--faults",
+        default=",".join(defaults.faults),
+        help=f"fault kinds to inject, comma-separated, from {','.join(torture.FAULT_KINDS)} (all)",
+    )
+    parser.add_argument(
+        "--check-heartbeat",
+        type=_probability,
+        default=defaults.check_heartbeat,
+        help="how often a worker asks its heartbeat first; else the store alone refuses (%(default)s)",
+    )
+    parser.add_argument(
+        "--release-rate",
+        type=_probability,
+        default=defaults.release_rate,
+        help="how often a worker gives a job back with a delay (%(default)s)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=_at_least(1.0),
+        default=defaults.drain,
+        help="seconds to finish every job after the faults (%(default)s)",
+    )
+    parser.add_argument(
+        "--prefix", default=defaults.prefix, help="the harness's table name prefix (%(default)s)"
+    )
+    parser.add_argument(
+        "--async",
+        dest="front",
+        action="store_const",
+        const="async",
+        default=defaults.front,
+        help="run the workers on the async front: AsyncJobStore, AsyncFenceMarks and AsyncHeartbeat "
+        "on the asyncio driver (aiosqlite, asyncpg, asyncmy) for the same database",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="MODULE:CALLABLE",
+        help="the store on trial, built from (engine, table, history=History) (default "
+        f"{torture.FRONTS['sync']}; with --async, from (AsyncEngine, table, history=History), "
+        f"default {torture.FRONTS['async']})",
+    )
+    parser.add_argument(
+        "--journal", metavar="DIR", help="keep the journals here (default: a temporary directory)"
+    )
+    parser.add_argument("--keep-tables", action="store_true", help="leave the harness's tables behind")
+
+    def run(args: argparse.Namespace) -> int:
+        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+        faults = tuple(kind for kind in args.faults.split(",") if kind)
+        progress = _ProgressLine(sys.stderr, parser.prog, args.jobs) if sys.stderr.isatty() else None
+        with tempfile.TemporaryDirectory(prefix="fencing-torture-db-") as scratch, _cleared(progress):
+            try:
+                config = torture.TortureConfig(
+                    url=args.url or os.path.join(scratch, "torture.db"),
+                    workers=args.workers,
+                    jobs=args.jobs,
+                    seconds=args.seconds,
+                    seed=seed,
+                    ttl=args.ttl,
+                    work=args.work,
+                    finish=args.finish,
+                    batch=args.batch,
+                    fault_every=args.fault_every,
+                    check_heartbeat=args.check_heartbeat,
+                    release_rate=args.release_rate,
+                    drain=args.drain,
+                    prefix=args.prefix,
+                    front=args.front,
+                    store_factory=args.store,
+                    journal_dir=args.journal,
+                    keep_tables=args.keep_tables,
+                    faults=faults,
+                )
+                outcome = torture.run_torture(config, progress=progress)
+            except (FencingError, ValueError, TypeError) as exc:
+                if progress is not None:
+                    progress.clear()
+                print(f"fencing torture: {exc}", file=sys.stderr)
+                return 2
+        print(torture.summary(outcome))
+        return 1 if outcome.violations else 0
+
+    parser.set_defaults(run=run)
+
+
+# -- the database commands: arguments every one of them shares -----------------------------
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def _database_options() -> argparse.ArgumentParser:
+    """``--url``, ``--table`` and ``--json``: the parent of every database command."""
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_argument_group("database")
+    default = os.environ.get(URL_VARIABLE)
+    where.add_argument(
+        "--url",
+        default=default,
+        required=default is None,
+        metavar="URL_OR_PATH",
+        help=f"a SQLite file path or a database URL (default: ${URL_VARIABLE})",
+    )
+    where.add_argument("--table", default="jobs", metavar="NAME", help="the jobs table (%(default)s)")
+    common.add_argument("--json", action="store_true", help="one JSON object per line, for scripts")
+    return common
+
+
+def _max_attempts_option(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--max-attempts",
+        type=_whole(1, FENCE_MAX),
+        metavar="N",
+        help=f"{what}: jobs claimed N times or more are poisoned, as claim_next(max_attempts=N) "
+        "skips them (the fence counts claims)",
+    )
+
+
+@dataclass
+class _Database:
+    """What a database command works on: the library's objects for one table."""
+
+    engine: Engine
+    table: Table
+    store: JobStore
+    overview: Overview
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One transaction of the command's own, for the store's operations (``conn=``) and
+        locked reads that must go together; on SQLite it takes the write lock first."""
+        with database_errors(self.table.name), self.engine.connect() as conn:
+            if conn.dialect.name == "sqlite":
+                conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
+            with conn.begin():
+                yield conn
+
+
+def _engine(url: str, *, create: bool) -> Engine:
+    """The engine for ``--url``: a SQLite file (a path or a ``sqlite:`` URL; it must exist
+    unless ``create``) through :func:`fencing.create_sqlite_engine`, any other URL through
+    ``sqlalchemy.create_engine``. Messages never show the URL's password."""
+    if "://" in url:
+        try:
+            parsed = make_url(url)
+        except (ArgumentError, ValueError) as exc:  # e.g. a port that is not a number
+            raise InvalidArgument(f"not a database URL ({exc})") from None
+        if parsed.get_backend_name() != "sqlite":
+            try:
+                # pre-ping: a --watch outlives a server restart
+                return sqlalchemy.create_engine(parsed, pool_pre_ping=True)
+            except (ArgumentError, ImportError) as exc:
+                shown = parsed.render_as_string(hide_password=True)
+                raise InvalidArgument(f"cannot use database URL {shown!r}: {exc}") from None
+    path = cache.normalize_target(url)[1]
+    if not create and not os.path.exists(path):
+        raise DatabaseMissing(f"no database file at {path!r} (`fencing init` creates one)")
+    return create_sqlite_engine(path)
+
+
+def _open(args: argparse.Namespace, *, create: bool) -> _Database:
+    """The library's objects for ``--url`` and ``--table``, on a connection that works."""
+    # the contract's own table for the default name (on SQLite its exact DDL, as init_db makes it)
+    table = jobs if args.table == "jobs" else jobs_table(MetaData(), args.table)
+    meta = MetaData()
+    marks = fence_marks_table(meta, getattr(args, "marks_table", "fence_marks"))
+    keys = idempotency_keys_table(meta, getattr(args, "keys_table", "idempotency_keys"))
+    engine = _engine(args.url, create=create)
+    try:
+        try:
+            with engine.connect():  # a bad host, password or option is said here, once
+                pass
+        except TypeError as exc:  # a driver refusing an option of the URL's query string
+            shown = engine.url.render_as_string(hide_password=True)
+            raise InvalidArgument(f"cannot use database URL {shown!r}: {exc}") from None
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, table.name) from exc
+        overview = Overview(engine, table, marks=marks, keys=keys)
+        return _Database(engine, table, JobStore(engine, table), overview)
+    except BaseException:
+        engine.dispose()
+        raise
+
+
+def _database_parser(
+    commands: Commands, common: argparse.ArgumentParser, name: str, *, help: str, description: str
+) -> argparse.ArgumentParser:
+    """A database command's parser: ``--url``, ``--table``, ``--json`` and ``--help``."""
+    return commands.add_parser(name, parents=[common], help=help, description=description)
+
+
+Body: TypeAlias = "Callable[[argparse.Namespace, _Database, _Output], int]"
+
+
+def _runs_on_database(
+    parser: argparse.ArgumentParser,
+    body: Body,
+    *,
+    create: bool = False,
+    check: Callable[[argparse.Namespace], str | None] = lambda args: None,
+) -> None:
+    """Set ``parser``'s ``run``: refuse arguments that do not go together (``check`` says
+    why: exit code 2, before any database work), open the database, run ``body``, turn the
+    library's errors into a line on stderr and exit code 1, and close the engine."""
+
+    def run(args: argparse.Namespace) -> int:
+        problem = check(args)
+        if problem is not None:
+            parser.error(problem)
+        out = _Output(sys.stdout, as_json=args.json)
+        try:
+            db = _open(args, create=create)
+            try:
+                return body(args, db, out)
+            finally:
+                db.engine.dispose()
+        except TableMissing:
+            return _fail(parser, f"table {args.table!r} does not exist here; `fencing init` creates it")
+        except FencingError as exc:
+            return _fail(parser, str(exc))
+        except KeyboardInterrupt:
+            return 130
+        except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+            with contextlib.suppress(OSError, ValueError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+
+    parser.set_defaults(run=run)
+
+
+def _fail(parser: argparse.ArgumentParser, message: str) -> int:
+    print(f"{parser.prog}: {message}", file=sys.stderr)
+    return 1
+
+
+# -- output: aligned tables for people, JSON lines for scripts ------------------------------
+
+
+class _Output:
+    def __init__(self, stream: TextIO, *, as_json: bool) -> None:
+        self.stream = stream
+        self.json = as_json
+
+    def record(self, **fields: Any) -> None:
+        """One JSON object on its own line (ASCII: exact under any locale)."""
+        print(json.dumps(fields), file=self.stream)
+
+    def lines(self, lines: Sequence[str]) -> None:
+        for line in lines:
+            print(line, file=self.stream)
+
+
+def _shown(value: str | None) -> str:
+    """A value in a table cell: ``-`` for none, control characters escaped (a newline in an
+    id must not break the table); quotes and non-ASCII text as they are."""
+    if value is None:
+        return "-"
+    if value.isprintable():
+        return value
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in value)
+
+
+def _width(text: str) -> int:
+    """Terminal columns: East Asian wide characters take two, combining marks none."""
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
+    )
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> list[str]:
+    """Columns two spaces apart, each as wide as its widest cell; ``numeric`` ones right-aligned."""
+    widths = [max(_width(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = []
+    for row in (headers, *rows):
+        cells = []
+        for i, (cell, width) in enumerate(zip(row, widths, strict=True)):
+            pad = " " * (width - _width(cell))
+            cells.append(pad + cell if i in numeric else cell + pad)
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _duration(seconds: float) -> str:
+    """``3.2s``, ``42s``, ``5m 02s``, ``2h 05m``, ``3d 04h``: rounded down, so a time left is
+    never shown longer than it is."""
+    s = max(seconds, 0.0)
+    if s < 10:
+        return f"{math.floor(s * 10) / 10:.1f}s"
+    whole = int(s)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m {whole % 60:02d}s"
+    if whole < 86400:
+        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
+    return f"{whole // 86400}d {whole % 86400 // 3600:02d}h"
+
+
+def _instant(epoch: float | None) -> str:
+    """A point on the database's clock, in UTC to the millisecond."""
+    if epoch is None:
+        return "-"
+    try:
+        moment = datetime.fromtimestamp(epoch, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch:.3f}"
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _cell(value: object) -> str:
+    """A stored value in a table: text as :func:`_shown`, a float as a point in time."""
+    if value is None or isinstance(value, str):
+        return _shown(value)
+    if isinstance(value, float):
+        return _instant(value)
+    return str(value)
+
+
+def _when(job: JobView) -> str:
+    """The lease's time left, when a deferred job becomes ready, or how long a ready one has
+    waited: ``until`` against the database's ``now``."""
+    delta = job.until_in
+    if delta is None:
+        return "-"
+    if job.state == "held":
+        return f"{_duration(delta)} left"
+    if job.state == "deferred":
+        return f"ready in {_duration(delta)}"
+    if job.owner is not None:
+        return f"lease expired {_duration(-delta)} ago"
+    return f"waiting {_duration(-delta)}"
+
+
+def _job_record(job: JobView) -> dict[str, Any]:
+    return {
+        "id": job.job_id,
+        "state": job.state,
+        "owner": job.owner,
+        "fence": job.fence,
+        "until": job.until,
+        "until_in": job.until_in,
+        "now": job.now,
+    }
+
+
+# -- init, enqueue -------------------------------------------------------------------------
+
+
+def _where(db: _Database) -> str:
+    url = db.engine.url
+    if url.get_backend_name() == "sqlite":
+        return url.database or ""
+    return url.render_as_string(hide_password=True)
+
+
+def _add_init(commands: Commands, common: argparse.ArgumentParser) -> None:
+    parser = _database_parser(
+        commands,
+        common,
+        "init",
+        help="create the jobs table (idempotent; an existing table is checked, never changed)",
+        description="Create the jobs table if it is missing (JobStore.create_table()); an existing "
+        "one is checked against the schema and left as it is. A SQLite file is created if needed.",
+    )
+
+    def init(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        existed = db.overview.has_table(db.table)
+        db.store.create_table()
+        if out.json:
+            out.record(table=db.table.name, created=not existed)
+        elif existed:
+            out.lines([f"table {db.table.name!r} already exists in {_where(db)} and matches: unchanged"])
+        else:
+            out.lines([f"created table {db.table.name!r} in {_where(db)}"])
+        return 0
+
+    _runs_on_database(parser, init, create=True)
+
+
+def _stdin_ids() -> list[str]:
+    """One id per line, its line ending removed; empty lines are skipped. UTF-8."""
+    if sys.stdin.isatty():
+        print("reading job ids from stdin, one per line; end with Ctrl-D", file=sys.stderr)
+    raw = getattr(sys.stdin, "buffer", None)
+    if raw is None:
+        text = sys.stdin.read()
+    else:
+        data = raw.read()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            raise InvalidArgument(f"stdin is not UTF-8 text (line {line}): job ids are text") from None
+    return [line.removesuffix("\r") for line in text.split("\n") if line.removesuffix("\r")]
+
+
+def _add_enqueue(commands: Commands, common: argparse.ArgumentParser) -> None:
+    parser = _database_parser(
+        commands,
+        common,
+        "enqueue",
+        help="register jobs by id (an existing id is left exactly as it is)",
+        description="Register each id as a ready job (JobStore.enqueue); an id that exists is "
+        "left unchanged, a lease in progress included. With no ids, or the one id '-', the ids "
+        "are read from stdin, one per line (empty lines skipped). They are enqueued "
+        f"{ENQUEUE_CHUNK} per transaction: after an error, the ids before it stay enqueued.",
+    )
+    parser.add_argument("ids", nargs="*", metavar="ID", help="job ids (none or '-': from stdin)")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument(
+        "--delay",
+        type=_at_least(0.0),
+        metavar="SECONDS",
+        help="not claimable before the database's now + SECONDS",
+    )
+    when.add_argument(
+        "--ready-at",
+        type=_finite,
+        metavar="EPOCH",
+        help="not claimable before this time (seconds since 1970)",
+    )
+
+    def enqueue(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        ids = _stdin_ids() if args.ids in ([], ["-"]) else list(args.ids)
+        ready_at = args.ready_at
+        if args.delay is not None:
+            ready_at = db.overview.now() + args.delay
+        answers: list[bool] = []
+        try:
+            for start in range(0, len(ids), ENQUEUE_CHUNK):
+                chunk = ids[start : start + ENQUEUE_CHUNK]
+                with db.transaction() as conn:
+                    done = [db.store.enqueue(job_id, ready_at=ready_at, conn=conn) for job_id in chunk]
+                answers += done  # committed
+        except FencingError as exc:
+            new = sum(answers)
+            raise type(exc)(
+                f"{exc} (before it: {new} new, {len(answers) - new} existing; the rest not enqueued)"
+            ) from exc
+        if out.json:
+            for job_id, new in zip(ids, answers, strict=True):
+                out.record(id=job_id, new=new)
+            return 0
+        new = sum(answers)
+        kept = f"; {len(ids) - new} already existed, unchanged" if new < len(ids) else ""
+        out.lines([f"enqueued {new} new job{'' if new == 1 else 's'}{kept}"])
+        return 0
+
+    _runs_on_database(parser, enqueue, create=False)
+
+
+# -- reading: jobs, show, stats, marks -----------------------------------------------------
+
+
+def _add_jobs(commands: Commands, common: argparse.ArgumentParser) -> None:
+    parser = _database_parser(
+        commands,
+        common,
+        "jobs",
+        help="list jobs, longest waiting first",
+        description="List jobs by until, then id (the ready index's order, so a listing costs the "
+        "same at any backlog): ready jobs longest waiting first, held ones soonest expiring "
+        "first. Without --state, jobs not done come first, then done ones. Times are on the "
+        "database's clock. Poisoned jobs run again only when the workers' max_attempts is "
+        "raised: a fence is never lowered.",
+    )
+    parser.add_argument("--state", choices=STATES, help="only jobs in this state")
+    parser.add_argument(
+        "--limit", type=_whole(1, 1_000_000), default=50, help="at most this many jobs (%(default)s)"
+    )
+    _max_attempts_option(parser, "needed with --state poisoned")
+
+    def list_jobs(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        found = db.overview.jobs(args.state, limit=args.limit + 1, max_attempts=args.max_attempts)
+        shown = found[: args.limit]
+        if out.json:
+            for job in shown:
+                out.record(**_job_record(job))
+            return 0
+        if not shown:
+            out.lines([f"no {args.state + ' ' if args.state else ''}jobs in table {db.table.name!r}"])
+            return 0
+        rows = [[_shown(j.job_id), j.state, _shown(j.owner), str(j.fence), _when(j)] for j in shown]
+        out.lines(_table(["ID", "STATE", "OWNER", "FENCE", "WHEN"], rows, numeric=[3]))
+        if len(found) > args.limit:
+            print(f"(more not shown: --limit {args.limit})", file=sys.stderr)
+        return 0
+
+    def check(args: argparse.Namespace) -> str | None:
+        if args.state == "poisoned" and args.max_attempts is None:
+            return "--state poisoned needs --max-attempts N (the workers' max_attempts)"
+        return None
+
+    _runs_on_database(parser, list_jobs, check=check)
+
+
+def _add_show(commands: Commands, common: argparse.ArgumentParser) -> None:
+    parser = _database_parser(
+        commands,
+        common,
+        "show",
+        help="one job: its row, its state, its lease's time left",
+        description="Show one job's row, its state and its lease's time left on the database's clock.",
+    )
+    parser.add_argument("id", metavar="ID", help="the job's id")
+    _max_attempts_option(parser, "to tell poisoned jobs from ready ones")
+    parser.add_argument(
+        "--history-table",
+        default="fencing_history",
+        metavar="NAME",
+        help="the ownership history table (%(default)s), shown when it exists",
+    )
+
+    def show(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        job = db.overview.job(args.id, max_attempts=args.max_attempts)
+        if job is None:
+            return _fail(parser, f"no job {args.id!r} in table {db.table.name!r}")
+        history = _history_of(db, args.history_table, job.job_id)
+        if out.json:
+            recorded = None if history is None else [asdict(e) for e in history]
+            out.record(**_job_record(job), result=job.result, history=recorded)
+            return 0
+        until = "-" if job.until == 0 else f"{_instant(job.until)} ({_when(job)})"
+        rows = [
+            ["id", _shown(job.job_id)],
+            ["state", job.state],
+            ["owner", _shown(job.owner)],
+            ["fence", str(job.fence)],
+            ["until", until],
+            ["result", _shown(job.result)],
+            ["now", f"{_instant(job.now)} (the database's clock)"],
+        ]
+        out.lines(_table(["", ""], rows)[1:])
+        if history:
+            out.lines(["", f"history ({args.history_table}, oldest first)", *_history_lines(history)])
+        return 0
+
+    _runs_on_database(parser, show)
+
+
+def _history_of(db: _Database, name: str, job_id: str) -> list[HistoryEntry] | None:
+    """The job's ownership history from table ``name``, or ``None`` if there is no such table."""
+    with database_errors(name):
+        if not sqlalchemy.inspect(db.engine).has_table(name, schema=db.table.schema):
+            return None
+    table = history_table(MetaData(), name, schema=db.table.schema)
+    return JobStore(db.engine, db.table, history=History(table, retention=None)).history(job_id)
+
+
+def _history_lines(entries: Sequence[HistoryEntry]) -> list[str]:
+    rows = []
+    for e in entries:
+        if e.event == "refused":
+            detail = f"{e.path}: {e.reason}; holder {_shown(e.holder)}, fence {_cell(e.current_fence)}"
+        elif e.until is not None and e.event in ("claim", "renew"):
+            detail = f"until {_instant(e.until)}"
+        else:
+            detail = "" if e.path is None else f"by {e.path}"
+        rows.append([str(e.seq), _instant(e.at), e.event, _shown(e.owner), _cell(e.fence), detail])
+    return _table(["SEQ", "AT", "EVENT", "OWNER", "FENCE", "DETAIL"], rows, numeric=(0, 4))
+
+
+def _stats_lines(s: Summary) -> list[str]:
+    rows = [
+        ["ready", str(s.ready), "claimable now"],
+        ["held", str(s.held), "live leases"],
+        ["deferred", str(s.deferred), "not claimable yet"],
+        ["done", str(s.done), ""],
+        ["deleted", str(s.deleted), "tombstones, kept for their fence"],
+    ]
+    if s.max_attempts is not None or s.poisoned:
+        limit = "the last fence" if s.max_attempts is None else f"{s.max_attempts} claims"
+        rows.append(["poisoned", str(s.poisoned), f"at {limit} or more, not held"])
+    age = s.oldest_ready_age
+    rows += [
+        ["oldest ready", "-" if age is None else _duration(age), "longest wait of a ready job"],
+        ["expiring", str(s.expiring), f"leases ending within {s.within:g}s"],
+        ["highest fence", "-" if s.highest_fence is None else str(s.highest_fence), ""],
+    ]
+    return _table(["", "", ""], rows, numeric=[1])[1:]
+
+
+def _stats_record(s: Summary) -> dict[str, Any]:
+    return {
+        "now": s.now,
+        "ready": s.ready,
+        "held": s.held,
+        "deferred": s.deferred,
+        "done": s.done,
+        "deleted": s.deleted,
+        "poisoned": s.poisoned if s.max_attempts is not None or s.poisoned else None,
+        "max_attempts": s.max_attempts,
+        "oldest_ready_age": s.oldest_ready_age,
+        "expiring": s.expiring,
+        "within": s.within,
+        "highest_fence": s.highest_fence,
+    }
+
+
+def _add_stats(commands: Commands, common: argparse.ArgumentParser) -> None:
+    parser = _database_parser(
+        commands,
+        common,
+        "stats",
+        help="counts by state, the longest wait, leases about to end, the highest fence",
+        description="Summarise the table at one instant of the database's clock (one pass over "
+        "it). With --watch, again every SECONDS until Ctrl-C (or --count refreshes): in place on "
+        "a terminal, one summary after another otherwise.",
+    )
+    parser.add_argument(
+        "--within",
+        type=_at_least(0.0),
+        default=60.0,
+        metavar="SECONDS",
+        help="count held leases that end within this many seconds (%(default)g)",
+    )
+    _max_attempts_option(parser, "count poisoned jobs")
+    parser.add_argument(
+        "--watch",
+        nargs="?",
+        const=2.0,
+        type=_at_least(0.1),
+        metavar="SECONDS",
+        help="refresh every SECONDS (2 if not given)",
+    )
+    parser.add_argument("--count", type=_whole(1, 10**9), metavar="N", help="with --watch: stop after N")
+
+    def stats(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        def summary() -> Summary:
+            return db.overview.summary(within=args.within, max_attempts=args.max_attempts)
+
+        if args.watch is None:
+            s = summary()
+            out.record(**_stats_record(s)) if out.json else out.lines(_stats_lines(s))
+            return 0
+        in_place = not out.json and out.stream.isatty()
+        title = f"table {db.table.name!r} in {_where(db)}, every {args.watch:g}s (Ctrl-C to stop)"
+        if in_place:
+            out.stream.write("\x1b[2J")  # clear the screen once; each refresh overwrites
+        shown = 0
+        try:
+            while True:
+                s = summary()
+                if out.json:
+                    out.record(**_stats_record(s))
+                elif in_place:
+                    frame = [f"{_instant(s.now)}  {title}", "", *_stats_lines(s)]
+                    # home, each line cleared to its end, then everything below it
+                    out.stream.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in frame) + "\x1b[J")
+                else:
+                    out.lines([f"{_instant(s.now)}  {title}", *_stats_lines(s), ""])
+                out.stream.flush()
+                shown += 1
+                if args.count is not None and shown >= args.count:
+                    return 0
+                time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+    _runs_on_database(
+        parser, stats, check=lambda a: "--count goes with --watch" if a.count and not a.watch else None
+    )
+
+
+def _add_marks(commands: Commands, common: argparse.ArgumentParser) -> None:
+    parser = _database_parser(
+        commands,
+        common,
+        "marks",
+        help="list FenceMarks' fence marks and idempotency keys",
+        description="List the highest fence accepted per resource and the recorded idempotency "
+        "keys (fencing.FenceMarks), by resource and key. A missing table is said, not an error, "
+        "unless both are missing (exit 1).",
+    )
+    parser.add_argument("--marks-table", default="fence_marks", metavar="NAME", help="(%(default)s)")
+    parser.add_argument("--keys-table", default="idempotency_keys", metavar="NAME", help="(%(default)s)")
+    parser.add_argument(
+        "--limit", type=_whole(1, 1_000_000), default=50, help="at most this many of each (%(default)s)"
+    )
+
+    def marks(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        o = db.overview
+        kinds = (("fence marks", o.marks, o.fence_marks), ("idempotency keys", o.keys, o.idempotency_keys))
+        found = {
+            table.name: [asdict(row) for row in read(limit=args.limit + 1)] if o.has_table(table) else None
+            for _, table, read in kinds
+        }
+        if all(rows is None for rows in found.values()):
+            return _fail(
+                parser,
+                f"neither {o.marks.name!r} nor {o.keys.name!r} exists here: nothing uses FenceMarks "
+                "on this database yet (FenceMarks.create_tables() makes them)",
+            )
+        lines: list[str] = []
+        for what, table, _ in kinds:
+            rows = found[table.name]
+            if rows is None:
+                if out.json:
+                    print(f"{parser.prog}: no table {table.name!r}", file=sys.stderr)
+                lines += ["", f"{what}: no table {table.name!r}"]
+                continue
+            if len(rows) > args.limit:
+                print(f"(more in {table.name} than shown: --limit {args.limit})", file=sys.stderr)
+            rows = rows[: args.limit]
+            for row in rows if out.json else ():
+                out.record(table=table.name, **row)
+            lines += ["", f"{what} ({table.name}):{'' if rows else ' none'}"]
+            if rows:
+                headers = [name.split("_")[0].upper() for name in rows[0]]  # RECORDED for recorded_at
+                cells = [[_cell(value) for value in row.values()] for row in rows]
+                lines += _table(headers, cells, numeric=[headers.index("FENCE")])
+        if not out.json:
+            out.lines(lines[1:])
+        return 0
+
+    _runs_on_database(parser, marks)
+
+
+# -- changing one job: revoke, release, delete ---------------------------------------------
+
+
+def _unchanged(
+    parser: argparse.ArgumentParser, out: _Output, job_id: str, job: JobView | None, did: str
+) -> int:
+    """Nothing changed: why, and exit code 1."""
+    why = "no such job" if job is None else f"it is {job.state}, not held"
+    if out.json:
+        out.record(id=job_id, **{did: False}, state=None if job is None else job.state)
+    return _fail(parser, f"job {job_id!r}: {why}; nothing changed")
+
+
+#: a change to one job, made in the command's transaction with the job's row locked: whether
+#: the store changed it
+Change: TypeAlias = "Callable[[argparse.Namespace, _Database, Connection, JobView], bool]"
+#: what a change says it did: its JSON fields and its line for people
+Told: TypeAlias = "Callable[[argparse.Namespace, JobView], tuple[dict[str, Any], str]]"
+
+
+def _one_job_command(
+    commands: Commands,
+    common: argparse.ArgumentParser,
+    name: str,
+    *,
+    help: str,
+    description: str,
+    held_only: bool,
+    change: Change,
+    told: Told,
+) -> argparse.ArgumentParser:
+    """``revoke``, ``release``, ``delete``: the job is read with its row locked, judged and
+    changed by the store in one transaction, so what is judged is what is changed. Exit
+    code 1 when nothing changed (no such job, or with ``held_only`` a job nobody holds)."""
+    parser = _database_parser(commands, common, name, help=help, description=description)
+    parser.add_argument("id", metavar="ID", help="the job's id")
+    did = f"{name}d"  # revoked, released, deleted
+
+    def body(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+        with db.transaction() as conn:
+            job = db.overview.job(args.id, conn=conn, lock=True)
+            if job is None or (held_only and job.state != "held") or not change(args, db, conn, job):
+                return _unchanged(parser, out, args.id, job, did)
+        fields, line = told(args, job)
+        if out.json:
+            out.record(id=job.job_id, **{did: True}, **fields)
+        else:
+            out.lines([line])
+        return 0
+
+    _runs_on_database(parser, body)
+    return parser
+
+
+def _add_revoke(commands: Commands, common: argparse.ArgumentParser) -> None:
+    def told(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+        fence, new = job.fence, job.fence + 1
+        return {"owner": job.owner, "fence": fence, "new_fence": new}, (
+            f"revoked job {job.job_id!r}: the lease of {job.owner!r} (fence {fence}, {_when(job)}) "
+            f"ended; the fence is now {new}, so fence {fence} is stale"
+        )
+
+    _one_job_command(
+        commands,
+        common,
+        "revoke",
+        help="take a held job's lease away: the fence moves on, so the holder's token is stale",
+        description="End a held job's lease at once (JobStore.revoke): its fence goes up by one, so "
+        "every later write with the holder's token is refused (FenceMarks.accept too); the job is "
+        "claimable again. Exit code 1, nothing changed, if the job is not held.",
+        held_only=True,
+        change=lambda args, db, conn, job: db.store.revoke(job.job_id, conn=conn),
+        told=told,
+    )
+
+
+def _add_release(commands: Commands, common: argparse.ArgumentParser) -> None:
+    def change(args: argparse.Namespace, db: _Database, conn: Connection, job: JobView) -> bool:
+        if job.owner is None:
+            return False
+        return db.store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn)
+
+    def told(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+        again = "now" if args.delay is None else f"in {_duration(args.delay)}"
+        return {"owner": job.owner, "fence": job.fence, "delay": args.delay}, (
+            f"released job {job.job_id!r} from {job.owner!r} (fence {job.fence} kept, {_when(job)}); "
+            f"claimable again {again}"
+        )
+
+    parser = _one_job_command(
+        commands,
+        common,
+        "release",
+        help="end a held job's lease without moving the fence (as the worker's own release)",
+        description="End a held job's lease as its worker's JobStore.release would: no owner, "
+        "claimable again (after --delay), the fence kept. The holder's writes to the jobs table "
+        "are refused from now on (it is no longer the owner), but its fence stays the highest "
+        "until the next claim, so a FenceMarks.accept with it still passes until then: to cut a "
+        "stalled worker off everywhere, use revoke. Exit code 1, nothing changed, if the job is "
+        "not held.",
+        held_only=True,
+        change=change,
+        told=told,
+    )
+    parser.add_argument(
+        "--delay",
+        type=_at_least(0.001),
+        metavar="SECONDS",
+        help="not claimable again before the database's now + SECONDS",
+    )
+
+
+def _add_delete(commands: Commands, common: argparse.ArgumentParser) -> None:
+    def told(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+        holder = f" by {job.owner!r}" if job.state == "held" else ""
+        return {"state": job.state, "owner": job.owner, "fence": job.fence}, (
+            f"deleted job {job.job_id!r} (it was {job.state}{holder}; fence {job.fence} kept)"
+        )
+
+    _one_job_command(
+        commands,
+        common,
+        "delete",
+        help="delete a job; its fence is kept, so the id enqueued again never reissues a token",
+        description="Delete a job in any state (JobStore.delete). Its row stays as a tombstone "
+        "that keeps the fence: enqueued again, the id continues above every fence it had. A "
+        "holder's later writes to the jobs table are refused. Exit code 1 if there is no such job.",
+        held_only=False,
+        change=lambda args, db, conn, job: db.store.delete(job.job_id, conn=conn),
+        told=told,
+    )
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def _version() -> str:
+    try:
+        return package_metadata.version("fencing")
+    except package_metadata.PackageNotFoundError:  # run from a source tree
+        from .. import __version__
+
+        return __version__
+
+
+def build_parser(prog: str = "fencing") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Leases with fencing tokens: a late worker can never overwrite a newer result.",
+        epilog=f"Every database command takes --url (a SQLite file path or a database URL; default "
+        f"${URL_VARIABLE}), --table (jobs) and --json. Exit codes: 0 done, 1 failed or nothing "
+        "changed, 2 bad arguments.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    common = _database_options()
+    for add in (
+        _add_init,
+        _add_enqueue,
+        _add_jobs,
+        _add_show,
+        _add_stats,
+        _add_revoke,
+        _add_release,
+        _add_delete,
+        _add_marks,
+    ):
+        add(commands, common)
+    _add_demo(commands)
+    _add_torture(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "fencing") -> int:
+    """The command: the ``fencing`` console script, and ``python -m fencing`` (``prog``
+    names it in help and messages)."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    run: Run | None = getattr(args, "run", None)
+    if run is None:
+        parser.print_help(sys.stderr)
+        return 2
+    return run(args)

@@ -1,0 +1,338 @@
+"""What an operator reads: jobs by state, one job, a summary, the fence marks.
+
+Read-only: every method runs one ``SELECT`` (its own snapshot, no write lock), built once
+with Core from the tables, and reads the database's clock (:class:`fencing.core.clock.database_now`)
+in the same statement, so "time left" is what the store itself would judge.
+
+A job's state is decided in SQL, exactly as the store's guards decide it:
+
+* ``done``: completed (``done = 1``); a deleted job (a tombstone, ``done = 2``) is never shown;
+* ``held``: a live lease (``until > now``, an owner);
+* ``deferred``: not claimable yet (``until > now``, no owner: enqueued with a later
+  ``ready_at`` or released with a ``delay``);
+* ``ready``: what :meth:`JobStore.claim_next` with the same ``max_attempts`` may take;
+* ``poisoned``: not done, not held, claimed ``max_attempts`` times or more (the fence counts
+  claims), so ``claim_next(max_attempts=...)`` skips it. Without ``max_attempts`` only a
+  job at the last fence (2**63-1, never claimable again) is poisoned.
+
+Listing a state walks the ready index ``(done, until, id)`` in its order and stops at the
+limit, as ``claim_next`` does, so it costs the same at any backlog (``poisoned`` filters the
+ready range by fence, like :meth:`JobStore.poisoned`). :meth:`Overview.summary` counts every
+state in one pass over the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Double,
+    Engine,
+    Integer,
+    Table,
+    and_,
+    bindparam,
+    case,
+    func,
+    inspect,
+    literal_column,
+    select,
+)
+from sqlalchemy.sql import Executable
+
+from ..core.checks import FENCE_MAX, check_count, check_text, check_time
+from ..core.clock import database_now
+from ..core.errors import InvalidArgument, InvalidArgumentType
+from ..sql.dberrors import DB_ERRORS, wrap_database_error
+from ..sql.schema import ID_MAX_BYTES, KEY_TYPE, as_text, jobs
+from ..sql.statements import TOMBSTONE, Statements
+from ..store.marks import fence_marks, idempotency_keys
+
+__all__ = ["STATES", "FenceMark", "IdempotencyKey", "JobView", "Overview", "Summary"]
+
+#: every state a job can be in, as :class:`Overview` names them
+STATES = ("ready", "held", "deferred", "done", "poisoned")
+
+
+def _constant(value: int | str) -> ColumnElement[Any]:
+    """A constant written into the SQL: the guards' own style, and no untyped parameter
+    for PostgreSQL to guess the type of."""
+    return literal_column(repr(value) if isinstance(value, str) else str(value))
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job as an operator sees it, read with the database's ``now``."""
+
+    job_id: str
+    state: str
+    owner: str | None
+    fence: int
+    until: float
+    result: str | None
+    #: the database's clock when the row was read (seconds since the epoch)
+    now: float
+
+    @property
+    def until_in(self) -> float | None:
+        """Seconds from ``now`` to ``until`` (negative: past); ``None`` for a done job and
+        for ``until = 0`` (enqueued ready at once by the contract, or released without delay:
+        no point in time)."""
+        if self.state == "done" or self.until == 0:
+            return None
+        return self.until - self.now
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> JobView:
+        job_id, state, owner, fence, until, result, now = row
+        return cls(job_id, state, owner, int(fence), float(until), result, float(now))
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The table at one instant of the database's clock: counts by state and more."""
+
+    now: float
+    ready: int
+    held: int
+    deferred: int
+    done: int
+    #: tombstones: deleted jobs, kept for their fence
+    deleted: int
+    poisoned: int
+    #: the ``max_attempts`` ``ready`` and ``poisoned`` were counted with (``None``: no limit)
+    max_attempts: int | None
+    #: the earliest ``until`` of a ready job, leaving out ``until = 0`` (no point in time)
+    oldest_ready_until: float | None
+    #: held leases that end within ``within`` seconds
+    expiring: int
+    within: float
+    #: the highest fence in the table, deleted jobs included: the most claims of any job
+    highest_fence: int | None
+
+    @property
+    def oldest_ready_age(self) -> float | None:
+        """How long the longest-waiting ready job has been ready (seconds)."""
+        return None if self.oldest_ready_until is None else self.now - self.oldest_ready_until
+
+
+@dataclass(frozen=True)
+class FenceMark:
+    resource: str
+    fence: int
+
+
+@dataclass(frozen=True)
+class IdempotencyKey:
+    key: str
+    fence: int | None
+    #: seconds since the epoch on the database's clock
+    recorded_at: float | None
+
+
+class Overview:
+    """Read-only queries on one jobs ``table`` (and the :class:`fencing.FenceMarks` tables)
+    through ``engine``, on the database's clock.
+
+    Database errors arrive as the library's: :class:`fencing.TableMissing`,
+    :class:`fencing.DatabaseError` and its kind. Pass ``conn=`` to read inside your own
+    transaction (``lock=True`` in :meth:`job` then locks the row until it ends).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table = jobs,
+        *,
+        marks: Table = fence_marks,
+        keys: Table = idempotency_keys,
+    ) -> None:
+        if not isinstance(engine, Engine):
+            raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
+        for name, value in (("table", table), ("marks", marks), ("keys", keys)):
+            if not isinstance(value, Table):
+                raise InvalidArgumentType(f"{name} must be a sqlalchemy Table, got {type(value).__name__}")
+        self.engine = engine
+        self.table = table
+        self.marks = marks
+        self.keys = keys
+        self._postgresql = engine.dialect.name == "postgresql"
+        t = table
+        now = database_now()
+        done, tombstone = _constant(1), _constant(TOMBSTONE)
+        # equality on the index's first column, so until bounds the range that is walked
+        live = t.c.done == _constant(0)
+        max_fence = bindparam("max_fence", type_=BigInteger())
+        ready = and_(live, t.c.until <= now, t.c.fence < max_fence)
+        held = and_(live, t.c.until > now, t.c.owner.is_not(None))
+        deferred = and_(live, t.c.until > now, t.c.owner.is_(None))
+        poisoned = and_(live, t.c.until <= now, t.c.fence >= max_fence)
+        state = case(
+            (t.c.done == done, _constant("done")),
+            (held, _constant("held")),
+            (deferred, _constant("deferred")),
+            (ready, _constant("ready")),
+            else_=_constant("poisoned"),
+        )
+        view = select(as_text(t.c.id), state, as_text(t.c.owner), t.c.fence, t.c.until, t.c.result, now)
+        by_age = (t.c.until, t.c.id)  # the ready index's order: no backend sorts
+        limit = bindparam("limit", type_=Integer())
+        #: each state's listing walks the ready index (done, until, id) from its start
+        self._lists: dict[str | None, Executable] = {
+            "ready": view.where(ready).order_by(*by_age).limit(limit),
+            "held": view.where(held).order_by(*by_age).limit(limit),
+            "deferred": view.where(deferred).order_by(*by_age).limit(limit),
+            "poisoned": view.where(poisoned).order_by(*by_age).limit(limit),
+            "done": view.where(t.c.done == done).order_by(*by_age).limit(limit),
+            # every state: a range on the index's first column keeps its order, no sort
+            None: view.where(t.c.done <= done).order_by(t.c.done, *by_age).limit(limit),
+        }
+        of_job = and_(t.c.id == bindparam("job_id", type_=KEY_TYPE), t.c.done != tombstone)
+        self._job = view.where(of_job)
+        self._job_locked = view.where(of_job).with_for_update()
+        self._now = select(now)
+
+        def count(condition: ColumnElement[bool]) -> ColumnElement[Any]:
+            return func.coalesce(func.sum(case((condition, _constant(1)), else_=_constant(0))), 0)
+
+        horizon: ColumnElement[float] = bindparam("within", type_=Double())
+        self._summary = select(
+            now,
+            count(ready),
+            count(held),
+            count(deferred),
+            count(t.c.done == done),
+            count(t.c.done == tombstone),
+            count(poisoned),
+            func.min(case((and_(ready, t.c.until > _constant(0)), t.c.until))),
+            count(and_(held, t.c.until <= now + horizon)),
+            func.max(t.c.fence),
+        )
+        m, k = marks, keys
+        self._marks = select(as_text(m.c.resource), m.c.fence).order_by(m.c.resource).limit(limit)
+        self._keys = select(as_text(k.c["key"]), k.c.fence, k.c.recorded_at).order_by(k.c["key"]).limit(limit)
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<Overview table={self.table.name!r} engine={url!r}>"
+
+    def _rows(
+        self, stmt: Executable, params: Mapping[str, Any], conn: Connection | None, table: Table
+    ) -> Sequence[Sequence[Any]]:
+        try:
+            if conn is not None:
+                return conn.execute(stmt, params).all()
+            with self.engine.connect() as own:
+                if self._postgresql:
+                    # a never-analyzed table would get a bitmap scan and a sort of the whole
+                    # state; sorts off for this read's own transaction walks the index instead
+                    own.execute(Statements.walk_in_claim_order)
+                return own.execute(stmt, params).all()
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, table.name) from exc
+
+    def now(self, *, conn: Connection | None = None) -> float:
+        """The database's clock, in seconds since the epoch."""
+        return float(self._rows(self._now, {}, conn, self.table)[0][0])
+
+    def jobs(
+        self,
+        state: str | None = None,
+        *,
+        limit: int = 50,
+        max_attempts: int | None = None,
+        conn: Connection | None = None,
+    ) -> list[JobView]:
+        """Up to ``limit`` jobs in ``state`` (``None``: every state, jobs not done first),
+        longest waiting (or soonest expiring) first: by ``until``, then id."""
+        if state not in self._lists:
+            raise InvalidArgument(f"state must be one of {', '.join(STATES)} or None, got {state!r}")
+        if state == "poisoned" and max_attempts is None:
+            raise InvalidArgument("poisoned needs max_attempts: the claims a job may have")
+        params = {"limit": check_count("limit", limit), "max_fence": _max_fence(max_attempts)}
+        return [JobView.from_row(r) for r in self._rows(self._lists[state], params, conn, self.table)]
+
+    def job(
+        self,
+        job_id: str,
+        *,
+        max_attempts: int | None = None,
+        conn: Connection | None = None,
+        lock: bool = False,
+    ) -> JobView | None:
+        """The job ``job_id`` (``None`` if there is none, or it was deleted). ``lock=True``
+        (with ``conn=``): ``SELECT ... FOR UPDATE``, the row locked until your transaction ends."""
+        key = check_text("job_id", job_id)
+        if not self._storable(key):
+            return None  # an id this backend cannot store names no job
+        if lock and conn is None:
+            raise InvalidArgument("lock=True needs conn=: a lock ends with its transaction")
+        stmt = self._job_locked if lock else self._job
+        rows = self._rows(stmt, {"job_id": key, "max_fence": _max_fence(max_attempts)}, conn, self.table)
+        return JobView.from_row(rows[0]) if rows else None
+
+    def summary(
+        self, *, within: float = 60.0, max_attempts: int | None = None, conn: Connection | None = None
+    ) -> Summary:
+        """Counts by state, the longest wait, leases ending within ``within`` seconds and the
+        highest fence: one pass over the table, at one instant of the database's clock."""
+        within = check_time("within", within)
+        if within < 0:
+            raise InvalidArgument(f"within must be >= 0 seconds, got {within!r}")
+        params = {"within": within, "max_fence": _max_fence(max_attempts)}
+        [row] = self._rows(self._summary, params, conn, self.table)
+        now, ready, held, deferred, done, deleted, poisoned, oldest, expiring, highest = row
+        return Summary(
+            now=float(now),
+            ready=int(ready),
+            held=int(held),
+            deferred=int(deferred),
+            done=int(done),
+            deleted=int(deleted),
+            poisoned=int(poisoned),
+            max_attempts=max_attempts,
+            oldest_ready_until=None if oldest is None else float(oldest),
+            expiring=int(expiring),
+            within=within,
+            highest_fence=None if highest is None else int(highest),
+        )
+
+    def has_table(self, table: Table, *, conn: Connection | None = None) -> bool:
+        """Whether ``table`` exists in the database."""
+        try:
+            if conn is not None:
+                return inspect(conn).has_table(table.name, schema=table.schema)
+            with self.engine.connect() as own:
+                return inspect(own).has_table(table.name, schema=table.schema)
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, table.name) from exc
+
+    def fence_marks(self, *, limit: int = 50, conn: Connection | None = None) -> list[FenceMark]:
+        """Up to ``limit`` fence marks (the highest fence accepted per resource), by resource."""
+        rows = self._rows(self._marks, {"limit": check_count("limit", limit)}, conn, self.marks)
+        return [FenceMark(resource, int(fence)) for resource, fence in rows]
+
+    def idempotency_keys(self, *, limit: int = 50, conn: Connection | None = None) -> list[IdempotencyKey]:
+        """Up to ``limit`` recorded idempotency keys, by key."""
+        rows = self._rows(self._keys, {"limit": check_count("limit", limit)}, conn, self.keys)
+        return [
+            IdempotencyKey(key, None if fence is None else int(fence), None if at is None else float(at))
+            for key, fence, at in rows
+        ]
+
+    def _storable(self, key: str) -> bool:
+        dialect = self.engine.dialect.name
+        if dialect == "postgresql" and "\x00" in key:
+            return False
+        limit = ID_MAX_BYTES.get(dialect)
+        return limit is None or len(key.encode("utf-8")) <= limit
+
+
+def _max_fence(max_attempts: int | None) -> int:
+    """The fence a ready job stays below: ``max_attempts``, or the last fence there is."""
+    return FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)

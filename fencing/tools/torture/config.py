@@ -1,0 +1,123 @@
+"""What a torture run does: one picklable value, checked once, handed to every process."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ...core.checks import show_value
+from ...core.errors import InvalidArgument, InvalidArgumentType
+
+__all__ = ["FINISH_MODES", "FRONTS", "TortureConfig"]
+
+#: how a worker finishes a job: in a fenced block with the application's own write, by a
+#: plain complete(), by complete_many() over its batch, or by complete_and_claim_next()
+#: (the completion and the next claim in one transaction); "mixed" picks one per job
+FINISH_MODES = ("mixed", "fenced", "plain", "batch", "step")
+
+#: what the workers run on, and the store each front puts on trial unless told otherwise:
+#: the sync store and Heartbeat threads on the sync drivers, or AsyncJobStore, AsyncFenceMarks
+#: and AsyncHeartbeat tasks on the asyncio drivers (aiosqlite, asyncpg, asyncmy)
+FRONTS = {"sync": "fencing:JobStore", "async": "fencing.asyncio:AsyncJobStore"}
+
+
+@dataclass(frozen=True)
+class TortureConfig:
+    """One run of the harness. Times are real seconds; every fault is drawn from ``seed``.
+
+    ``url``: a SQLAlchemy URL, or a SQLite file path. The harness owns only tables named
+    ``<prefix>...`` in that database and drops them first, so it never touches the
+    application's own ``jobs`` table.
+    """
+
+    url: str
+    workers: int = 8
+    jobs: int = 2000
+    seconds: float = 60.0
+    seed: int = 1
+    ttl: float = 0.5
+    #: the longest simulated work per job, outside any transaction
+    work: float = 0.01
+    finish: str = "mixed"
+    #: the largest claim_next batch a worker asks for
+    batch: int = 8
+    #: the mean time between two faults injected by the controller
+    fault_every: float = 0.25
+    #: a worker checks its heartbeat before writing this often (the rest of the time the
+    #: store alone must refuse a late write)
+    check_heartbeat: float = 0.5
+    #: a worker gives a job back with a random delay (a retry with backoff) this often
+    release_rate: float = 0.03
+    #: after the fault phase: how long the workers get to finish every job, no faults
+    drain: float = 30.0
+    prefix: str = "fencing_torture_"
+    #: "sync" or "async" (:data:`FRONTS`)
+    front: str = "sync"
+    #: "module:callable" building the store to put on trial from (engine, table,
+    #: history=History): a ``JobStore`` from an ``Engine``, or on the async front an
+    #: ``AsyncJobStore`` from an ``AsyncEngine``, recording its ownership history as told
+    #: (the verdict checks it); None: the front's own (:data:`FRONTS`)
+    store_factory: str | None = None
+    journal_dir: str | None = None
+    keep_tables: bool = False
+    #: the kinds of fault to inject (all by default)
+    faults: tuple[str, ...] = field(default=("stop", "kill", "kill-in-transaction", "revoke"))
+
+    def __post_init__(self) -> None:
+        for name in ("workers", "jobs", "seed", "batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise InvalidArgumentType(f"{name} must be an int, got {type(value).__name__}")
+        if not isinstance(self.url, str) or not self.url:
+            raise InvalidArgumentType("url must be a non-empty str")
+        if not 1 <= self.workers <= 256:
+            raise InvalidArgument(f"workers must be between 1 and 256, got {show_value(self.workers)}")
+        if not 1 <= self.jobs <= 10_000_000:
+            raise InvalidArgument(f"jobs must be between 1 and 10,000,000, got {show_value(self.jobs)}")
+        if not 1 <= self.batch <= 1000:
+            raise InvalidArgument(f"batch must be between 1 and 1000, got {show_value(self.batch)}")
+        for name, low in (
+            ("seconds", 0.0),
+            ("ttl", 0.05),
+            ("work", 0.0),
+            ("fault_every", 0.01),
+            ("drain", 1.0),
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+                raise InvalidArgument(f"{name} must be a finite number of seconds, got {show_value(value)}")
+            if value < low:
+                raise InvalidArgument(f"{name} must be at least {low:g} s, got {value!r}")
+        for name in ("check_heartbeat", "release_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise InvalidArgument(f"{name} must be a probability in [0, 1], got {show_value(value)}")
+        if self.finish not in FINISH_MODES:
+            raise InvalidArgument(f"finish must be one of {', '.join(FINISH_MODES)}, got {self.finish!r}")
+        unknown = set(self.faults) - set(FAULT_KINDS)
+        if unknown:
+            raise InvalidArgument(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
+        if not isinstance(self.front, str) or self.front not in FRONTS:
+            raise InvalidArgument(f"front must be one of {', '.join(FRONTS)}, got {show_value(self.front)}")
+        if self.store_factory is not None and not isinstance(self.store_factory, str):
+            kind = type(self.store_factory).__name__
+            raise InvalidArgumentType(f"store_factory must be a str or None, got {kind}")
+        if ":" not in self.store:
+            raise InvalidArgument(f"store_factory must be 'module:callable', got {self.store_factory!r}")
+
+    @property
+    def store(self) -> str:
+        """The store factory the workers use: ``store_factory``, or the front's own."""
+        return self.store_factory or FRONTS[self.front]
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past the largest double: no time is that long
+        return False
+
+
+#: SIGSTOP past the TTL then SIGCONT (the late writer); SIGKILL anywhere, or while the
+#: worker is inside a write transaction, then a restart; revoke a held lease
+FAULT_KINDS = ("stop", "kill", "kill-in-transaction", "revoke")

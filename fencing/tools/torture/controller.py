@@ -1,0 +1,376 @@
+"""A torture run: set up, start the workers, inject faults, drain, take the verdict.
+
+The controller is the only process that decides faults, from one RNG seeded with
+``config.seed``. The faults:
+
+* ``stop``: SIGSTOP a worker while it holds a lease, for 1.5-3 TTLs, then SIGCONT: the
+  late writer. Its heartbeat thread is frozen with it, like in a GC pause or a suspended VM;
+* ``kill``: SIGKILL a worker wherever it is, then start a new incarnation in its place;
+* ``kill-in-transaction``: SIGKILL a worker while it is inside a write transaction (its
+  shared state says so), then restart it;
+* ``revoke``: :meth:`fencing.JobStore.revoke` a job some worker holds.
+
+The kinds come in rounds (each kind once per round, shuffled), at exponentially distributed
+intervals (mean ``fault_every``); a kind with nobody to inject it into (no worker holding a
+lease yet) is tried again at the end of its round, so even a short run on a slow machine,
+where restarts take seconds, has every kind, and no kind can hold the others up.
+
+Workers also give jobs back with a delay (``release_rate``), which the journals count.
+After ``seconds`` (or once every job is done) the faults stop, stopped workers go on,
+and the workers get ``drain`` seconds to finish every job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import random
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
+
+from sqlalchemy import Engine, func, select, text
+
+from ...sql.schema import as_text
+from ...store.jobstore import JobStore
+from .config import TortureConfig
+from .connect import open_engine
+from .fronts import with_front
+from .journal import Journal, read_journals
+from .tables import TortureTables
+from .verdict import DatabaseState, Verdict, judge
+from .worker import HOLDING, IN_TRANSACTION, run_worker
+
+if TYPE_CHECKING:
+    from multiprocessing.context import SpawnProcess
+
+__all__ = ["Progress", "Run", "run_torture"]
+
+#: how long a fault waits for a worker in the state it targets before giving up
+TARGET_WAIT = 0.5
+#: how long workers get to stop once asked; one still running then is hung (a violation)
+SHUTDOWN_TIMEOUT = 30.0
+#: enqueued per transaction while setting up
+ENQUEUE_CHUNK = 500
+
+#: told how a run goes, to show it (the harness never waits on it): the phase ("setup",
+#: "faults", "drain", "stopping", "verdict"), seconds into the phase, the phase's longest
+#: length (None: no bound), and the jobs done so far (None: not counted in this phase)
+Progress: TypeAlias = "Callable[[str, float, float | None, int | None], None]"
+
+
+def _no_progress(phase: str, elapsed: float, total: float | None, done: int | None) -> None:
+    pass
+
+
+@dataclass
+class Run:
+    """What a run did and what the verdict found."""
+
+    config: TortureConfig
+    verdict: Verdict
+    elapsed: float
+    fault_phase: float
+    #: where the journals are, if they were kept (``config.journal_dir``)
+    journal_dir: Path | None
+    jobs_done: int
+
+    @property
+    def violations(self) -> int:
+        return self.verdict.total
+
+
+class _Pool:
+    """The worker processes, by index; a killed one is replaced by its next incarnation."""
+
+    def __init__(self, config: TortureConfig, journal_dir: Path) -> None:
+        self.config = config
+        self.journal_dir = journal_dir
+        self.ctx = multiprocessing.get_context("spawn")
+        self.states: Any = self.ctx.Array("i", config.workers, lock=False)
+        self.stop = self.ctx.Event()
+        self.procs: list[SpawnProcess] = []
+        self.incarnations = [0] * config.workers
+        #: frozen workers and the timers that thaw them: on their own thread, so a controller
+        #: blocked on a row lock the frozen worker holds cannot keep it frozen forever
+        self.stopped: dict[int, threading.Timer] = {}
+        self._lock = threading.Lock()
+
+    def start(self, index: int) -> None:
+        proc = self.ctx.Process(
+            target=run_worker,
+            args=(
+                self.config,
+                index,
+                self.incarnations[index],
+                self.states,
+                self.stop,
+                str(self.journal_dir),
+            ),
+            name=f"torture-worker-{index}",
+            daemon=True,
+        )
+        proc.start()
+        if index < len(self.procs):
+            self.procs[index] = proc
+        else:
+            self.procs.append(proc)
+
+    def restart(self, index: int) -> None:
+        self.procs[index].join()
+        self.states[index] = 0
+        self.incarnations[index] += 1
+        self.start(index)
+
+    def running(self) -> list[int]:
+        """Workers alive and not frozen."""
+        return [i for i, p in enumerate(self.procs) if p.is_alive() and i not in self.stopped]
+
+    def wait_for(self, state: int, rng: random.Random) -> int | None:
+        deadline = time.monotonic() + TARGET_WAIT
+        while time.monotonic() < deadline:
+            ready = [i for i in self.running() if self.states[i] == state]
+            if ready:
+                return rng.choice(ready)
+            time.sleep(0.0005)
+        return None
+
+    def signal(self, index: int, signum: int) -> None:
+        pid = self.procs[index].pid
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):  # it died meanwhile
+                os.kill(pid, signum)
+
+    def freeze(self, index: int, pause: float) -> None:
+        """SIGSTOP worker ``index`` and SIGCONT it ``pause`` seconds later."""
+        timer = threading.Timer(pause, self.thaw, args=(index,))
+        timer.daemon = True
+        with self._lock:
+            self.signal(index, signal.SIGSTOP)
+            self.stopped[index] = timer
+        timer.start()
+
+    def thaw(self, index: int) -> None:
+        with self._lock:
+            timer = self.stopped.pop(index, None)
+            if timer is not None:
+                timer.cancel()
+                self.signal(index, signal.SIGCONT)
+
+    def thaw_all(self) -> None:
+        for index in list(self.stopped):
+            self.thaw(index)
+
+    def shutdown(self, timeout: float) -> list[int]:
+        """Ask every worker to stop; the indexes of those that had to be killed."""
+        self.thaw_all()
+        self.stop.set()
+        deadline = time.monotonic() + timeout
+        stuck = []
+        for index, proc in enumerate(self.procs):
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                stuck.append(index)
+                proc.kill()
+                proc.join()
+        return stuck
+
+
+def run_torture(config: TortureConfig, *, progress: Progress | None = None) -> Run:
+    """One whole run; the returned :class:`Run` holds the verdict (``violations == 0`` is a pass).
+    ``progress`` is called as the run goes (:data:`Progress`), from this thread."""
+    report = progress or _no_progress
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="fencing-torture-") as scratch:
+        journal_dir = Path(config.journal_dir or scratch)
+        journal_dir.mkdir(parents=True, exist_ok=True)
+        for old in [*journal_dir.glob("worker-*.jsonl"), *journal_dir.glob("controller.jsonl")]:
+            old.unlink()  # an earlier run's journals (only the harness's own file names)
+        tables = TortureTables.named(config.prefix)
+        engine = open_engine(config.url)
+        try:
+            # the workers' front opened once here: a bad store or driver fails now, not in each worker
+            with_front(config, tables, lambda _front: None)
+            report("setup", 0.0, None, None)
+            tables.recreate(engine)
+            store = JobStore(engine, tables.jobs, history=tables.recorded)
+            _enqueue(engine, store, config.jobs)
+            journal = Journal(journal_dir / "controller.jsonl")
+            try:
+                fault_phase = _drive(config, engine, store, tables, journal, journal_dir, report)
+            finally:
+                journal.close()
+            report("verdict", 0.0, None, None)
+            state = _database_state(engine, tables)
+            verdict = judge(config, read_journals(journal_dir), state)
+            done = sum(1 for row in state.jobs if row[5] == 1)
+            if not config.keep_tables:
+                tables.drop(engine)
+        finally:
+            engine.dispose()
+        kept = journal_dir if config.journal_dir else None
+        return Run(config, verdict, time.monotonic() - started, fault_phase, kept, done)
+
+
+def _enqueue(engine: Engine, store: JobStore, jobs: int) -> None:
+    for first in range(0, jobs, ENQUEUE_CHUNK):
+        with engine.begin() as conn:
+            for n in range(first, min(first + ENQUEUE_CHUNK, jobs)):
+                store.enqueue(f"job-{n:07d}", conn=conn)
+
+
+def _open_jobs(engine: Engine, tables: TortureTables) -> int:
+    jobs = tables.jobs
+    with engine.connect() as conn:
+        return int(conn.execute(select(func.count()).select_from(jobs).where(jobs.c.done == 0)).scalar_one())
+
+
+def _drive(
+    config: TortureConfig,
+    engine: Engine,
+    store: JobStore,
+    tables: TortureTables,
+    journal: Journal,
+    journal_dir: Path,
+    report: Progress = _no_progress,
+) -> float:
+    """Run the workers through the fault phase and the drain; the fault phase's length."""
+    rng = random.Random(config.seed)
+    pool = _Pool(config, journal_dir)
+    for index in range(config.workers):
+        pool.start(index)
+    begun = time.monotonic()
+    try:
+        next_fault = begun + rng.expovariate(1.0 / config.fault_every)
+        deck: list[str] = []
+        next_count = begun
+        while time.monotonic() - begun < config.seconds:
+            now = time.monotonic()
+            _restart_the_dead(pool, journal)
+            if now >= next_count:
+                open_jobs = _open_jobs(engine, tables)
+                report("faults", now - begun, config.seconds, config.jobs - open_jobs)
+                if open_jobs == 0:
+                    break
+                next_count = now + 0.25
+            if now >= next_fault and config.faults:
+                if not deck:  # every kind once per round, in a shuffled order: on a slow machine,
+                    deck = list(config.faults)  # where a restart takes seconds and few faults
+                    rng.shuffle(deck)  # fit in the phase, each kind still gets its turn
+                kind = deck.pop()
+                if not _inject(kind, config, rng, pool, engine, store, tables, journal) and deck:
+                    deck.insert(0, kind)  # nobody to inject it into yet: last of this round
+                next_fault = time.monotonic() + rng.expovariate(1.0 / config.fault_every)
+            time.sleep(0.002)
+        fault_phase = time.monotonic() - begun
+        pool.thaw_all()
+        drain_from = time.monotonic()
+        drain_until = drain_from + config.drain
+        while (now := time.monotonic()) < drain_until:
+            open_jobs = _open_jobs(engine, tables)
+            report("drain", now - drain_from, config.drain, config.jobs - open_jobs)
+            if open_jobs == 0:
+                break
+            _restart_the_dead(pool, journal)
+            time.sleep(0.05)
+    finally:
+        report("stopping", 0.0, None, None)
+        for index in pool.shutdown(timeout=SHUTDOWN_TIMEOUT):
+            journal.record("hung", worker=index, waited=SHUTDOWN_TIMEOUT, t=time.time())
+    return fault_phase
+
+
+def _restart_the_dead(pool: _Pool, journal: Journal) -> None:
+    """A worker that died without being killed by us: its journal says why; replace it."""
+    for index, proc in enumerate(pool.procs):
+        if proc.exitcode is not None and index not in pool.stopped:
+            journal.record("died", worker=index, exitcode=proc.exitcode, t=time.time())
+            pool.restart(index)
+
+
+def _inject(
+    kind: str,
+    config: TortureConfig,
+    rng: random.Random,
+    pool: _Pool,
+    engine: Engine,
+    store: JobStore,
+    tables: TortureTables,
+    journal: Journal,
+) -> bool:
+    """Inject one fault of ``kind``; ``False`` when there was nobody to inject it into."""
+    if kind == "revoke":
+        jobs = tables.jobs
+        with engine.connect() as conn:
+            held = (
+                conn.execute(
+                    select(as_text(jobs.c.id)).where(jobs.c.done == 0, jobs.c.owner.is_not(None)).limit(50)
+                )
+                .scalars()
+                .all()
+            )
+        if not held:
+            return False
+        job = rng.choice(held)
+        t0 = time.time()
+        ok = store.revoke(job)
+        journal.record("fault", kind="revoke", job=job, ok=ok, t0=t0, t1=time.time())
+        return True
+    if kind == "stop":
+        if len(pool.running()) <= 1:
+            return False  # someone must stay awake to take the jobs over
+        index = pool.wait_for(HOLDING, rng)
+        if index is None:
+            return False
+        pause = config.ttl * rng.uniform(1.5, 3.0)
+        pool.freeze(index, pause)
+        journal.record("fault", kind="stop", worker=index, pause=pause, t0=time.time(), t1=time.time())
+        return True
+    if kind == "kill-in-transaction":
+        index = pool.wait_for(IN_TRANSACTION, rng)
+    else:
+        running = pool.running()
+        index = rng.choice(running) if running else None
+    if index is None:
+        return False
+    in_transaction = pool.states[index] == IN_TRANSACTION
+    pool.signal(index, signal.SIGKILL)
+    journal.record(
+        "fault",
+        kind="kill-in-transaction" if in_transaction else "kill",
+        worker=index,
+        t0=time.time(),
+        t1=time.time(),
+    )
+    pool.restart(index)
+    return True
+
+
+def _database_state(engine: Engine, tables: TortureTables) -> DatabaseState:
+    j, r, e, m = tables.jobs, tables.results, tables.external, tables.marks
+    # the library's tables hold ids, owners and resources as bytes on MariaDB/MySQL
+    jobs_row = (as_text(j.c.id), as_text(j.c.owner), j.c.until, j.c.fence, j.c.result, j.c.done)
+    with engine.connect() as conn:
+        jobs = [tuple(row) for row in conn.execute(select(*jobs_row))]
+        results = [tuple(row) for row in conn.execute(select(r.c.seq, r.c.job_id, r.c.owner, r.c.fence))]
+        external = [
+            tuple(row)
+            for row in conn.execute(select(e.c.seq, e.c.resource, e.c.owner, e.c.fence).order_by(e.c.seq))
+        ]
+        marks = {res: int(fence) for res, fence in conn.execute(select(as_text(m.c.resource), m.c.fence))}
+        h = tables.history
+        history_row = (h.c.seq, as_text(h.c.job_id), h.c.event, as_text(h.c.owner), h.c.fence)
+        refusal = (h.c.path, h.c.reason, as_text(h.c.holder), h.c.current_fence)
+        history = [tuple(row) for row in conn.execute(select(*history_row, *refusal).order_by(h.c.seq))]
+        integrity = None
+        if engine.dialect.name == "sqlite":
+            integrity = "; ".join(str(row[0]) for row in conn.execute(text("PRAGMA integrity_check")))
+    return DatabaseState(
+        jobs=jobs, results=results, external=external, marks=marks, integrity=integrity, history=history
+    )
