@@ -16,36 +16,66 @@ quick_check``) and refuses a damaged file with ``fencing.DatabaseCorrupt``, writ
 from __future__ import annotations
 
 import atexit
-from typing import Any
+import os
+from collections.abc import Iterable
+from typing import TypeAlias, TypedDict
 
 from fencing.core.checks import check_ttl
 from fencing.core.values import Lease
 from fencing.fronts.cache import StoreCache
 
+# the contract's eight functions; ``Target`` and ``JobRow`` are importable for annotations
 __all__ = ["claim", "claim_many", "complete", "enqueue", "init_db", "release", "renew", "state"]
+
+#: the first argument of every function: a SQLite file path (``str`` or ``os.PathLike[str]``;
+#: ``bytes`` paths are refused) or a database URL (``str``). Anything else raises
+#: ``fencing.InvalidArgumentType``: the annotations describe valid input, the checks stay.
+Target: TypeAlias = str | os.PathLike[str]
+
+
+class JobRow(TypedDict):
+    """What :func:`state` returns: the stored row, keyed as the contract's columns."""
+
+    id: str
+    owner: str | None
+    until: float
+    fence: int
+    result: str | None
+    done: int  # 0 or 1, as stored in the INTEGER column
+
 
 _stores = StoreCache(maxsize=32)
 # close pooled connections at exit instead of leaving them to the garbage collector
 atexit.register(_stores.clear)
 
 
-def init_db(path: Any) -> None:
+def init_db(path: Target) -> None:
     """Create the jobs table if missing. Idempotent; never empties a file or its rows."""
     _stores.get(path, create=True).create_table()
 
 
-def enqueue(path: Any, job_id: str) -> bool:
+def enqueue(path: Target, job_id: str) -> bool:
     """Insert ``job_id`` unclaimed: ``True``; ``False`` (nothing changed) if it exists."""
     return _stores.get(path).enqueue(job_id, ready_at=0.0)  # the contract's row: until = 0
 
 
-def state(path: Any, job_id: str) -> dict[str, Any] | None:
+def state(path: Target, job_id: str) -> JobRow | None:
     """The stored row as a dict (``id, owner, until, fence, result, done``), or ``None``."""
     row = _stores.get(path).state(job_id)
-    return None if row is None else row.as_dict()
+    if row is None:
+        return None
+    # JobState.as_dict()'s dict, built here so that its keys and value types are checked
+    return {
+        "id": row.job_id,
+        "owner": row.owner,
+        "until": row.until,
+        "fence": row.fence,
+        "result": row.result,
+        "done": int(row.done),
+    }
 
 
-def claim(path: Any, job_id: str, owner: str, now: float | None, ttl: float) -> int | None:
+def claim(path: Target, job_id: str, owner: str, now: float | None, ttl: float) -> int | None:
     """The new fence, or ``None`` for a missing, done or held job. ``ValueError`` if ``ttl <= 0``.
 
     ``fencing.FencesExhausted`` if the job's fence is already 2**63-1: it cannot go up by one,
@@ -56,23 +86,27 @@ def claim(path: Any, job_id: str, owner: str, now: float | None, ttl: float) -> 
     return None if lease is None else lease.fence
 
 
-def renew(path: Any, job_id: str, owner: str, fence: int, now: float | None, ttl: float) -> bool:
+def renew(path: Target, job_id: str, owner: str, fence: int, now: float | None, ttl: float) -> bool:
     """Extend a live lease held with ``owner`` and ``fence``. ``ValueError`` if ``ttl <= 0``."""
     check_ttl(ttl)
     return _stores.get(path).renew(Lease(job_id, owner, fence), now=now, ttl=ttl) is not None
 
 
-def complete(path: Any, job_id: str, owner: str, fence: int, now: float | None, result: str | None) -> bool:
+def complete(
+    path: Target, job_id: str, owner: str, fence: int, now: float | None, result: str | None
+) -> bool:
     """Store ``result`` only under the current, live lease; otherwise ``False``."""
     return _stores.get(path).complete(Lease(job_id, owner, fence), result, now=now)
 
 
-def release(path: Any, job_id: str, owner: str, fence: int) -> bool:
+def release(path: Target, job_id: str, owner: str, fence: int) -> bool:
     """Give the lease back (owner NULL, until 0, fence kept) if ``owner`` and ``fence`` match."""
     return _stores.get(path).release(Lease(job_id, owner, fence))
 
 
-def claim_many(path: Any, job_id: str, owners: Any, now: float | None, ttl: float) -> list[int | None]:
+def claim_many(
+    path: Target, job_id: str, owners: Iterable[str], now: float | None, ttl: float
+) -> list[int | None]:
     """``claim`` for every owner concurrently on a thread pool; results in input order."""
     check_ttl(ttl)
     leases = _stores.get(path).claim_many(job_id, owners, now=now, ttl=ttl)
