@@ -18,10 +18,10 @@ from __future__ import annotations
 import atexit
 import os
 from collections.abc import Iterable
-from typing import TypeAlias, TypedDict
+from typing import TypeAlias
 
 from fencing.core.checks import check_ttl
-from fencing.core.values import Lease
+from fencing.core.values import JobRow, Lease
 from fencing.fronts.cache import StoreCache
 
 # the contract's eight functions; ``Target`` and ``JobRow`` are importable for annotations
@@ -31,17 +31,6 @@ __all__ = ["claim", "claim_many", "complete", "enqueue", "init_db", "release", "
 #: ``bytes`` paths are refused) or a database URL (``str``). Anything else raises
 #: ``fencing.InvalidArgumentType``: the annotations describe valid input, the checks stay.
 Target: TypeAlias = str | os.PathLike[str]
-
-
-class JobRow(TypedDict):
-    """What :func:`state` returns: the stored row, keyed as the contract's columns."""
-
-    id: str
-    owner: str | None
-    until: float
-    fence: int
-    result: str | None
-    done: int  # 0 or 1, as stored in the INTEGER column
 
 
 _stores = StoreCache(maxsize=32)
@@ -62,17 +51,7 @@ def enqueue(path: Target, job_id: str) -> bool:
 def state(path: Target, job_id: str) -> JobRow | None:
     """The stored row as a dict (``id, owner, until, fence, result, done``), or ``None``."""
     row = _stores.get(path).state(job_id)
-    if row is None:
-        return None
-    # JobState.as_dict()'s dict, built here so that its keys and value types are checked
-    return {
-        "id": row.job_id,
-        "owner": row.owner,
-        "until": row.until,
-        "fence": row.fence,
-        "result": row.result,
-        "done": int(row.done),
-    }
+    return None if row is None else row.as_dict()
 
 
 def claim(path: Target, job_id: str, owner: str, now: float | None, ttl: float) -> int | None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
-__all__ = ["REASONS", "JobState", "Lease", "Refusal"]
+__all__ = ["REASONS", "JobRow", "JobState", "Lease", "Refusal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +21,17 @@ class Lease:
     owner: str
     fence: int
     until: float | None = None
+
+
+class JobRow(TypedDict):
+    """A job's row in the contract's shape (``service.state``, :meth:`JobState.as_dict`)."""
+
+    id: str
+    owner: str | None
+    until: float
+    fence: int
+    result: str | None
+    done: int  # 0 or 1, as stored in the INTEGER column
 
 
 class JobState(NamedTuple):
@@ -42,7 +53,7 @@ class JobState(NamedTuple):
         # tuple.__new__ directly: the generated NamedTuple __new__ costs a call on a hot path
         return tuple.__new__(cls, (job_id, owner, float(until), int(fence), result, bool(done)))
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> JobRow:
         """The row in the contract's shape: keys ``id, owner, until, fence, result, done``."""
         return {
             "id": self.job_id,
