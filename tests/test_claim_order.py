@@ -156,7 +156,7 @@ def _sqlite_plan(engine: Engine, stmt: object, params: dict[str, object]) -> lis
 def test_sqlite_claim_next_orders_through_the_index_without_a_sort(
     store: JobStore, engine: Engine, clock: str
 ) -> None:
-    s = store._by_caller if clock == "caller" else store._by_database
+    s = store._ctx.by_caller if clock == "caller" else store._ctx.by_database
     params = {"holder": "w", "limit": 10, "max_fence": 5, "now": 1.0, "new_until": 2.0, "ttl": 1.0}
     for stmt in (s.pick_ready, s.claim_next_returning, s.poisoned):
         plan = _sqlite_plan(engine, stmt, params)

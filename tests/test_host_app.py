@@ -223,8 +223,8 @@ def test_a_connection_in_use_when_the_engine_is_disposed_is_closed_when_the_stor
             engine.dispose()  # the block's connection is in use: the pool cannot close it
     else:  # an operation on the pooled DBAPI connection (the unit of complete(), disposing)
         params = {"job_id": "j", "holder": "w", "token": 1, "new_result": "r", "now": T0 + 1}
-        complete = store._by_caller.complete
-        assert store._runner.run(lambda x: (engine.dispose(), x.count(complete, params))[1]) == 1
+        complete = store._ctx.by_caller.complete
+        assert store._ctx.runner.run(lambda x: (engine.dispose(), x.count(complete, params))[1]) == 1
     assert count.made > 0 and count.open == 0
     assert store.state("j") == fencing.JobState("j", "w", T0 + TTL, 1, "r", True)
 

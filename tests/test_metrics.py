@@ -367,7 +367,7 @@ def test_a_retried_unit_is_logged_with_its_attempts(engine: Engine, caplog: pyte
             raise sqlite3.OperationalError("database is locked")
         return "done"
 
-    assert store._run(unit, None, job="j") == "done"
+    assert store._ctx.run_jobs(unit, None, job="j") == "done"
     retries = records(caplog, "fencing.retry", "job_id", "attempt", "error")
     assert [(r["job_id"], r["attempt"], r["error"]) for r in retries] == [
         ("j", 1, "OperationalError: database is locked"),

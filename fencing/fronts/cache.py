@@ -219,7 +219,7 @@ def _creation_error(path: str, exc: DatabaseError) -> DatabaseError:
 
 def _dispose(store: JobStore) -> None:
     # threads may still be using the evicted store: what they hand back is closed too
-    store._runner.retire()
+    store._ctx.runner.retire()
     store.engine.dispose()
 
 

@@ -185,6 +185,63 @@ def holder_at(entries: Sequence[HistoryEntry], at: float) -> HistoryEntry | None
     return current
 
 
+class Outcome:
+    """What one unit of work did that the history records: the unit notes it here, and its
+    store records it once, at the unit's end, in the unit's transaction
+    (:meth:`Recorder.record`). The notes are :class:`Recorder`'s own calls, in order."""
+
+    __slots__ = ("notes",)
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def clear(self) -> None:
+        """A new attempt of the unit (the last one's transaction was rolled back)."""
+        self.notes.clear()
+
+    def leases(self, event: str, leases: Sequence[Lease], clock: dict[str, Any]) -> None:
+        """A claim or renewal of each lease (:meth:`Recorder.leases`)."""
+        self.notes.append(("leases", (event, leases, clock), {}))
+
+    def tokens(
+        self, event: str, tokens: Sequence[tuple[str, str, int]], clock: dict[str, Any], **more: Any
+    ) -> None:
+        """An event of each ``(job_id, owner, fence)`` (:meth:`Recorder.tokens`)."""
+        self.notes.append(("tokens", (event, tokens, clock), more))
+
+    def refusals(self, refusals: Sequence[Refusal], clock: dict[str, Any]) -> None:
+        """Refused writes (:meth:`Recorder.refusals`)."""
+        self.notes.append(("refusals", (refusals, clock), {}))
+
+    def copy(self, event: str, job_id: str, clock: dict[str, Any]) -> None:
+        """An event whose lease is the job's row as it is then (:meth:`Recorder.copy`)."""
+        self.notes.append(("copy", (event, job_id, clock), {}))
+
+
+class _NoOutcome(Outcome):
+    """The outcome of a store that records no history: it keeps nothing."""
+
+    __slots__ = ()
+
+    def leases(self, event: str, leases: Sequence[Lease], clock: dict[str, Any]) -> None:
+        pass
+
+    def tokens(
+        self, event: str, tokens: Sequence[tuple[str, str, int]], clock: dict[str, Any], **more: Any
+    ) -> None:
+        pass
+
+    def refusals(self, refusals: Sequence[Refusal], clock: dict[str, Any]) -> None:
+        pass
+
+    def copy(self, event: str, job_id: str, clock: dict[str, Any]) -> None:
+        pass
+
+
+#: what a unit notes in when nothing is recorded
+NO_OUTCOME: Outcome = _NoOutcome()
+
+
 _FIELDS = ("job_id", "event", "owner", "fence", "until", "path", "reason", "holder", "current_fence")
 
 
@@ -304,6 +361,15 @@ class Recorder:
             columns = [h.c.job_id, h.c.event, h.c.owner, h.c.fence, h.c.until, h.c.at]
             stmt = self._copies[(caller, event)] = insert(h).from_select(columns, row)
         x.count(stmt, {"job_id": job_id, **({"now": clock["now"]} if caller else {})})
+
+    def record(self, x: Executor, outcome: Outcome) -> None:
+        """Write what a unit noted, in its transaction: the one hook every unit's history
+        goes through. Renewals only if the history asks for them."""
+        renewals = self.history.renewals
+        for name, args, more in outcome.notes:
+            if name == "leases" and args[0] == "renew" and not renewals:
+                continue
+            getattr(self, name)(x, *args, **more)
 
     def due(self) -> bool:
         """Whether an automatic prune is due (and, if so, the next one scheduled)."""

@@ -45,28 +45,23 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
-from ..core.checks import FENCE_MAX, check_fence, check_new_table, check_text, show_value
+from ..core.checks import FENCE_MAX, check_fence, check_new_table, show_value
 from ..core.clock import database_now
 from ..core.errors import (
     ConfigurationError,
-    DatabaseBusy,
-    FencingError,
     InvalidArgument,
     InvalidArgumentType,
-    TableMissing,
 )
-from ..observe import events
 from ..observe.metrics import StoreMetrics
 from ..observe.refusals import logger as refused_logger
-from ..runtime.execution import CallerConnection, CoreExecutor, Executor, Runner
+from ..runtime.execution import CallerConnection, Executor
 from ..sql.dberrors import (
     DB_ERRORS,
     is_duplicate_key,
     is_transient,
-    sqlalchemy_error,
-    wrap_database_error,
 )
-from ..sql.schema import ID_MAX_BYTES, KEY_COLUMN, KEY_TYPE, as_text
+from ..sql.schema import KEY_COLUMN, KEY_TYPE, as_text
+from .context import Context
 
 __all__ = [
     "FenceMarks",
@@ -207,21 +202,25 @@ class FenceMarks:
         dialect = engine.dialect.name
         if dialect not in SUPPORTED_DIALECTS:
             raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {dialect!r}")
-        self._runner = Runner.admit(engine, bridged=self.async_front)
+        #: the runner, the dialect's plan, the key checks and the metrics a store has
+        self._ctx = Context(engine, bridged=self.async_front, create_hint="FenceMarks.create_tables()")
         self.engine = engine
-        self._errors = self._runner.errors
         self.marks = marks
         self.keys = keys
         self._s = _Statements(marks, keys)
-        self._dialect = dialect
-        self._max_key_bytes = ID_MAX_BYTES.get(dialect)
-        self._nul_ok = dialect != "postgresql"  # PostgreSQL text cannot hold U+0000
         self._accept = self._accept_unit(dialect)
         self._record = self._record_unit(dialect)
-        #: what these marks did, by outcome (fencing.observe.metrics): ``accept.accepted``,
-        #: ``accept.refused.older fence``, ``record_once.recorded``, ``record_once.duplicate``,
-        #: and the lock races of their transactions
-        self.metrics = self._runner.metrics = StoreMetrics()
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What these marks did, by outcome (:mod:`fencing.observe.metrics`):
+        ``accept.accepted``, ``accept.refused.older fence``, ``record_once.recorded``,
+        ``record_once.duplicate``, and the lock races of their transactions."""
+        return self._ctx.metrics
+
+    @metrics.setter
+    def metrics(self, metrics: StoreMetrics) -> None:
+        self._ctx.metrics = self._ctx.runner.metrics = metrics
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -230,39 +229,11 @@ class FenceMarks:
     # -- running statements ----------------------------------------------------------------
 
     def _run(self, unit: Callable[[Executor], T], conn: CallerConnection | None, table: Table) -> T:
-        try:
-            try:
-                if conn is None:
-                    return self._runner.run(unit)
-                return unit(CoreExecutor(self._runner.caller(conn, table)))
-            except self._errors as exc:
-                raise self._wrap(exc, table) from sqlalchemy_error(exc, self.engine.dialect)
-        except DatabaseBusy as exc:
-            events.busy(exc, None, table.name, self.metrics)
-            raise
-
-    def _wrap(self, exc: BaseException, table: Table) -> FencingError:
-        wrapped = wrap_database_error(exc, table.name)
-        if isinstance(wrapped, TableMissing):
-            return TableMissing(
-                f"table {table.name!r} does not exist; create it first (FenceMarks.create_tables())"
-            )
-        return wrapped
-
-    # -- arguments -------------------------------------------------------------------------
+        return self._ctx.run(unit, conn, table)
 
     def _key(self, name: str, value: object) -> str:
         """A resource or key this backend can store exactly (else an error, never truncation)."""
-        text = check_text(name, value)
-        if not self._nul_ok and "\x00" in text:
-            raise InvalidArgument(f"{name} contains NUL (U+0000), which PostgreSQL text cannot store")
-        limit = self._max_key_bytes
-        if limit is not None and len(text) * 4 > limit and len(text.encode("utf-8")) > limit:
-            raise InvalidArgument(
-                f"{name} is {len(text.encode('utf-8'))} bytes in UTF-8; "
-                f"{self._dialect} keys hold at most {limit}"
-            )
-        return text
+        return self._ctx.key(name, value)
 
     @staticmethod
     def _fence(value: object) -> int:
@@ -285,19 +256,19 @@ class FenceMarks:
 
         try:
             if conn is not None:
-                create(self._runner.caller(conn, self.marks))
+                create(self._ctx.runner.caller(conn, self.marks))
                 return
             for attempt in range(2):
                 try:
-                    with self._runner.transaction() as own:
+                    with self._ctx.runner.transaction() as own:
                         create(own)
                     return
                 except DB_ERRORS as exc:
                     # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
                     if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
                         raise
-        except self._errors as exc:
-            raise self._wrap(exc, self.marks) from sqlalchemy_error(exc, self.engine.dialect)
+        except self._ctx.errors as exc:
+            self._ctx.fail(exc, self.marks)
 
     # -- fence marks -----------------------------------------------------------------------
 
@@ -319,10 +290,10 @@ class FenceMarks:
             return False
 
         if self._run(unit, conn, self.marks):
-            self.metrics.add("accept.accepted")
+            self._ctx.metrics.add("accept.accepted")
             return True
         res, token = params["res"], params["token"]
-        self.metrics.add("accept.refused.older fence")
+        self._ctx.metrics.add("accept.refused.older fence")
         refused_logger.warning(
             "refused accept of resource %r with fence %d: older than its mark %d",
             res,
@@ -374,7 +345,7 @@ class FenceMarks:
         }
         record = self._record
         recorded = self._run(lambda x: record(x, params), conn, self.keys)
-        self.metrics.add("record_once.recorded" if recorded else "record_once.duplicate")
+        self._ctx.metrics.add("record_once.recorded" if recorded else "record_once.duplicate")
         return recorded
 
     # -- the compare-and-set units, one per dialect ----------------------------------------
@@ -405,7 +376,7 @@ class FenceMarks:
             return lambda x, p: x.count(s.record_sqlite, p) == 1
         if dialect == "postgresql":
             return lambda x, p: len(x.rows(s.record_postgresql, p)) == 1
-        errors = self._errors
+        errors = self._ctx.errors
 
         def plain(x: Executor, p: dict[str, Any]) -> bool:
             try:

@@ -1,0 +1,368 @@
+"""Worker batches: claims of workers that do not know job ids, and completions many at once.
+
+:class:`WorkerBatches` is the part of :class:`~fencing.JobStore` a worker loop uses:
+:meth:`~WorkerBatches.claim_next`, :meth:`~WorkerBatches.complete_many`, the worker's step
+:meth:`~WorkerBatches.complete_and_claim_next` (both in one transaction) and the jobs a
+``max_attempts`` skips (:meth:`~WorkerBatches.poisoned`). How a batch of completions
+reaches the database is the dialect plan's (:mod:`.dialects`): one ``UPDATE`` each on
+SQLite, one ``UPDATE ... FROM unnest(arrays)`` per chunk on PostgreSQL, a locking read and one
+joined ``UPDATE`` per chunk on MariaDB/MySQL.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ..core.checks import FENCE_MAX, check_count, fence_can_match
+from ..core.errors import DatabaseError, InvalidArgumentType
+from ..core.values import JobState, Lease, Refusal
+from ..observe import events
+from ..observe.refusals import never_current
+from ..runtime.execution import CallerConnection, Executor
+from ..sql.statements import COMPLETE_CHUNK, Statements, batch_size
+from .context import JobsContext
+from .dialects import ARRAYS, EACH
+from .history import Outcome
+
+__all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
+
+#: job_id, owner, fence, result: one checked item of complete_many
+_Completion = tuple[str, str, int, "str | None"]
+#: result characters per batch statement: a statement stays far below MariaDB's packet limit
+COMPLETE_CHUNK_CHARS = 1 << 20
+
+
+class WorkerBatches:
+    """Claims and completions of workers, many at once (a part of :class:`~fencing.JobStore`)."""
+
+    _ctx: JobsContext
+
+    def claim_next(
+        self,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: CallerConnection | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``limit`` ready jobs in one transaction; their leases (maybe none).
+
+        Ready: not done, lease expired or never taken, not deferred, and (with
+        ``max_attempts``) claimed fewer than that many times, the fence being the attempt
+        count. The jobs that have been ready longest come first (by ``until``: enqueue
+        time, lease expiry or retry time; with :meth:`enqueue`'s default that is first-come
+        first-served), ties by id (the order of the ready index, so the pick walks it from
+        its start and stops at ``limit``, at any backlog); the order of the returned list
+        is the database's. On PostgreSQL and MariaDB workers
+        skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
+        ``BEGIN IMMEDIATE`` serializes claims.
+        """
+        outcome = self._ctx.outcome()
+        unit = self._claim_next_unit(owner, ttl, now, limit, max_attempts, outcome, own=conn is None)
+        started = time.perf_counter()
+        leases = self._ctx.run_jobs(unit, conn, outcome=outcome)
+        self._claimed(leases, max_attempts, started)
+        return leases
+
+    def _claimed(self, leases: list[Lease], max_attempts: int | None, started: float) -> None:
+        """Count and time a claim of workers that began at ``started`` (``perf_counter``)."""
+        self._ctx.metrics.claimed(leases, started)
+        if max_attempts is not None and leases:
+            events.last_attempts(leases, max_attempts)
+
+    def _claim_next_unit(
+        self,
+        owner: object,
+        ttl: object,
+        now: object,
+        limit: object,
+        max_attempts: object,
+        outcome: Outcome,
+        *,
+        own: bool,
+    ) -> Callable[[Executor], list[Lease]]:
+        """The unit of :meth:`claim_next`, its arguments checked; ``own``: it runs in a
+        transaction of the store's own; its claims noted in ``outcome``."""
+        ctx = self._ctx
+        owner = ctx.job_key("owner", owner)
+        limit = check_count("limit", limit)
+        max_fence = FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)
+        s, clock = ctx.clock(now, ttl)
+        params = {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+        in_claim_order = own and limit > 1 and ctx.plan.walks_claim_order
+
+        def returning(x: Executor) -> list[Lease]:
+            if in_claim_order:
+                x.count(s.walk_in_claim_order, {})
+            rows = x.rows(s.claim_next_returning, params)
+            leases = [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+            outcome.leases("claim", leases, params)
+            return leases
+
+        def picking(x: Executor) -> list[Lease]:
+            picked = {job_id: int(fence) for job_id, fence in x.rows(s.pick_ready, params)}
+            if not picked:
+                return []
+            claim, read = s.claim_ids(len(picked))
+            both = {**params, **{f"id_{i}": job_id for i, job_id in enumerate(picked)}}
+            x.count(claim, both)
+            # the pick locked these rows: the UPDATE claimed those now one fence above the pick.
+            # Another (no longer ready at the UPDATE's own now) may still carry this owner from
+            # an earlier, expired lease: its old fence must not be handed out a second time
+            leases = [
+                Lease(job_id, owner, int(fence), float(until))
+                for job_id, fence, until in x.rows(read, both)
+                if int(fence) == picked[job_id] + 1
+            ]
+            outcome.leases("claim", leases, params)
+            return leases
+
+        return returning if ctx.plan.returning else picking
+
+    def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> list[bool]:
+        """:meth:`complete` for each ``(lease, result)``, all in one transaction.
+
+        Each completion is checked on its own (owner, fence, not done, lease live at
+        ``now``): a stale one is refused, the others stored; the list says which were
+        accepted, in input order. The same lease twice: only the first can be accepted
+        (it makes the job done). Every item is checked before anything runs, so a bad one
+        raises and changes nothing. On PostgreSQL a batch is one ``UPDATE`` (per
+        :data:`~fencing.sql.statements.COMPLETE_CHUNK` completions), on MariaDB/MySQL a read
+        that locks the batch's rows and one ``UPDATE``, on SQLite one ``UPDATE`` each (no
+        round trips there). With ``now=None`` the servers judge a whole chunk at one
+        instant of their clock, SQLite each completion at its own statement's.
+        """
+        _check_completions(completions)
+        outcome = self._ctx.outcome()
+        size, unit, refused = self._completions_unit(completions, now, outcome)
+        accepted = self._ctx.run_jobs(unit, conn, outcome=outcome) if unit is not None else set()
+        return self._judged(size, accepted, refused)
+
+    def _judged(self, size: int, accepted: set[int], refused: list[Refusal]) -> list[bool]:
+        """complete_many's answer, its accepted completions counted and refused ones reported."""
+        if accepted:
+            self._ctx.metrics.add("complete_many.accepted", len(accepted))
+        return self._ctx.refused(refused, [i in accepted for i in range(size)])
+
+    def _completions_unit(
+        self, completions: Iterable[tuple[Lease, str | None]], now: object, outcome: Outcome
+    ) -> tuple[int, Callable[[Executor], set[int]] | None, list[Refusal]]:
+        """The unit of :meth:`complete_many`, every item checked: how many items there are,
+        the unit returning the positions accepted (``None``: none can be), and the list
+        the unit fills with the refused ones' reasons (read in its transaction)."""
+        ctx = self._ctx
+        s, clock = ctx.clock(now)
+        batch: list[_Completion] = []
+        for item in completions:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise InvalidArgumentType(f"completions must hold (lease, result) pairs, got {item!r:.80}")
+            lease, result = item
+            job_id, owner, fence = ctx.lease(lease)
+            batch.append((job_id, owner, fence, ctx.result(result)))
+        # what goes to the database: the first of identical leases, with a fence that can match
+        first: dict[tuple[str, str, int], int] = {}
+        todo = [
+            i
+            for i, (job_id, owner, fence, _) in enumerate(batch)
+            if fence_can_match(fence) and first.setdefault((job_id, owner, fence), i) == i
+        ]
+        refused: list[Refusal] = []
+        if not todo:
+            refused += [never_current("complete_many", j, o, f) for j, o, f, _ in batch]
+            return len(batch), None, refused
+        complete = self._complete_many(s, clock, batch, todo)
+
+        def unit(x: Executor) -> set[int]:
+            accepted = complete(x)
+            refused[:] = [
+                ctx.why(x, s, "complete_many", {"job_id": j, "holder": o, "token": f, **clock})
+                if fence_can_match(f)
+                else never_current("complete_many", j, o, f)
+                for i, (j, o, f, _) in enumerate(batch)
+                if i not in accepted
+            ]
+            tokens = [batch[i][:3] for i in sorted(accepted)]
+            outcome.tokens("complete", tokens, clock, path="complete_many")
+            outcome.refusals([r for r in refused if fence_can_match(r.fence)], clock)
+            return accepted
+
+        return len(batch), unit, refused
+
+    def complete_and_claim_next(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: CallerConnection | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        """A worker's step: :meth:`complete_many` of ``completions``, then :meth:`claim_next`
+        for ``owner``, in **one** transaction (one commit, so on SQLite one fsync, where the
+        two calls take two).
+
+        Returns ``(accepted, leases)``: which completions were accepted, in input order (each
+        judged on its own, exactly as :meth:`complete_many` does; a refused one does not stop
+        the claim), and the new leases. All arguments are checked before anything runs::
+
+            [lease] = store.claim_next("w", ttl=30) or [None]
+            while lease is not None:
+                result = work(lease.job_id)
+                _, leases = store.complete_and_claim_next([(lease, result)], "w", ttl=30)
+                lease = leases[0] if leases else None
+        """
+        _check_completions(completions)
+        outcome = self._ctx.outcome()
+        size, complete, refused = self._completions_unit(completions, now, outcome)
+        claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts, outcome, own=conn is None)
+
+        def step(x: Executor) -> tuple[set[int], list[Lease]]:
+            accepted = complete(x) if complete is not None else set()
+            return accepted, claim(x)
+
+        started = time.perf_counter()
+        accepted, leases = self._ctx.run_jobs(step, conn, outcome=outcome)
+        self._claimed(leases, max_attempts, started)
+        return self._judged(size, accepted, refused), leases
+
+    def _complete_many(
+        self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+    ) -> Callable[[Executor], set[int]]:
+        """The unit that stores the completions at positions ``todo``: the accepted ones, the
+        way the dialect's plan says."""
+        how = self._ctx.plan.batch_completion
+        if how == EACH:
+
+            def each(x: Executor) -> set[int]:
+                stmt = s.complete
+                accepted = set()
+                for i in todo:
+                    job_id, owner, fence, result = batch[i]
+                    params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result}
+                    if x.count(stmt, {**params, **clock}) == 1:
+                        accepted.add(i)
+                return accepted
+
+            return each
+
+        chunks = _chunks(batch, todo)
+        if how == ARRAYS:
+            stmt = s.complete_batch_arrays()
+
+            def returning(x: Executor) -> set[int]:
+                accepted: set[int] = set()
+                for chunk in chunks:
+                    rows = x.rows(stmt, {**_completion_arrays(batch, chunk), **clock})
+                    accepted.update(int(row[0]) for row in rows)
+                return accepted
+
+            return returning
+
+        by_caller = self._ctx.by_caller
+
+        def locking(x: Executor) -> set[int]:
+            accepted: set[int] = set()
+            for chunk in chunks:
+                job_ids = list(dict.fromkeys(batch[i][0] for i in chunk))
+                size = batch_size(len(job_ids))
+                ids = {f"id_{k}": job_ids[k] if k < len(job_ids) else None for k in range(size)}
+                rows = x.rows(s.lock_live(size), {**ids, **clock})
+                # the rows stay locked until commit: what is current now is current at the UPDATE
+                live = {(job_id, owner, int(fence)) for job_id, owner, fence, ok, _ in rows if ok}
+                current = [i for i in chunk if batch[i][:3] in live]
+                if not current:
+                    continue
+                size = batch_size(len(current))
+                at = clock["now"] if "now" in clock else float(rows[0][4])
+                stored = x.count(
+                    by_caller.complete_batch_joined(size),
+                    {**_completion_params(batch, current, size), "now": at},
+                )
+                if stored != len(current):
+                    raise DatabaseError(
+                        f"complete_many: {stored} of {len(current)} locked, current leases were "
+                        "stored; the transaction is rolled back"
+                    )
+                accepted.update(current)
+            return accepted
+
+        return locking
+
+    def poisoned(
+        self, max_attempts: int, *, now: float | None = None, conn: CallerConnection | None = None
+    ) -> list[JobState]:
+        """Jobs that :meth:`claim_next` with this ``max_attempts`` skips: not done, not
+        held, claimed ``max_attempts`` times or more. Longest ready first."""
+        ctx = self._ctx
+        s, clock = ctx.clock(now)
+        params = {"max_fence": check_count("max_attempts", max_attempts), **clock}
+        stmt = s.poisoned
+        return ctx.run_jobs(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)
+
+
+def _check_completions(completions: object) -> None:
+    if isinstance(completions, (str, bytes)) or not isinstance(completions, Iterable):
+        raise InvalidArgumentType(
+            "completions must be an iterable of (lease, result) pairs, "
+            f"got {type(completions).__name__} {completions!r:.80}"
+        )
+
+
+def _chunks(batch: list[_Completion], todo: list[int]) -> list[list[int]]:
+    """``todo`` cut into chunks of at most COMPLETE_CHUNK completions and (past the first
+    completion) COMPLETE_CHUNK_CHARS result characters."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    chars = 0
+    for i in todo:
+        size = len(batch[i][3] or "")
+        if chunk and (len(chunk) == COMPLETE_CHUNK or chars + size > COMPLETE_CHUNK_CHARS):
+            chunks.append(chunk)
+            chunk, chars = [], 0
+        chunk.append(i)
+        chars += size
+    chunks.append(chunk)
+    return chunks
+
+
+def _completion_params(batch: list[_Completion], chunk: list[int], size: int) -> dict[str, Any]:
+    """The bind parameters of a batch statement of ``size`` for the completions at ``chunk``;
+    the rows past them are NULLs, which match no job."""
+    params: dict[str, Any] = {}
+    padding = (None, None, None, None, None)
+    for k, names in enumerate(_completion_binds(size)):
+        row = (chunk[k], *batch[chunk[k]]) if k < len(chunk) else padding
+        params.update(zip(names, row, strict=True))
+    return params
+
+
+def _completion_arrays(batch: list[_Completion], chunk: list[int]) -> dict[str, Any]:
+    """The five arrays :meth:`Statements.complete_batch_arrays` binds, for ``chunk``."""
+    rows = [batch[i] for i in chunk]
+    return {
+        "ns": chunk,
+        "ids": [r[0] for r in rows],
+        "holders": [r[1] for r in rows],
+        "tokens": [r[2] for r in rows],
+        "results": [r[3] for r in rows],
+    }
+
+
+@functools.lru_cache(maxsize=16)
+def _completion_binds(size: int) -> tuple[tuple[str, str, str, str, str], ...]:
+    """The names :meth:`Statements.complete_batch_joined` and :meth:`Statements.lock_live`
+    bind, per row."""
+    return tuple((f"n_{k}", f"id_{k}", f"holder_{k}", f"token_{k}", f"result_{k}") for k in range(size))
