@@ -1,21 +1,44 @@
-"""The test matrix: python x SQLAlchemy x database, plus lint, typecheck, demo and bench.
+"""The test matrix: python x SQLAlchemy x database, plus lint, typecheck, demo, package and bench.
 
 ``nox`` runs the default sessions; ``nox -t sqlite`` / ``-t postgresql`` / ``-t mariadb``
 runs one backend's tests. A server that does not answer skips its sessions with the
 reason and how to enable it, except under ``CI=true``, where the suite fails instead.
+
+Most sessions install the checkout editable (``-e``) and so test the source tree. What a user
+gets is the wheel, and two sessions test that instead:
+
+* ``package`` builds the sdist and, from it, the wheel (``python -m build``), checks what is in
+  them (every file of ``fencing/`` found in the tree, whatever its layout; ``twine check
+  --strict``; ``check-wheel-contents``), installs the wheel in a new venv outside the checkout
+  and runs the command and imports every module from there (``tests/installed_check.py``).
+* ``tests(3.12-latest-sqlite)`` (``AGAINST_WHEEL``) runs the suite against the built wheel,
+  installed non-editable, from the unpacked sdist less the package itself, so ``fencing`` can
+  only come from site-packages (``FENCING_TEST_INSTALLED``: ``tests/conftest.py`` fails the
+  run otherwise). That converts a quick session instead of adding one: the build costs it
+  about 10 s; the suite does not depend on how the package was installed, beyond that.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import nox
 
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "torture", "lint", "typecheck", "demo"]
+nox.options.sessions = ["tests", "torture", "lint", "typecheck", "demo", "package"]
+
+ROOT = Path(__file__).resolve().parent
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 NEWEST = PYTHONS[-1]
@@ -74,13 +97,19 @@ DIALECT_FACING = [
 ]
 
 
+#: the tests session that runs the suite against the built wheel instead of the source tree: a
+#: quick one (no slow tests), on a python that is neither end of the range (those test the
+#: lowest SQLAlchemy too), with SQLite (no server)
+AGAINST_WHEEL = ("3.12", "latest", "sqlite")
+
+
 @nox.session
 @nox.parametrize(("python", "sqlalchemy", "db"), _matrix())
 def tests(session: nox.Session, sqlalchemy: str, db: str) -> None:
-    """The whole suite for one python, one SQLAlchemy line and one database."""
+    """The whole suite for one python, one SQLAlchemy line and one database (for
+    ``AGAINST_WHEEL``, against the built wheel: see the top of noxfile.py)."""
     # every driver, also for SQLite: a few tests build engines of each dialect offline
-    _install(session, "test", *filter(None, DATABASES.values()), sqlalchemy=sqlalchemy)
-    _require_server(session, db)
+    extras = ["test", *filter(None, DATABASES.values())]
     # process races, kills and torture runs take seconds each and do not vary with python or
     # SQLAlchemy: they run once per database, on the newest of both; so does the second run
     # of the store-fixture suite through the async store (test_asyncio.py runs everywhere)
@@ -88,7 +117,66 @@ def tests(session: nox.Session, sqlalchemy: str, db: str) -> None:
     quick = [] if newest else ["-m", "not slow and not async_front"]
     if sqlalchemy == "lowest" and db != "sqlite" and not session.posargs:
         quick += DIALECT_FACING
-    session.run("pytest", "-n", "auto", "--db", db, *quick, *session.posargs)
+    pytest = ["pytest", "-n", "auto", "--db", db, *quick, *session.posargs]
+    if (session.python, sqlalchemy, db) == AGAINST_WHEEL:
+        with _suite_against_wheel(session, extras, sqlalchemy) as suite, session.chdir(suite):
+            _require_server(session, db)
+            session.run(*pytest, env={"FENCING_TEST_INSTALLED": "1"})
+        return
+    _install(session, *extras, sqlalchemy=sqlalchemy)
+    _require_server(session, db)
+    session.run(*pytest)
+
+
+@contextlib.contextmanager
+def _suite_against_wheel(session: nox.Session, extras: list[str], sqlalchemy: str) -> Iterator[Path]:
+    """Install the built wheel (not editable) with ``extras``; yield where to run the suite.
+
+    That is the unpacked sdist (so the sdist is shown to hold what the suite needs: the
+    ``tests`` package its tests import helpers from, the examples and docs they read beside
+    it, pytest's settings in pyproject.toml) less what the wheel installs (``fencing/``,
+    ``service.py``) and the egg-info, in a temporary directory outside the checkout: nothing
+    on ``sys.path`` there, neither pytest's rootdir nor the cwd of the processes the tests
+    start, can import the source instead of site-packages.
+    """
+    with tempfile.TemporaryDirectory(prefix="fencing-suite-") as scratch:
+        sdist, wheel = _build(session, Path(scratch) / "dist")
+        requirement = f"fencing[{','.join(extras)}] @ {wheel.as_uri()}"
+        session.install("--upgrade", requirement, SQLALCHEMY[sqlalchemy])
+        # the same version as an editable install of the checkout (an earlier run): replace it
+        session.install("--force-reinstall", "--no-deps", str(wheel))
+        suite = _unpack(sdist, Path(scratch) / "sdist")
+        with zipfile.ZipFile(wheel) as whl:
+            installed = {name.split("/")[0] for name in whl.namelist()}
+        for name in [*installed, *(p.name for p in suite.glob("*.egg-info"))]:
+            path = suite / name
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.exists():
+                path.unlink()
+        yield suite
+
+
+def _build(session: nox.Session, outdir: Path) -> tuple[Path, Path]:
+    """``python -m build``: the sdist of the checkout, then the wheel built from that sdist
+    (as pip builds one from PyPI), each in an isolated env with only pyproject.toml's build
+    requirements; both into ``outdir``, a new directory."""
+    uv = ["--installer", "uv"] if session.venv_backend == "uv" else []
+    session.install("build[uv]" if uv else "build")
+    session.run("python", "-m", "build", *uv, "--outdir", str(outdir), str(ROOT))
+    (sdist,) = outdir.glob("*.tar.gz")
+    (wheel,) = outdir.glob("*.whl")
+    return sdist, wheel
+
+
+def _unpack(sdist: Path, into: Path) -> Path:
+    """Extract ``sdist`` under ``into``: the directory it holds (``fencing-VERSION``)."""
+    with tarfile.open(sdist) as tar:
+        # the "data" filter (no links out, no special files) where this python has it
+        kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(into, **kwargs)  # type: ignore[arg-type]
+    (top,) = into.iterdir()
+    return top
 
 
 def _require_server(session: nox.Session, db: str) -> None:
@@ -150,6 +238,95 @@ def demo(session: nox.Session) -> None:
     """The main job: the stalled worker's late write is rejected."""
     _install(session)
     session.run("python", "-m", "fencing", "demo")
+
+
+#: the extras without which some modules do not import: fencing.otel (opentelemetry-api),
+#: fencing.asyncio (greenlet)
+IMPORT_EXTRAS = "otel,asyncio"
+#: the top-level entries the wheel installs, as pyproject.toml's [tool.setuptools] declares them
+TOP_LEVEL = ["fencing", "service.py"]
+#: the checkout's files that the sdist leaves out: CI's own scripts, git's files (.gitignore)
+SDIST_OMITS = (".ci/", ".git")
+
+
+@nox.session(python=NEWEST)
+def package(session: nox.Session) -> None:
+    """The sdist and the wheel as a user gets them: built, checked, installed and run.
+
+    The wheel is built from the sdist; both must hold every ``.py`` and ``py.typed`` file found
+    under ``fencing/`` (walked, never listed: the package's layout changes), the wheel
+    nothing else, the sdist every file git tracks (but ``SDIST_OMITS``); ``twine check
+    --strict`` reads their metadata as PyPI would. Then a new venv (``python -m venv``, outside
+    the checkout) gets the wheel, without extras as the README installs it: from a directory
+    outside the checkout, ``fencing --help``, every command's ``--help``, ``python -m fencing
+    demo`` and a short torture run on SQLite; then with ``IMPORT_EXTRAS``: every module of the
+    installed package imports, from that venv (``tests/installed_check.py``).
+    """
+    session.install("twine>=6.1", "check-wheel-contents>=0.6")
+    with tempfile.TemporaryDirectory(prefix="fencing-package-") as scratch:
+        tmp = Path(scratch)
+        sdist, wheel = _build(session, tmp / "dist")
+        _check_contents(session, sdist, wheel)
+        session.run("twine", "check", "--strict", str(sdist), str(wheel))
+        packages = [arg for name in TOP_LEVEL for arg in ("--package", str(ROOT / name))]
+        session.run("check-wheel-contents", "--toplevel", ",".join(TOP_LEVEL), *packages, str(wheel))
+
+        venv = tmp / "venv"
+        session.run("python", "-m", "venv", str(venv))
+        python = str(venv / ("Scripts" if os.name == "nt" else "bin") / "python")
+        run = tmp / "run"
+        run.mkdir()
+        shutil.copy(ROOT / "tests" / "installed_check.py", run)
+        with session.chdir(run):
+            pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "--quiet"]
+            session.run(*pip, f"fencing @ {wheel.as_uri()}", external=True)
+            session.run(python, "-I", "installed_check.py", "commands", str(ROOT), external=True)
+            session.run(*pip, f"fencing[{IMPORT_EXTRAS}] @ {wheel.as_uri()}", external=True)
+            session.run(python, "-I", "installed_check.py", "modules", str(ROOT), external=True)
+
+
+def _check_contents(session: nox.Session, sdist: Path, wheel: Path) -> None:
+    """What the sdist and the wheel must hold, from the files of the checkout."""
+    package = ROOT / TOP_LEVEL[0]
+    # every file of the package in the tree; the modules and the typing marker must be shipped
+    tree = {
+        p.relative_to(ROOT).as_posix()
+        for p in package.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")
+    }
+    tree |= {name for name in TOP_LEVEL[1:] if (ROOT / name).is_file()}
+    required = {f for f in tree if f.endswith(".py") or f.endswith("/py.typed")}
+    with zipfile.ZipFile(wheel) as whl:
+        in_wheel = {n for n in whl.namelist() if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    with tarfile.open(sdist) as tar:
+        in_sdist = {m.name.split("/", 1)[1] for m in tar.getmembers() if m.isfile() and "/" in m.name}
+    problems = []
+    for kind, names in (("wheel", in_wheel), ("sdist", in_sdist)):
+        if missing := sorted(required - names):
+            problems.append(f"the {kind} lacks {len(missing)} file(s) of the tree: {', '.join(missing)}")
+    if stray := sorted(in_wheel - tree):
+        problems.append(f"the wheel holds files that are not in the tree: {', '.join(stray)}")
+    if tracked := _tracked():
+        if missing := sorted(f for f in tracked if not f.startswith(SDIST_OMITS) and f not in in_sdist):
+            problems.append(f"the sdist lacks tracked files (MANIFEST.in): {', '.join(missing)}")
+    else:
+        session.log("not a git checkout: the sdist is checked for the package's files only")
+    if problems:
+        session.error("\n".join(problems))
+    session.log(
+        f"{len(required)} modules and markers of the tree in both; the wheel {len(in_wheel)} files "
+        f"besides its metadata, the sdist {len(in_sdist)}"
+    )
+
+
+def _tracked() -> set[str]:
+    """The files git tracks in the checkout that are there (none outside a git checkout)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        return set()
+    listed = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    return {name for name in listed.split("\0") if name and (ROOT / name).is_file()}
 
 
 @nox.session(python=NEWEST)

@@ -8,6 +8,10 @@ test starts with no jobs table in it.
 
 A server that does not answer skips the run with the reason and how to enable it, except
 under ``CI=true``, where a missing backend is a failure.
+
+``FENCING_TEST_INSTALLED=1`` (noxfile.py's session that tests the built wheel) fails the run
+unless ``fencing`` and ``service`` were imported from this interpreter's site-packages: an
+installed wheel, neither the source tree nor an editable install of it.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import asyncio
 import logging
 import os
 import sys
+import sysconfig
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,10 +57,31 @@ def pytest_configure(config: pytest.Config) -> None:
         config.getoption("--db") or os.environ.get("FENCING_TEST_DB"),
         config.getoption("--dburi") or os.environ.get("FENCING_TEST_DBURI"),
     )
+    if os.environ.get("FENCING_TEST_INSTALLED") == "1":
+        for where in _tested_code():
+            if not any(where.is_relative_to(site) for site in _site_packages()):
+                raise pytest.UsageError(
+                    f"FENCING_TEST_INSTALLED=1, but {where} is not in site-packages "
+                    f"({', '.join(map(str, _site_packages()))}): the source tree is tested, not the wheel"
+                )
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"fencing backend: {config._fencing_backend.describe()}"  # type: ignore[attr-defined]
+def _tested_code() -> list[Path]:
+    """Where ``fencing`` and ``service`` were imported from."""
+    import fencing
+    import service
+
+    return [Path(module.__file__ or "").resolve() for module in (fencing, service)]
+
+
+def _site_packages() -> list[Path]:
+    return sorted({Path(sysconfig.get_path(name)).resolve() for name in ("purelib", "platlib")})
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    backend: backends.Backend = config._fencing_backend  # type: ignore[attr-defined]
+    installed = " (installed)" if os.environ.get("FENCING_TEST_INSTALLED") == "1" else ""
+    return [f"fencing backend: {backend.describe()}", f"fencing under test{installed}: {_tested_code()[0]}"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,18 +1,22 @@
 """The ``fencing`` command (also ``python -m fencing``): a thin layer over the library.
 
-Each command is one ``_add_*`` function that declares its arguments and sets ``run``, a
-function from the parsed arguments to an exit code. The database commands only parse, call
-the library (:class:`fencing.JobStore` for changes, :class:`fencing.overview.Overview` for
-reads) and print: aligned tables for people, ``--json`` (one object per line) for scripts.
-Exit codes: 0 done; 1 a failure (bad URL, server down, table missing) or, for ``revoke``,
-``release`` and ``delete``, nothing changed; 2 bad arguments (argparse's own). Errors go to
-stderr, never as a traceback.
+The commands are a table, :data:`COMMANDS`: one :class:`Command` each, its arguments
+declared as data (:class:`Arg`, :class:`OneOf`) and its handler, a function from a
+:class:`Call` to an exit code. :func:`build_parser` makes every subcommand from the table in
+one loop, and one dispatch runs them. The database commands only parse, call the library
+(:class:`fencing.JobStore` for changes, :class:`fencing.overview.Overview` for reads) and
+print: aligned tables for people, ``--json`` (one object per line) for scripts. Exit codes:
+0 done; 1 a failure (bad URL, server down, table missing) or, for ``revoke``, ``release``
+and ``delete``, nothing changed; 2 bad arguments (argparse's own). Errors go to stderr,
+never as a traceback. The torture harness (:mod:`fencing.torture`) loads only when the
+``torture`` command runs, not to build the parser or print its help.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -21,10 +25,11 @@ import sys
 import tempfile
 import time
 import unicodedata
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from importlib import metadata as package_metadata
+from types import MappingProxyType
 from typing import Any, TextIO, TypeAlias
 
 import sqlalchemy
@@ -48,13 +53,99 @@ from .overview import STATES, JobView, Overview, Summary
 __all__ = ["build_parser", "main"]
 
 Run = Callable[[argparse.Namespace], int]
-Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 #: where ``--url`` comes from when it is not given
 URL_VARIABLE = "FENCING_URL"
 #: ids enqueued per transaction: one commit (one fsync on SQLite) each, and a write lock
 #: held for milliseconds, so workers on the same database are not kept waiting
 ENQUEUE_CHUNK = 500
+
+
+# -- the table's types -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One ``add_argument`` call as data: its flags (or a positional's name) and keywords."""
+
+    flags: tuple[str, ...]
+    kwargs: Mapping[str, Any]
+
+    def add_to(self, parser: argparse._ActionsContainer) -> None:
+        parser.add_argument(*self.flags, **self.kwargs)
+
+
+def arg(*flags: str, **kwargs: Any) -> Arg:
+    """``arg("--limit", type=int)`` for ``Arg(("--limit",), {"type": int})``."""
+    return Arg(flags, MappingProxyType(kwargs))
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """Arguments that exclude one another: a mutually exclusive group."""
+
+    arguments: tuple[Arg, ...]
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_mutually_exclusive_group()
+        for argument in self.arguments:
+            argument.add_to(group)
+
+
+def one_of(*arguments: Arg) -> OneOf:
+    return OneOf(arguments)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One run of a command: what its handler gets."""
+
+    args: argparse.Namespace
+    #: the command's own parser: its ``prog`` ("fencing jobs") names the command in messages
+    parser: argparse.ArgumentParser
+    out: _Output
+    database: _Database | None = None
+
+    @property
+    def db(self) -> _Database:
+        """The database of a command that ``needs_database``."""
+        if self.database is None:
+            raise TypeError(f"{self.parser.prog} runs without a database")
+        return self.database
+
+    def fail(self, message: str) -> int:
+        """The message on stderr, after the command's name; exit code 1."""
+        return _fail(self.parser, message)
+
+
+Handler: TypeAlias = "Callable[[Call], int]"
+#: why the parsed arguments do not go together (exit code 2, before any database work), or None
+Check: TypeAlias = "Callable[[argparse.Namespace], str | None]"
+
+
+def _no_check(args: argparse.Namespace) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Command:
+    """One subcommand: its name and help, its arguments, and its handler. A command that
+    ``needs_database`` also takes ``--url``, ``--table`` and ``--json``; its handler gets the
+    opened database (:attr:`Call.db`), and the library's errors become one line on stderr
+    and exit code 1."""
+
+    name: str
+    help: str
+    description: str
+    run: Handler
+    arguments: tuple[Arg | OneOf, ...] = ()
+    needs_database: bool = True
+    #: a SQLite file is created if it is missing (else: an error)
+    creates: bool = False
+    check: Check = _no_check
+
+
+# -- argument types --------------------------------------------------------------------------
 
 
 def _at_least(minimum: float) -> Callable[[str], float]:
@@ -68,30 +159,6 @@ def _at_least(minimum: float) -> Callable[[str], float]:
         return value
 
     return seconds
-
-
-def _add_demo(commands: Commands) -> None:
-    parser = commands.add_parser(
-        "demo",
-        help="play the late-worker story on a real SQLite file with real worker processes",
-        description=(
-            "Worker A claims a job and stalls past its lease; worker B claims the job and "
-            "completes it; A wakes up and tries to write its stale result. The store rejects "
-            "A's write. Exit code 0 if the story went exactly so, 1 otherwise."
-        ),
-    )
-    parser.add_argument(
-        "--ttl",
-        type=_at_least(demo.MIN_TTL),
-        default=demo.DEFAULT_TTL,
-        metavar="SECONDS",
-        help=f"lease duration in real seconds (default {demo.DEFAULT_TTL:g}, at least {demo.MIN_TTL:g})",
-    )
-
-    def run(args: argparse.Namespace) -> int:
-        return demo.run_demo(args.ttl)
-
-    parser.set_defaults(run=run)
 
 
 def _whole(minimum: int, maximum: int) -> Callable[[str], int]:
@@ -117,204 +184,6 @@ def _probability(text: str) -> float:
     return value
 
 
-class _ProgressLine:
-    """A long run's progress on a terminal: one line, rewritten in place (``\\r``), cut to the
-    terminal's width so it never wraps, and cleared at the end. A ``torture.Progress``."""
-
-    def __init__(self, stream: TextIO, prog: str, jobs: int) -> None:
-        self.stream = stream
-        self.prog = prog
-        self.jobs = jobs
-        self.shown = False
-
-    def __call__(self, phase: str, elapsed: float, total: float | None, done: int | None) -> None:
-        if phase == "setup":
-            text = f"setting up: enqueuing {self.jobs} jobs"
-        elif phase == "stopping":
-            text = "stopping the workers"
-        elif phase == "verdict":
-            text = "checking the journals and the database"
-        else:
-            text = phase if total is None else f"{phase} {elapsed:.1f}/{total:g}s"
-            if done is not None:
-                text += f", {done}/{self.jobs} jobs done"
-        self._write(f"{self.prog}: {text}")
-
-    def clear(self) -> None:
-        if self.shown:
-            self._write("")
-            self.shown = False
-
-    def _write(self, text: str) -> None:
-        try:
-            width = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: size unknown
-        except (OSError, ValueError):
-            width = 80
-        with contextlib.suppress(OSError, ValueError):  # a closed terminal: the run goes on
-            self.stream.write("\r" + text[: max(width - 1, 0)] + "\x1b[K")
-            self.stream.flush()
-            self.shown = bool(text)
-
-
-@contextlib.contextmanager
-def _cleared(progress: _ProgressLine | None) -> Iterator[None]:
-    """The progress line gone before anything else is printed, however the run ends."""
-    try:
-        yield
-    finally:
-        if progress is not None:
-            progress.clear()
-
-
-def _add_torture(commands: Commands) -> None:
-    from . import torture  # the harness loads only when asked for
-
-    defaults = torture.TortureConfig(url="-")
-    parser = commands.add_parser(
-        "torture",
-        help="run real workers under injected faults and check every guarantee (exit 1 on a violation)",
-        description=(
-            "Enqueue jobs and run worker processes built only from the public API (claim_next, "
-            "a heartbeat, a fenced write, a write guarded by FenceMarks, complete) while a "
-            "controller freezes them past their lease (SIGSTOP), kills them (SIGKILL, also inside "
-            "transactions) and restarts them, and revokes leases. Every call is journaled; at the "
-            "end the journals and the database are checked against the rules. Exit code 0 with no "
-            "violation, 1 with any. The harness uses only tables named PREFIX..., dropped first. "
-            "On a terminal, one line on stderr shows the phase, its seconds and the jobs done."
-        ),
-    )
-    parser.add_argument(
-        "--url",
-        help="database URL or SQLite file path (default: a new SQLite file in a temporary directory)",
-    )
-    parser.add_argument(
-        "--workers", type=_whole(1, 256), default=defaults.workers, help="worker processes (%(default)s)"
-    )
-    parser.add_argument(
-        "--jobs", type=_whole(1, 10_000_000), default=defaults.jobs, help="jobs to run (%(default)s)"
-    )
-    parser.add_argument(
-        "--seconds",
-        type=_at_least(0.0),
-        default=defaults.seconds,
-        help="longest fault phase; it ends sooner when every job is done (%(default)s)",
-    )
-    parser.add_argument(
-        "--seed", type=_whole(0, 2**63 - 1), help="the faults' seed (default: random, printed)"
-    )
-    parser.add_argument(
-        "--ttl", type=_at_least(0.05), default=defaults.ttl, help="lease TTL in seconds (%(default)s)"
-    )
-    parser.add_argument(
-        "--work",
-        type=_at_least(0.0),
-        default=defaults.work,
-        help="most simulated work per job, seconds (%(default)s)",
-    )
-    parser.add_argument(
-        "--finish",
-        choices=torture.FINISH_MODES,
-        default=defaults.finish,
-        help="how jobs are completed: fenced block, complete(), complete_many(), or a mix (%(default)s)",
-    )
-    parser.add_argument(
-        "--batch", type=_whole(1, 1000), default=defaults.batch, help="largest claim_next batch (%(default)s)"
-    )
-    parser.add_argument(
-        "--fault-every",
-        type=_at_least(0.01),
-        default=defaults.fault_every,
-        help="mean seconds between two faults (%(default)s)",
-    )
-    parser.add_argument(
-        "--faults",
-        default=",".join(defaults.faults),
-        help=f"fault kinds to inject, comma-separated, from {','.join(torture.FAULT_KINDS)} (all)",
-    )
-    parser.add_argument(
-        "--check-heartbeat",
-        type=_probability,
-        default=defaults.check_heartbeat,
-        help="how often a worker asks its heartbeat first; else the store alone refuses (%(default)s)",
-    )
-    parser.add_argument(
-        "--release-rate",
-        type=_probability,
-        default=defaults.release_rate,
-        help="how often a worker gives a job back with a delay (%(default)s)",
-    )
-    parser.add_argument(
-        "--drain",
-        type=_at_least(1.0),
-        default=defaults.drain,
-        help="seconds to finish every job after the faults (%(default)s)",
-    )
-    parser.add_argument(
-        "--prefix", default=defaults.prefix, help="the harness's table name prefix (%(default)s)"
-    )
-    parser.add_argument(
-        "--async",
-        dest="front",
-        action="store_const",
-        const="async",
-        default=defaults.front,
-        help="run the workers on the async front: AsyncJobStore, AsyncFenceMarks and AsyncHeartbeat "
-        "on the asyncio driver (aiosqlite, asyncpg, asyncmy) for the same database",
-    )
-    parser.add_argument(
-        "--store",
-        metavar="MODULE:CALLABLE",
-        help="the store on trial, built from (engine, table, history=History) (default "
-        f"{torture.FRONTS['sync']}; with --async, from (AsyncEngine, table, history=History), "
-        f"default {torture.FRONTS['async']})",
-    )
-    parser.add_argument(
-        "--journal", metavar="DIR", help="keep the journals here (default: a temporary directory)"
-    )
-    parser.add_argument("--keep-tables", action="store_true", help="leave the harness's tables behind")
-
-    def run(args: argparse.Namespace) -> int:
-        seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-        faults = tuple(kind for kind in args.faults.split(",") if kind)
-        progress = _ProgressLine(sys.stderr, parser.prog, args.jobs) if sys.stderr.isatty() else None
-        with tempfile.TemporaryDirectory(prefix="fencing-torture-db-") as scratch, _cleared(progress):
-            try:
-                config = torture.TortureConfig(
-                    url=args.url or os.path.join(scratch, "torture.db"),
-                    workers=args.workers,
-                    jobs=args.jobs,
-                    seconds=args.seconds,
-                    seed=seed,
-                    ttl=args.ttl,
-                    work=args.work,
-                    finish=args.finish,
-                    batch=args.batch,
-                    fault_every=args.fault_every,
-                    check_heartbeat=args.check_heartbeat,
-                    release_rate=args.release_rate,
-                    drain=args.drain,
-                    prefix=args.prefix,
-                    front=args.front,
-                    store_factory=args.store,
-                    journal_dir=args.journal,
-                    keep_tables=args.keep_tables,
-                    faults=faults,
-                )
-                outcome = torture.run_torture(config, progress=progress)
-            except (FencingError, ValueError, TypeError) as exc:
-                if progress is not None:
-                    progress.clear()
-                print(f"fencing torture: {exc}", file=sys.stderr)
-                return 2
-        print(torture.summary(outcome))
-        return 1 if outcome.violations else 0
-
-    parser.set_defaults(run=run)
-
-
-# -- the database commands: arguments every one of them shares -----------------------------
-
-
 def _finite(text: str) -> float:
     try:
         value = float(text)
@@ -323,6 +192,9 @@ def _finite(text: str) -> float:
     if not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
+
+
+# -- the database commands: what every one of them shares ----------------------------------
 
 
 def _database_options() -> argparse.ArgumentParser:
@@ -342,14 +214,24 @@ def _database_options() -> argparse.ArgumentParser:
     return common
 
 
-def _max_attempts_option(parser: argparse.ArgumentParser, what: str) -> None:
-    parser.add_argument(
+def _max_attempts(what: str) -> Arg:
+    return arg(
         "--max-attempts",
         type=_whole(1, FENCE_MAX),
         metavar="N",
         help=f"{what}: jobs claimed N times or more are poisoned, as claim_next(max_attempts=N) "
         "skips them (the fence counts claims)",
     )
+
+
+def _limit(what: str) -> Arg:
+    return arg(
+        "--limit", type=_whole(1, 1_000_000), default=50, help=f"at most this many {what} (%(default)s)"
+    )
+
+
+#: a job's id, the positional argument of the commands about one job
+_JOB_ID = arg("id", metavar="ID", help="the job's id")
 
 
 @dataclass
@@ -418,52 +300,6 @@ def _open(args: argparse.Namespace, *, create: bool) -> _Database:
         raise
 
 
-def _database_parser(
-    commands: Commands, common: argparse.ArgumentParser, name: str, *, help: str, description: str
-) -> argparse.ArgumentParser:
-    """A database command's parser: ``--url``, ``--table``, ``--json`` and ``--help``."""
-    return commands.add_parser(name, parents=[common], help=help, description=description)
-
-
-Body: TypeAlias = "Callable[[argparse.Namespace, _Database, _Output], int]"
-
-
-def _runs_on_database(
-    parser: argparse.ArgumentParser,
-    body: Body,
-    *,
-    create: bool = False,
-    check: Callable[[argparse.Namespace], str | None] = lambda args: None,
-) -> None:
-    """Set ``parser``'s ``run``: refuse arguments that do not go together (``check`` says
-    why: exit code 2, before any database work), open the database, run ``body``, turn the
-    library's errors into a line on stderr and exit code 1, and close the engine."""
-
-    def run(args: argparse.Namespace) -> int:
-        problem = check(args)
-        if problem is not None:
-            parser.error(problem)
-        out = _Output(sys.stdout, as_json=args.json)
-        try:
-            db = _open(args, create=create)
-            try:
-                return body(args, db, out)
-            finally:
-                db.engine.dispose()
-        except TableMissing:
-            return _fail(parser, f"table {args.table!r} does not exist here; `fencing init` creates it")
-        except FencingError as exc:
-            return _fail(parser, str(exc))
-        except KeyboardInterrupt:
-            return 130
-        except BrokenPipeError:  # the reader went away (`| head`): stop quietly
-            with contextlib.suppress(OSError, ValueError):
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
-
-    parser.set_defaults(run=run)
-
-
 def _fail(parser: argparse.ArgumentParser, message: str) -> int:
     print(f"{parser.prog}: {message}", file=sys.stderr)
     return 1
@@ -484,6 +320,13 @@ class _Output:
     def lines(self, lines: Sequence[str]) -> None:
         for line in lines:
             print(line, file=self.stream)
+
+    def result(self, fields: Mapping[str, Any], lines: Sequence[str]) -> None:
+        """A command's one result: ``fields`` as a record with ``--json``, else ``lines``."""
+        if self.json:
+            self.record(**fields)
+        else:
+            self.lines(lines)
 
 
 def _shown(value: str | None) -> str:
@@ -580,9 +423,6 @@ def _job_record(job: JobView) -> dict[str, Any]:
     }
 
 
-# -- init, enqueue -------------------------------------------------------------------------
-
-
 def _where(db: _Database) -> str:
     url = db.engine.url
     if url.get_backend_name() == "sqlite":
@@ -590,28 +430,19 @@ def _where(db: _Database) -> str:
     return url.render_as_string(hide_password=True)
 
 
-def _add_init(commands: Commands, common: argparse.ArgumentParser) -> None:
-    parser = _database_parser(
-        commands,
-        common,
-        "init",
-        help="create the jobs table (idempotent; an existing table is checked, never changed)",
-        description="Create the jobs table if it is missing (JobStore.create_table()); an existing "
-        "one is checked against the schema and left as it is. A SQLite file is created if needed.",
-    )
+# -- the handlers: init, enqueue -------------------------------------------------------------
 
-    def init(args: argparse.Namespace, db: _Database, out: _Output) -> int:
-        existed = db.overview.has_table(db.table)
-        db.store.create_table()
-        if out.json:
-            out.record(table=db.table.name, created=not existed)
-        elif existed:
-            out.lines([f"table {db.table.name!r} already exists in {_where(db)} and matches: unchanged"])
-        else:
-            out.lines([f"created table {db.table.name!r} in {_where(db)}"])
-        return 0
 
-    _runs_on_database(parser, init, create=True)
+def _init(call: Call) -> int:
+    db = call.db
+    existed = db.overview.has_table(db.table)
+    db.store.create_table()
+    if existed:
+        line = f"table {db.table.name!r} already exists in {_where(db)} and matches: unchanged"
+    else:
+        line = f"created table {db.table.name!r} in {_where(db)}"
+    call.out.result({"table": db.table.name, "created": not existed}, [line])
+    return 0
 
 
 def _stdin_ids() -> list[str]:
@@ -631,148 +462,85 @@ def _stdin_ids() -> list[str]:
     return [line.removesuffix("\r") for line in text.split("\n") if line.removesuffix("\r")]
 
 
-def _add_enqueue(commands: Commands, common: argparse.ArgumentParser) -> None:
-    parser = _database_parser(
-        commands,
-        common,
-        "enqueue",
-        help="register jobs by id (an existing id is left exactly as it is)",
-        description="Register each id as a ready job (JobStore.enqueue); an id that exists is "
-        "left unchanged, a lease in progress included. With no ids, or the one id '-', the ids "
-        "are read from stdin, one per line (empty lines skipped). They are enqueued "
-        f"{ENQUEUE_CHUNK} per transaction: after an error, the ids before it stay enqueued.",
-    )
-    parser.add_argument("ids", nargs="*", metavar="ID", help="job ids (none or '-': from stdin)")
-    when = parser.add_mutually_exclusive_group()
-    when.add_argument(
-        "--delay",
-        type=_at_least(0.0),
-        metavar="SECONDS",
-        help="not claimable before the database's now + SECONDS",
-    )
-    when.add_argument(
-        "--ready-at",
-        type=_finite,
-        metavar="EPOCH",
-        help="not claimable before this time (seconds since 1970)",
-    )
-
-    def enqueue(args: argparse.Namespace, db: _Database, out: _Output) -> int:
-        ids = _stdin_ids() if args.ids in ([], ["-"]) else list(args.ids)
-        ready_at = args.ready_at
-        if args.delay is not None:
-            ready_at = db.overview.now() + args.delay
-        answers: list[bool] = []
-        try:
-            for start in range(0, len(ids), ENQUEUE_CHUNK):
-                chunk = ids[start : start + ENQUEUE_CHUNK]
-                with db.transaction() as conn:
-                    done = [db.store.enqueue(job_id, ready_at=ready_at, conn=conn) for job_id in chunk]
-                answers += done  # committed
-        except FencingError as exc:
-            new = sum(answers)
-            raise type(exc)(
-                f"{exc} (before it: {new} new, {len(answers) - new} existing; the rest not enqueued)"
-            ) from exc
-        if out.json:
-            for job_id, new in zip(ids, answers, strict=True):
-                out.record(id=job_id, new=new)
-            return 0
+def _enqueue(call: Call) -> int:
+    args, db, out = call.args, call.db, call.out
+    ids = _stdin_ids() if args.ids in ([], ["-"]) else list(args.ids)
+    ready_at = args.ready_at
+    if args.delay is not None:
+        ready_at = db.overview.now() + args.delay
+    answers: list[bool] = []
+    try:
+        for start in range(0, len(ids), ENQUEUE_CHUNK):
+            chunk = ids[start : start + ENQUEUE_CHUNK]
+            with db.transaction() as conn:
+                done = [db.store.enqueue(job_id, ready_at=ready_at, conn=conn) for job_id in chunk]
+            answers += done  # committed
+    except FencingError as exc:
         new = sum(answers)
-        kept = f"; {len(ids) - new} already existed, unchanged" if new < len(ids) else ""
-        out.lines([f"enqueued {new} new job{'' if new == 1 else 's'}{kept}"])
+        raise type(exc)(
+            f"{exc} (before it: {new} new, {len(answers) - new} existing; the rest not enqueued)"
+        ) from exc
+    if out.json:
+        for job_id, new in zip(ids, answers, strict=True):
+            out.record(id=job_id, new=new)
         return 0
+    new = sum(answers)
+    kept = f"; {len(ids) - new} already existed, unchanged" if new < len(ids) else ""
+    out.lines([f"enqueued {new} new job{'' if new == 1 else 's'}{kept}"])
+    return 0
 
-    _runs_on_database(parser, enqueue, create=False)
+
+# -- reading: jobs, show, stats, marks -------------------------------------------------------
 
 
-# -- reading: jobs, show, stats, marks -----------------------------------------------------
-
-
-def _add_jobs(commands: Commands, common: argparse.ArgumentParser) -> None:
-    parser = _database_parser(
-        commands,
-        common,
-        "jobs",
-        help="list jobs, longest waiting first",
-        description="List jobs by until, then id (the ready index's order, so a listing costs the "
-        "same at any backlog): ready jobs longest waiting first, held ones soonest expiring "
-        "first. Without --state, jobs not done come first, then done ones. Times are on the "
-        "database's clock. Poisoned jobs run again only when the workers' max_attempts is "
-        "raised: a fence is never lowered.",
-    )
-    parser.add_argument("--state", choices=STATES, help="only jobs in this state")
-    parser.add_argument(
-        "--limit", type=_whole(1, 1_000_000), default=50, help="at most this many jobs (%(default)s)"
-    )
-    _max_attempts_option(parser, "needed with --state poisoned")
-
-    def list_jobs(args: argparse.Namespace, db: _Database, out: _Output) -> int:
-        found = db.overview.jobs(args.state, limit=args.limit + 1, max_attempts=args.max_attempts)
-        shown = found[: args.limit]
-        if out.json:
-            for job in shown:
-                out.record(**_job_record(job))
-            return 0
-        if not shown:
-            out.lines([f"no {args.state + ' ' if args.state else ''}jobs in table {db.table.name!r}"])
-            return 0
-        rows = [[_shown(j.job_id), j.state, _shown(j.owner), str(j.fence), _when(j)] for j in shown]
-        out.lines(_table(["ID", "STATE", "OWNER", "FENCE", "WHEN"], rows, numeric=[3]))
-        if len(found) > args.limit:
-            print(f"(more not shown: --limit {args.limit})", file=sys.stderr)
+def _jobs(call: Call) -> int:
+    args, db, out = call.args, call.db, call.out
+    found = db.overview.jobs(args.state, limit=args.limit + 1, max_attempts=args.max_attempts)
+    shown = found[: args.limit]
+    if out.json:
+        for job in shown:
+            out.record(**_job_record(job))
         return 0
-
-    def check(args: argparse.Namespace) -> str | None:
-        if args.state == "poisoned" and args.max_attempts is None:
-            return "--state poisoned needs --max-attempts N (the workers' max_attempts)"
-        return None
-
-    _runs_on_database(parser, list_jobs, check=check)
-
-
-def _add_show(commands: Commands, common: argparse.ArgumentParser) -> None:
-    parser = _database_parser(
-        commands,
-        common,
-        "show",
-        help="one job: its row, its state, its lease's time left",
-        description="Show one job's row, its state and its lease's time left on the database's clock.",
-    )
-    parser.add_argument("id", metavar="ID", help="the job's id")
-    _max_attempts_option(parser, "to tell poisoned jobs from ready ones")
-    parser.add_argument(
-        "--history-table",
-        default="fencing_history",
-        metavar="NAME",
-        help="the ownership history table (%(default)s), shown when it exists",
-    )
-
-    def show(args: argparse.Namespace, db: _Database, out: _Output) -> int:
-        job = db.overview.job(args.id, max_attempts=args.max_attempts)
-        if job is None:
-            return _fail(parser, f"no job {args.id!r} in table {db.table.name!r}")
-        history = _history_of(db, args.history_table, job.job_id)
-        if out.json:
-            recorded = None if history is None else [asdict(e) for e in history]
-            out.record(**_job_record(job), result=job.result, history=recorded)
-            return 0
-        until = "-" if job.until == 0 else f"{_instant(job.until)} ({_when(job)})"
-        rows = [
-            ["id", _shown(job.job_id)],
-            ["state", job.state],
-            ["owner", _shown(job.owner)],
-            ["fence", str(job.fence)],
-            ["until", until],
-            ["result", _shown(job.result)],
-            ["now", f"{_instant(job.now)} (the database's clock)"],
-        ]
-        out.lines(_table(["", ""], rows)[1:])
-        if history:
-            out.lines(["", f"history ({args.history_table}, oldest first)", *_history_lines(history)])
+    if not shown:
+        out.lines([f"no {args.state + ' ' if args.state else ''}jobs in table {db.table.name!r}"])
         return 0
+    rows = [[_shown(j.job_id), j.state, _shown(j.owner), str(j.fence), _when(j)] for j in shown]
+    out.lines(_table(["ID", "STATE", "OWNER", "FENCE", "WHEN"], rows, numeric=[3]))
+    if len(found) > args.limit:
+        print(f"(more not shown: --limit {args.limit})", file=sys.stderr)
+    return 0
 
-    _runs_on_database(parser, show)
+
+def _poisoned_needs_max_attempts(args: argparse.Namespace) -> str | None:
+    if args.state == "poisoned" and args.max_attempts is None:
+        return "--state poisoned needs --max-attempts N (the workers' max_attempts)"
+    return None
+
+
+def _show(call: Call) -> int:
+    args, db, out = call.args, call.db, call.out
+    job = db.overview.job(args.id, max_attempts=args.max_attempts)
+    if job is None:
+        return call.fail(f"no job {args.id!r} in table {db.table.name!r}")
+    history = _history_of(db, args.history_table, job.job_id)
+    if out.json:
+        recorded = None if history is None else [asdict(e) for e in history]
+        out.record(**_job_record(job), result=job.result, history=recorded)
+        return 0
+    until = "-" if job.until == 0 else f"{_instant(job.until)} ({_when(job)})"
+    rows = [
+        ["id", _shown(job.job_id)],
+        ["state", job.state],
+        ["owner", _shown(job.owner)],
+        ["fence", str(job.fence)],
+        ["until", until],
+        ["result", _shown(job.result)],
+        ["now", f"{_instant(job.now)} (the database's clock)"],
+    ]
+    out.lines(_table(["", ""], rows)[1:])
+    if history:
+        out.lines(["", f"history ({args.history_table}, oldest first)", *_history_lines(history)])
+    return 0
 
 
 def _history_of(db: _Database, name: str, job_id: str) -> list[HistoryEntry] | None:
@@ -834,137 +602,81 @@ def _stats_record(s: Summary) -> dict[str, Any]:
     }
 
 
-def _add_stats(commands: Commands, common: argparse.ArgumentParser) -> None:
-    parser = _database_parser(
-        commands,
-        common,
-        "stats",
-        help="counts by state, the longest wait, leases about to end, the highest fence",
-        description="Summarise the table at one instant of the database's clock (one pass over "
-        "it). With --watch, again every SECONDS until Ctrl-C (or --count refreshes): in place on "
-        "a terminal, one summary after another otherwise.",
-    )
-    parser.add_argument(
-        "--within",
-        type=_at_least(0.0),
-        default=60.0,
-        metavar="SECONDS",
-        help="count held leases that end within this many seconds (%(default)g)",
-    )
-    _max_attempts_option(parser, "count poisoned jobs")
-    parser.add_argument(
-        "--watch",
-        nargs="?",
-        const=2.0,
-        type=_at_least(0.1),
-        metavar="SECONDS",
-        help="refresh every SECONDS (2 if not given)",
-    )
-    parser.add_argument("--count", type=_whole(1, 10**9), metavar="N", help="with --watch: stop after N")
+def _stats(call: Call) -> int:
+    args, db, out = call.args, call.db, call.out
 
-    def stats(args: argparse.Namespace, db: _Database, out: _Output) -> int:
-        def summary() -> Summary:
-            return db.overview.summary(within=args.within, max_attempts=args.max_attempts)
+    def summary() -> Summary:
+        return db.overview.summary(within=args.within, max_attempts=args.max_attempts)
 
-        if args.watch is None:
+    if args.watch is None:
+        s = summary()
+        out.result(_stats_record(s), _stats_lines(s))
+        return 0
+    in_place = not out.json and out.stream.isatty()
+    title = f"table {db.table.name!r} in {_where(db)}, every {args.watch:g}s (Ctrl-C to stop)"
+    if in_place:
+        out.stream.write("\x1b[2J")  # clear the screen once; each refresh overwrites
+    shown = 0
+    try:
+        while True:
             s = summary()
-            out.record(**_stats_record(s)) if out.json else out.lines(_stats_lines(s))
-            return 0
-        in_place = not out.json and out.stream.isatty()
-        title = f"table {db.table.name!r} in {_where(db)}, every {args.watch:g}s (Ctrl-C to stop)"
-        if in_place:
-            out.stream.write("\x1b[2J")  # clear the screen once; each refresh overwrites
-        shown = 0
-        try:
-            while True:
-                s = summary()
-                if out.json:
-                    out.record(**_stats_record(s))
-                elif in_place:
-                    frame = [f"{_instant(s.now)}  {title}", "", *_stats_lines(s)]
-                    # home, each line cleared to its end, then everything below it
-                    out.stream.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in frame) + "\x1b[J")
-                else:
-                    out.lines([f"{_instant(s.now)}  {title}", *_stats_lines(s), ""])
-                out.stream.flush()
-                shown += 1
-                if args.count is not None and shown >= args.count:
-                    return 0
-                time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
-
-    _runs_on_database(
-        parser, stats, check=lambda a: "--count goes with --watch" if a.count and not a.watch else None
-    )
-
-
-def _add_marks(commands: Commands, common: argparse.ArgumentParser) -> None:
-    parser = _database_parser(
-        commands,
-        common,
-        "marks",
-        help="list FenceMarks' fence marks and idempotency keys",
-        description="List the highest fence accepted per resource and the recorded idempotency "
-        "keys (fencing.FenceMarks), by resource and key. A missing table is said, not an error, "
-        "unless both are missing (exit 1).",
-    )
-    parser.add_argument("--marks-table", default="fence_marks", metavar="NAME", help="(%(default)s)")
-    parser.add_argument("--keys-table", default="idempotency_keys", metavar="NAME", help="(%(default)s)")
-    parser.add_argument(
-        "--limit", type=_whole(1, 1_000_000), default=50, help="at most this many of each (%(default)s)"
-    )
-
-    def marks(args: argparse.Namespace, db: _Database, out: _Output) -> int:
-        o = db.overview
-        kinds = (("fence marks", o.marks, o.fence_marks), ("idempotency keys", o.keys, o.idempotency_keys))
-        found = {
-            table.name: [asdict(row) for row in read(limit=args.limit + 1)] if o.has_table(table) else None
-            for _, table, read in kinds
-        }
-        if all(rows is None for rows in found.values()):
-            return _fail(
-                parser,
-                f"neither {o.marks.name!r} nor {o.keys.name!r} exists here: nothing uses FenceMarks "
-                "on this database yet (FenceMarks.create_tables() makes them)",
-            )
-        lines: list[str] = []
-        for what, table, _ in kinds:
-            rows = found[table.name]
-            if rows is None:
-                if out.json:
-                    print(f"{parser.prog}: no table {table.name!r}", file=sys.stderr)
-                lines += ["", f"{what}: no table {table.name!r}"]
-                continue
-            if len(rows) > args.limit:
-                print(f"(more in {table.name} than shown: --limit {args.limit})", file=sys.stderr)
-            rows = rows[: args.limit]
-            for row in rows if out.json else ():
-                out.record(table=table.name, **row)
-            lines += ["", f"{what} ({table.name}):{'' if rows else ' none'}"]
-            if rows:
-                headers = [name.split("_")[0].upper() for name in rows[0]]  # RECORDED for recorded_at
-                cells = [[_cell(value) for value in row.values()] for row in rows]
-                lines += _table(headers, cells, numeric=[headers.index("FENCE")])
-        if not out.json:
-            out.lines(lines[1:])
+            if out.json:
+                out.record(**_stats_record(s))
+            elif in_place:
+                frame = [f"{_instant(s.now)}  {title}", "", *_stats_lines(s)]
+                # home, each line cleared to its end, then everything below it
+                out.stream.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in frame) + "\x1b[J")
+            else:
+                out.lines([f"{_instant(s.now)}  {title}", *_stats_lines(s), ""])
+            out.stream.flush()
+            shown += 1
+            if args.count is not None and shown >= args.count:
+                return 0
+            time.sleep(args.watch)
+    except KeyboardInterrupt:
         return 0
 
-    _runs_on_database(parser, marks)
+
+def _count_needs_watch(args: argparse.Namespace) -> str | None:
+    return "--count goes with --watch" if args.count and not args.watch else None
 
 
-# -- changing one job: revoke, release, delete ---------------------------------------------
+def _marks(call: Call) -> int:
+    args, out, o = call.args, call.out, call.db.overview
+    kinds = (("fence marks", o.marks, o.fence_marks), ("idempotency keys", o.keys, o.idempotency_keys))
+    found = {
+        table.name: [asdict(row) for row in read(limit=args.limit + 1)] if o.has_table(table) else None
+        for _, table, read in kinds
+    }
+    if all(rows is None for rows in found.values()):
+        return call.fail(
+            f"neither {o.marks.name!r} nor {o.keys.name!r} exists here: nothing uses FenceMarks "
+            "on this database yet (FenceMarks.create_tables() makes them)",
+        )
+    lines: list[str] = []
+    for what, table, _ in kinds:
+        rows = found[table.name]
+        if rows is None:
+            if out.json:
+                print(f"{call.parser.prog}: no table {table.name!r}", file=sys.stderr)
+            lines += ["", f"{what}: no table {table.name!r}"]
+            continue
+        if len(rows) > args.limit:
+            print(f"(more in {table.name} than shown: --limit {args.limit})", file=sys.stderr)
+        rows = rows[: args.limit]
+        for row in rows if out.json else ():
+            out.record(table=table.name, **row)
+        lines += ["", f"{what} ({table.name}):{'' if rows else ' none'}"]
+        if rows:
+            headers = [name.split("_")[0].upper() for name in rows[0]]  # RECORDED for recorded_at
+            cells = [[_cell(value) for value in row.values()] for row in rows]
+            lines += _table(headers, cells, numeric=[headers.index("FENCE")])
+    if not out.json:
+        out.lines(lines[1:])
+    return 0
 
 
-def _unchanged(
-    parser: argparse.ArgumentParser, out: _Output, job_id: str, job: JobView | None, did: str
-) -> int:
-    """Nothing changed: why, and exit code 1."""
-    why = "no such job" if job is None else f"it is {job.state}, not held"
-    if out.json:
-        out.record(id=job_id, **{did: False}, state=None if job is None else job.state)
-    return _fail(parser, f"job {job_id!r}: {why}; nothing changed")
-
+# -- changing one job: revoke, release, delete -----------------------------------------------
 
 #: a change to one job, made in the command's transaction with the job's row locked: whether
 #: the store changed it
@@ -973,9 +685,7 @@ Change: TypeAlias = "Callable[[argparse.Namespace, _Database, Connection, JobVie
 Told: TypeAlias = "Callable[[argparse.Namespace, JobView], tuple[dict[str, Any], str]]"
 
 
-def _one_job_command(
-    commands: Commands,
-    common: argparse.ArgumentParser,
+def _one_job(
     name: str,
     *,
     help: str,
@@ -983,41 +693,261 @@ def _one_job_command(
     held_only: bool,
     change: Change,
     told: Told,
-) -> argparse.ArgumentParser:
+    arguments: tuple[Arg, ...] = (),
+) -> Command:
     """``revoke``, ``release``, ``delete``: the job is read with its row locked, judged and
     changed by the store in one transaction, so what is judged is what is changed. Exit
     code 1 when nothing changed (no such job, or with ``held_only`` a job nobody holds)."""
-    parser = _database_parser(commands, common, name, help=help, description=description)
-    parser.add_argument("id", metavar="ID", help="the job's id")
     did = f"{name}d"  # revoked, released, deleted
 
-    def body(args: argparse.Namespace, db: _Database, out: _Output) -> int:
+    def run(call: Call) -> int:
+        args, db, out = call.args, call.db, call.out
         with db.transaction() as conn:
             job = db.overview.job(args.id, conn=conn, lock=True)
             if job is None or (held_only and job.state != "held") or not change(args, db, conn, job):
-                return _unchanged(parser, out, args.id, job, did)
+                why = "no such job" if job is None else f"it is {job.state}, not held"
+                if out.json:
+                    out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
+                return call.fail(f"job {args.id!r}: {why}; nothing changed")
         fields, line = told(args, job)
-        if out.json:
-            out.record(id=job.job_id, **{did: True}, **fields)
-        else:
-            out.lines([line])
+        out.result({"id": job.job_id, did: True, **fields}, [line])
         return 0
 
-    _runs_on_database(parser, body)
-    return parser
+    return Command(name, help, description, run, (_JOB_ID, *arguments))
 
 
-def _add_revoke(commands: Commands, common: argparse.ArgumentParser) -> None:
-    def told(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
-        fence, new = job.fence, job.fence + 1
-        return {"owner": job.owner, "fence": fence, "new_fence": new}, (
-            f"revoked job {job.job_id!r}: the lease of {job.owner!r} (fence {fence}, {_when(job)}) "
-            f"ended; the fence is now {new}, so fence {fence} is stale"
-        )
+def _revoked(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+    fence, new = job.fence, job.fence + 1
+    return {"owner": job.owner, "fence": fence, "new_fence": new}, (
+        f"revoked job {job.job_id!r}: the lease of {job.owner!r} (fence {fence}, {_when(job)}) "
+        f"ended; the fence is now {new}, so fence {fence} is stale"
+    )
 
-    _one_job_command(
-        commands,
-        common,
+
+def _release(args: argparse.Namespace, db: _Database, conn: Connection, job: JobView) -> bool:
+    if job.owner is None:
+        return False
+    return db.store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn)
+
+
+def _released(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+    again = "now" if args.delay is None else f"in {_duration(args.delay)}"
+    return {"owner": job.owner, "fence": job.fence, "delay": args.delay}, (
+        f"released job {job.job_id!r} from {job.owner!r} (fence {job.fence} kept, {_when(job)}); "
+        f"claimable again {again}"
+    )
+
+
+def _deleted(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+    holder = f" by {job.owner!r}" if job.state == "held" else ""
+    return {"state": job.state, "owner": job.owner, "fence": job.fence}, (
+        f"deleted job {job.job_id!r} (it was {job.state}{holder}; fence {job.fence} kept)"
+    )
+
+
+# -- without a database: demo, torture -------------------------------------------------------
+
+
+def _demo(call: Call) -> int:
+    return demo.run_demo(call.args.ttl)
+
+
+class _ProgressLine:
+    """A long run's progress on a terminal: one line, rewritten in place (``\\r``), cut to the
+    terminal's width so it never wraps, and cleared at the end. A ``torture.Progress``."""
+
+    def __init__(self, stream: TextIO, prog: str, jobs: int) -> None:
+        self.stream = stream
+        self.prog = prog
+        self.jobs = jobs
+        self.shown = False
+
+    def __call__(self, phase: str, elapsed: float, total: float | None, done: int | None) -> None:
+        if phase == "setup":
+            text = f"setting up: enqueuing {self.jobs} jobs"
+        elif phase == "stopping":
+            text = "stopping the workers"
+        elif phase == "verdict":
+            text = "checking the journals and the database"
+        else:
+            text = phase if total is None else f"{phase} {elapsed:.1f}/{total:g}s"
+            if done is not None:
+                text += f", {done}/{self.jobs} jobs done"
+        self._write(f"{self.prog}: {text}")
+
+    def clear(self) -> None:
+        if self.shown:
+            self._write("")
+            self.shown = False
+
+    def _write(self, text: str) -> None:
+        try:
+            width = os.get_terminal_size(self.stream.fileno()).columns or 80  # 0: size unknown
+        except (OSError, ValueError):
+            width = 80
+        with contextlib.suppress(OSError, ValueError):  # a closed terminal: the run goes on
+            self.stream.write("\r" + text[: max(width - 1, 0)] + "\x1b[K")
+            self.stream.flush()
+            self.shown = bool(text)
+
+
+@contextlib.contextmanager
+def _cleared(progress: _ProgressLine | None) -> Iterator[None]:
+    """The progress line gone before anything else is printed, however the run ends."""
+    try:
+        yield
+    finally:
+        if progress is not None:
+            progress.clear()
+
+
+def _torture(call: Call) -> int:
+    from . import torture  # the harness loads only when the command runs
+
+    args = call.args
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    faults = tuple(kind for kind in args.faults.split(",") if kind)
+    progress = _ProgressLine(sys.stderr, call.parser.prog, args.jobs) if sys.stderr.isatty() else None
+    with tempfile.TemporaryDirectory(prefix="fencing-torture-db-") as scratch, _cleared(progress):
+        try:
+            config = torture.TortureConfig(
+                url=args.url or os.path.join(scratch, "torture.db"),
+                workers=args.workers,
+                jobs=args.jobs,
+                seconds=args.seconds,
+                seed=seed,
+                ttl=args.ttl,
+                work=args.work,
+                finish=args.finish,
+                batch=args.batch,
+                fault_every=args.fault_every,
+                check_heartbeat=args.check_heartbeat,
+                release_rate=args.release_rate,
+                drain=args.drain,
+                prefix=args.prefix,
+                front=args.front,
+                store_factory=args.store,
+                journal_dir=args.journal,
+                keep_tables=args.keep_tables,
+                faults=faults,
+            )
+            outcome = torture.run_torture(config, progress=progress)
+        except (FencingError, ValueError, TypeError) as exc:
+            if progress is not None:
+                progress.clear()
+            print(f"fencing torture: {exc}", file=sys.stderr)
+            return 2
+    print(torture.summary(outcome))
+    return 1 if outcome.violations else 0
+
+
+#: the harness's choices and defaults as fencing.torture declares them (FINISH_MODES,
+#: FAULT_KINDS, FRONTS and TortureConfig's defaults), written out here: building the parser,
+#: for ``fencing --help`` and ``fencing torture --help`` too, must not load the harness
+_TORTURE_FINISH_MODES = ("mixed", "fenced", "plain", "batch", "step")
+_TORTURE_FAULT_KINDS = ("stop", "kill", "kill-in-transaction", "revoke")
+_TORTURE_FRONTS = {"sync": "fencing:JobStore", "async": "fencing.asyncio:AsyncJobStore"}
+
+
+# -- the table -------------------------------------------------------------------------------
+
+#: every command, in the order ``fencing --help`` lists them
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "init",
+        help="create the jobs table (idempotent; an existing table is checked, never changed)",
+        description="Create the jobs table if it is missing (JobStore.create_table()); an existing "
+        "one is checked against the schema and left as it is. A SQLite file is created if needed.",
+        run=_init,
+        creates=True,
+    ),
+    Command(
+        "enqueue",
+        help="register jobs by id (an existing id is left exactly as it is)",
+        description="Register each id as a ready job (JobStore.enqueue); an id that exists is "
+        "left unchanged, a lease in progress included. With no ids, or the one id '-', the ids "
+        "are read from stdin, one per line (empty lines skipped). They are enqueued "
+        f"{ENQUEUE_CHUNK} per transaction: after an error, the ids before it stay enqueued.",
+        arguments=(
+            arg("ids", nargs="*", metavar="ID", help="job ids (none or '-': from stdin)"),
+            one_of(
+                arg(
+                    "--delay",
+                    type=_at_least(0.0),
+                    metavar="SECONDS",
+                    help="not claimable before the database's now + SECONDS",
+                ),
+                arg(
+                    "--ready-at",
+                    type=_finite,
+                    metavar="EPOCH",
+                    help="not claimable before this time (seconds since 1970)",
+                ),
+            ),
+        ),
+        run=_enqueue,
+    ),
+    Command(
+        "jobs",
+        help="list jobs, longest waiting first",
+        description="List jobs by until, then id (the ready index's order, so a listing costs the "
+        "same at any backlog): ready jobs longest waiting first, held ones soonest expiring "
+        "first. Without --state, jobs not done come first, then done ones. Times are on the "
+        "database's clock. Poisoned jobs run again only when the workers' max_attempts is "
+        "raised: a fence is never lowered.",
+        arguments=(
+            arg("--state", choices=STATES, help="only jobs in this state"),
+            _limit("jobs"),
+            _max_attempts("needed with --state poisoned"),
+        ),
+        run=_jobs,
+        check=_poisoned_needs_max_attempts,
+    ),
+    Command(
+        "show",
+        help="one job: its row, its state, its lease's time left",
+        description="Show one job's row, its state and its lease's time left on the database's clock.",
+        arguments=(
+            _JOB_ID,
+            _max_attempts("to tell poisoned jobs from ready ones"),
+            arg(
+                "--history-table",
+                default="fencing_history",
+                metavar="NAME",
+                help="the ownership history table (%(default)s), shown when it exists",
+            ),
+        ),
+        run=_show,
+    ),
+    Command(
+        "stats",
+        help="counts by state, the longest wait, leases about to end, the highest fence",
+        description="Summarise the table at one instant of the database's clock (one pass over "
+        "it). With --watch, again every SECONDS until Ctrl-C (or --count refreshes): in place on "
+        "a terminal, one summary after another otherwise.",
+        arguments=(
+            arg(
+                "--within",
+                type=_at_least(0.0),
+                default=60.0,
+                metavar="SECONDS",
+                help="count held leases that end within this many seconds (%(default)g)",
+            ),
+            _max_attempts("count poisoned jobs"),
+            arg(
+                "--watch",
+                nargs="?",
+                const=2.0,
+                type=_at_least(0.1),
+                metavar="SECONDS",
+                help="refresh every SECONDS (2 if not given)",
+            ),
+            arg("--count", type=_whole(1, 10**9), metavar="N", help="with --watch: stop after N"),
+        ),
+        run=_stats,
+        check=_count_needs_watch,
+    ),
+    _one_job(
         "revoke",
         help="take a held job's lease away: the fence moves on, so the holder's token is stale",
         description="End a held job's lease at once (JobStore.revoke): its fence goes up by one, so "
@@ -1025,26 +955,9 @@ def _add_revoke(commands: Commands, common: argparse.ArgumentParser) -> None:
         "claimable again. Exit code 1, nothing changed, if the job is not held.",
         held_only=True,
         change=lambda args, db, conn, job: db.store.revoke(job.job_id, conn=conn),
-        told=told,
-    )
-
-
-def _add_release(commands: Commands, common: argparse.ArgumentParser) -> None:
-    def change(args: argparse.Namespace, db: _Database, conn: Connection, job: JobView) -> bool:
-        if job.owner is None:
-            return False
-        return db.store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn)
-
-    def told(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
-        again = "now" if args.delay is None else f"in {_duration(args.delay)}"
-        return {"owner": job.owner, "fence": job.fence, "delay": args.delay}, (
-            f"released job {job.job_id!r} from {job.owner!r} (fence {job.fence} kept, {_when(job)}); "
-            f"claimable again {again}"
-        )
-
-    parser = _one_job_command(
-        commands,
-        common,
+        told=_revoked,
+    ),
+    _one_job(
         "release",
         help="end a held job's lease without moving the fence (as the worker's own release)",
         description="End a held job's lease as its worker's JobStore.release would: no owner, "
@@ -1054,27 +967,18 @@ def _add_release(commands: Commands, common: argparse.ArgumentParser) -> None:
         "stalled worker off everywhere, use revoke. Exit code 1, nothing changed, if the job is "
         "not held.",
         held_only=True,
-        change=change,
-        told=told,
-    )
-    parser.add_argument(
-        "--delay",
-        type=_at_least(0.001),
-        metavar="SECONDS",
-        help="not claimable again before the database's now + SECONDS",
-    )
-
-
-def _add_delete(commands: Commands, common: argparse.ArgumentParser) -> None:
-    def told(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
-        holder = f" by {job.owner!r}" if job.state == "held" else ""
-        return {"state": job.state, "owner": job.owner, "fence": job.fence}, (
-            f"deleted job {job.job_id!r} (it was {job.state}{holder}; fence {job.fence} kept)"
-        )
-
-    _one_job_command(
-        commands,
-        common,
+        change=_release,
+        told=_released,
+        arguments=(
+            arg(
+                "--delay",
+                type=_at_least(0.001),
+                metavar="SECONDS",
+                help="not claimable again before the database's now + SECONDS",
+            ),
+        ),
+    ),
+    _one_job(
         "delete",
         help="delete a job; its fence is kept, so the id enqueued again never reissues a token",
         description="Delete a job in any state (JobStore.delete). Its row stays as a tombstone "
@@ -1082,11 +986,169 @@ def _add_delete(commands: Commands, common: argparse.ArgumentParser) -> None:
         "holder's later writes to the jobs table are refused. Exit code 1 if there is no such job.",
         held_only=False,
         change=lambda args, db, conn, job: db.store.delete(job.job_id, conn=conn),
-        told=told,
-    )
+        told=_deleted,
+    ),
+    Command(
+        "marks",
+        help="list FenceMarks' fence marks and idempotency keys",
+        description="List the highest fence accepted per resource and the recorded idempotency "
+        "keys (fencing.FenceMarks), by resource and key. A missing table is said, not an error, "
+        "unless both are missing (exit 1).",
+        arguments=(
+            arg("--marks-table", default="fence_marks", metavar="NAME", help="(%(default)s)"),
+            arg("--keys-table", default="idempotency_keys", metavar="NAME", help="(%(default)s)"),
+            _limit("of each"),
+        ),
+        run=_marks,
+    ),
+    Command(
+        "demo",
+        help="play the late-worker story on a real SQLite file with real worker processes",
+        description=(
+            "Worker A claims a job and stalls past its lease; worker B claims the job and "
+            "completes it; A wakes up and tries to write its stale result. The store rejects "
+            "A's write. Exit code 0 if the story went exactly so, 1 otherwise."
+        ),
+        arguments=(
+            arg(
+                "--ttl",
+                type=_at_least(demo.MIN_TTL),
+                default=demo.DEFAULT_TTL,
+                metavar="SECONDS",
+                help=f"lease duration in real seconds (default {demo.DEFAULT_TTL:g}, "
+                f"at least {demo.MIN_TTL:g})",
+            ),
+        ),
+        run=_demo,
+        needs_database=False,
+    ),
+    Command(
+        "torture",
+        help="run real workers under injected faults and check every guarantee (exit 1 on a violation)",
+        description=(
+            "Enqueue jobs and run worker processes built only from the public API (claim_next, "
+            "a heartbeat, a fenced write, a write guarded by FenceMarks, complete) while a "
+            "controller freezes them past their lease (SIGSTOP), kills them (SIGKILL, also inside "
+            "transactions) and restarts them, and revokes leases. Every call is journaled; at the "
+            "end the journals and the database are checked against the rules. Exit code 0 with no "
+            "violation, 1 with any. The harness uses only tables named PREFIX..., dropped first. "
+            "On a terminal, one line on stderr shows the phase, its seconds and the jobs done."
+        ),
+        arguments=(
+            arg(
+                "--url",
+                help="database URL or SQLite file path (default: a new SQLite file in a temporary directory)",
+            ),
+            arg("--workers", type=_whole(1, 256), default=8, help="worker processes (%(default)s)"),
+            arg("--jobs", type=_whole(1, 10_000_000), default=2000, help="jobs to run (%(default)s)"),
+            arg(
+                "--seconds",
+                type=_at_least(0.0),
+                default=60.0,
+                help="longest fault phase; it ends sooner when every job is done (%(default)s)",
+            ),
+            arg("--seed", type=_whole(0, 2**63 - 1), help="the faults' seed (default: random, printed)"),
+            arg("--ttl", type=_at_least(0.05), default=0.5, help="lease TTL in seconds (%(default)s)"),
+            arg(
+                "--work",
+                type=_at_least(0.0),
+                default=0.01,
+                help="most simulated work per job, seconds (%(default)s)",
+            ),
+            arg(
+                "--finish",
+                choices=_TORTURE_FINISH_MODES,
+                default="mixed",
+                help="how jobs are completed: fenced block, complete(), complete_many(), or a mix "
+                "(%(default)s)",
+            ),
+            arg("--batch", type=_whole(1, 1000), default=8, help="largest claim_next batch (%(default)s)"),
+            arg(
+                "--fault-every",
+                type=_at_least(0.01),
+                default=0.25,
+                help="mean seconds between two faults (%(default)s)",
+            ),
+            arg(
+                "--faults",
+                default=",".join(_TORTURE_FAULT_KINDS),
+                help=f"fault kinds to inject, comma-separated, from {','.join(_TORTURE_FAULT_KINDS)} (all)",
+            ),
+            arg(
+                "--check-heartbeat",
+                type=_probability,
+                default=0.5,
+                help="how often a worker asks its heartbeat first; else the store alone refuses "
+                "(%(default)s)",
+            ),
+            arg(
+                "--release-rate",
+                type=_probability,
+                default=0.03,
+                help="how often a worker gives a job back with a delay (%(default)s)",
+            ),
+            arg(
+                "--drain",
+                type=_at_least(1.0),
+                default=30.0,
+                help="seconds to finish every job after the faults (%(default)s)",
+            ),
+            arg("--prefix", default="fencing_torture_", help="the harness's table name prefix (%(default)s)"),
+            arg(
+                "--async",
+                dest="front",
+                action="store_const",
+                const="async",
+                default="sync",
+                help="run the workers on the async front: AsyncJobStore, AsyncFenceMarks and "
+                "AsyncHeartbeat on the asyncio driver (aiosqlite, asyncpg, asyncmy) for the same database",
+            ),
+            arg(
+                "--store",
+                metavar="MODULE:CALLABLE",
+                help="the store on trial, built from (engine, table, history=History) (default "
+                f"{_TORTURE_FRONTS['sync']}; with --async, from (AsyncEngine, table, history=History), "
+                f"default {_TORTURE_FRONTS['async']})",
+            ),
+            arg("--journal", metavar="DIR", help="keep the journals here (default: a temporary directory)"),
+            arg("--keep-tables", action="store_true", help="leave the harness's tables behind"),
+        ),
+        run=_torture,
+        needs_database=False,
+    ),
+)
 
 
 # -- the command -----------------------------------------------------------------------------
+
+
+def _invoke(command: Command, parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run ``command`` (``parser`` is its own): refuse arguments that do not go together
+    (exit code 2, before any database work); for a database command, open the database, run
+    the handler, turn the library's errors into a line on stderr and exit code 1, and close
+    the engine."""
+    problem = command.check(args)
+    if problem is not None:
+        parser.error(problem)
+    if not command.needs_database:
+        return command.run(Call(args, parser, _Output(sys.stdout, as_json=False)))
+    out = _Output(sys.stdout, as_json=args.json)
+    try:
+        db = _open(args, create=command.creates)
+        try:
+            return command.run(Call(args, parser, out, db))
+        finally:
+            db.engine.dispose()
+    except TableMissing:
+        return _fail(parser, f"table {args.table!r} does not exist here; `fencing init` creates it")
+    except FencingError as exc:
+        return _fail(parser, str(exc))
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 def _version() -> str:
@@ -1107,22 +1169,18 @@ def build_parser(prog: str = "fencing") -> argparse.ArgumentParser:
         "changed, 2 bad arguments.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    common = _database_options()
-    for add in (
-        _add_init,
-        _add_enqueue,
-        _add_jobs,
-        _add_show,
-        _add_stats,
-        _add_revoke,
-        _add_release,
-        _add_delete,
-        _add_marks,
-    ):
-        add(commands, common)
-    _add_demo(commands)
-    _add_torture(commands)
+    subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
+    database = _database_options()
+    for command in COMMANDS:
+        sub = subparsers.add_parser(
+            command.name,
+            parents=[database] if command.needs_database else [],
+            help=command.help,
+            description=command.description,
+        )
+        for argument in command.arguments:
+            argument.add_to(sub)
+        sub.set_defaults(run=functools.partial(_invoke, command, sub))
     return parser
 
 
@@ -1131,7 +1189,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "fencing") -> int:
     names it in help and messages)."""
     parser = build_parser(prog)
     args = parser.parse_args(argv)
-    run: Run | None = getattr(args, "run", None)
+    run: Run | None = getattr(args, "run", None)  # _invoke, bound to the command and its parser
     if run is None:
         parser.print_help(sys.stderr)
         return 2
