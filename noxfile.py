@@ -219,10 +219,13 @@ def _in_ci() -> bool:
 
 @nox.session(python=NEWEST)
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting."""
-    session.install("ruff")
+    """ruff: lint and formatting; import-linter: the layers of fencing/ (``.importlinter``)."""
+    session.install("ruff", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    # the contract is read from the source tree: each layer imports only those below it,
+    # no import circle in any package, the library never imports its own public re-exports
+    session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
 
 @nox.session(python=NEWEST)

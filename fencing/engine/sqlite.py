@@ -85,7 +85,7 @@ def file_id(path: str) -> FileId | None:
     return (st.st_dev, st.st_ino)
 
 
-class _Settings:
+class Settings:
     """What :func:`configure` installed on one engine; the store reads it back."""
 
     def __init__(self, durability: Durability, busy_timeout: float, begin: str, database: str | None) -> None:
@@ -259,7 +259,7 @@ def configure(
             "this AsyncEngine has opened connections already, which lack the listeners: "
             "configure it before its first use (or use fencing.sqlite.create_async_engine())"
         )
-    settings = _Settings(*_check_options(durability, busy_timeout, begin), sync.url.database)
+    settings = Settings(*_check_options(durability, busy_timeout, begin), sync.url.database)
     event.listen(sync, "connect", settings.on_connect)
     event.listen(sync, "begin", settings.on_begin)
     setattr(sync, _MARK, settings)
@@ -278,11 +278,11 @@ def sync_engine_of(engine: object) -> object:
     return engine
 
 
-def settings_of(engine: Engine) -> _Settings | None:
+def settings_of(engine: Engine) -> Settings | None:
     """The settings :func:`configure` installed, or ``None`` (also for an engine made from a
     configured one with ``engine.execution_options(...)``, which shares its pool and events)."""
     settings = getattr(forks.root(engine), _MARK, None)
-    return settings if isinstance(settings, _Settings) else None
+    return settings if isinstance(settings, Settings) else None
 
 
 def is_configured(engine: Engine) -> bool:

@@ -49,7 +49,6 @@ from sqlalchemy.sql import Executable
 from ..core import bridge
 from ..core.errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
 from ..engine import forks
-from ..engine import sqlite as sqlite_glue
 from ..engine.admission import (
     Observers,
     autocommit_probe,
@@ -58,6 +57,7 @@ from ..engine.admission import (
     refuse_sharing_pool,
 )
 from ..engine.checkout import Checkout, give_back
+from ..engine.profile import EngineProfile, profile_of
 from ..engine.writelock import busy_error, poll_pause
 from ..observe import events
 from ..observe.metrics import LOCK_WAIT_MIN
@@ -279,33 +279,33 @@ class Runner:
                 "statements must be awaited; use fencing.asyncio.AsyncJobStore (or "
                 "AsyncFenceMarks) with the AsyncEngine"
             )
-        if engine.dialect.name == "sqlite" and sqlite_glue.settings_of(engine) is None:
-            raise ConfigurationError(
-                "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
-                "compare-and-set would not be atomic: create it with "
-                "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
-            )
+        profile = profile_of(engine)
+        if profile.refusal is not None:
+            raise ConfigurationError(profile.refusal)
         refuse_sharing_pool(engine)
         refuse_autocommit_engine(engine)
         # SQLAlchemy's errors, and the driver's own on the fast path, which calls it directly
-        return cls(engine, DB_ERRORS + driver_errors(engine))
+        return cls(engine, DB_ERRORS + driver_errors(engine), profile)
 
-    def __init__(self, engine: Engine, errors: tuple[type[BaseException], ...]) -> None:
+    def __init__(
+        self, engine: Engine, errors: tuple[type[BaseException], ...], profile: EngineProfile | None = None
+    ) -> None:
         self.engine = engine
         self.errors = errors
         dialect = engine.dialect
-        settings = sqlite_glue.settings_of(engine) if dialect.name == "sqlite" else None
-        self._sqlite = settings is not None
-        #: SQLite: begins IMMEDIATE transactions, waiting for the lock (the longest waiter next)
-        self._write_lock = None if settings is None else settings.write_lock
-        self._settings = settings
+        #: what this database's transactions need (the engine layer's answer: the runner knows
+        #: no dialect)
+        self._profile = profile = profile_of(engine) if profile is None else profile
+        #: a lock every writer takes at BEGIN (SQLite's): the runner's BEGIN waits for it the
+        #: library's way (the longest waiter next)
+        self._write_lock = profile.write_lock
         #: whether anything observes the engine (its own begin listener, SQLite's, does not)
-        self._observers = Observers(engine, 1 if settings is not None else 0)
+        self._observers = Observers(engine, profile.own_listeners)
         self._fast = dialect.driver in FAST_DRIVERS
         self._root = forks.root(engine)
         self._checkout_from = Checkout(engine)
         self._autocommit = autocommit_probe(engine)
-        self.lock_wait = LockWait(None if settings is None else settings.busy_timeout)
+        self.lock_wait = LockWait(profile.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
         #: the owner of the engine has disposed of it for good (:meth:`retire`)
         self.retired = False
@@ -365,7 +365,7 @@ class Runner:
         snapshot and takes no write lock. Anything unusual goes to :meth:`run`.
         """
         self._usable_here()
-        if not (self._sqlite and self._fast) or self._observers:
+        if not (self._profile.reads_without_transaction and self._fast) or self._observers:
             rows = self.run(lambda x: x.rows(stmt, params), write=False)
             return rows[0] if rows else None
         compiled = self._compiled_for(stmt)
@@ -398,9 +398,9 @@ class Runner:
         forks.in_use(fairy, self._root)
         try:
             refuse_autocommit_connection(conn, self._autocommit)
-            if self._sqlite:
-                begin = "IMMEDIATE" if write else "DEFERRED"
-                conn.execution_options(**{sqlite_glue.BEGIN_OPTION: begin, sqlite_glue.STORE_OPTION: True})
+            options = self._profile.begin_options(write=write)
+            if options:
+                conn.execution_options(**options)
             trans = conn.begin()
             try:
                 yield conn
@@ -535,8 +535,9 @@ class Runner:
         held, lean, pool = self._checkout_from()
         forks.in_use(held, self._root)
         try:
-            if self._settings is not None:
-                self._settings.lower_busy_handler(held.dbapi_connection, held.info)
+            after_checkout = self._profile.after_checkout
+            if after_checkout is not None:
+                after_checkout(held.dbapi_connection, held.info)
             elif self._autocommit is not None and self._autocommit(held.dbapi_connection):
                 raise ConfigurationError(
                     "the engine's connections are in autocommit mode (isolation_level='AUTOCOMMIT', "

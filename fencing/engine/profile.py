@@ -1,0 +1,75 @@
+"""What the runner must know of an engine's database, answered by the engine layer.
+
+The runtime (:mod:`fencing.runtime.execution`) knows no dialect: it asks :func:`profile_of`
+once per store how this engine's transactions begin, whether a lock is taken at ``BEGIN``
+(SQLite's write lock, waited for in :mod:`.writelock`), what happens at checkout, and whether
+the engine must be refused. The dialects' glue answers: a server's profile is the default;
+SQLite's comes from the settings :func:`fencing.sqlite.configure` installed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine
+
+from . import sqlite
+from .writelock import WriteLock
+
+__all__ = ["EngineProfile", "profile_of"]
+
+
+class EngineProfile:
+    """A server's engine (PostgreSQL, MariaDB/MySQL): transactions begin as the driver begins
+    them, row locks are waited for by the server, nothing to do at checkout."""
+
+    #: a lock every writer takes at BEGIN (SQLite's), which the runner's BEGIN waits for
+    write_lock: WriteLock | None = None
+    #: how long a lock may be waited for (seconds; None: as the server decides)
+    busy_timeout: float | None = None
+    #: the library's own listeners on the engine (not the application's observers)
+    own_listeners = 0
+    #: one read statement outside a transaction is its own snapshot, with no lock to take
+    reads_without_transaction = False
+    #: why the store must not use this engine (compare-and-set would not be atomic), if so
+    refusal: str | None = None
+    #: what runs on a connection just checked out for the store (dbapi connection, its info)
+    after_checkout: Callable[[Any, dict[Any, Any]], None] | None = None
+
+    def begin_options(self, *, write: bool) -> dict[str, Any]:
+        """The execution options of a transaction of the store's own (how it begins)."""
+        return {}
+
+
+class SQLiteProfile(EngineProfile):
+    """A SQLite engine passed through :func:`fencing.sqlite.configure`: ``BEGIN IMMEDIATE``
+    for the store's writes (waiting for the write lock the library's way), ``DEFERRED`` for
+    its reads, the short busy handler set at checkout."""
+
+    own_listeners = 1
+    reads_without_transaction = True
+
+    def __init__(self, settings: sqlite.Settings) -> None:
+        self.write_lock = settings.write_lock
+        self.busy_timeout = settings.busy_timeout
+        self.after_checkout = settings.lower_busy_handler
+
+    def begin_options(self, *, write: bool) -> dict[str, Any]:
+        return {sqlite.BEGIN_OPTION: "IMMEDIATE" if write else "DEFERRED", sqlite.STORE_OPTION: True}
+
+
+class _UnconfiguredSQLite(EngineProfile):
+    refusal = (
+        "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so "
+        "compare-and-set would not be atomic: create it with "
+        "fencing.sqlite.create_engine() or pass it to fencing.sqlite.configure()"
+    )
+
+
+def profile_of(engine: Engine) -> EngineProfile:
+    """The profile of ``engine``'s database, as its dialect's glue describes it."""
+    if engine.dialect.name != "sqlite":
+        return EngineProfile()
+    settings = sqlite.settings_of(engine)
+    return _UnconfiguredSQLite() if settings is None else SQLiteProfile(settings)
