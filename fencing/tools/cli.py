@@ -49,6 +49,7 @@ from ..store.jobstore import JobStore
 from ..store.marks import fence_marks_table, idempotency_keys_table
 from . import demo
 from .overview import STATES, JobView, Overview, Summary
+from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, TortureConfig
 
 __all__ = ["build_parser", "main"]
 
@@ -841,12 +842,9 @@ def _torture(call: Call) -> int:
     return 1 if outcome.violations else 0
 
 
-#: the harness's choices and defaults as fencing.torture declares them (FINISH_MODES,
-#: FAULT_KINDS, FRONTS and TortureConfig's defaults), written out here: building the parser,
-#: for ``fencing --help`` and ``fencing torture --help`` too, must not load the harness
-_TORTURE_FINISH_MODES = ("mixed", "fenced", "plain", "batch", "step")
-_TORTURE_FAULT_KINDS = ("stop", "kill", "kill-in-transaction", "revoke")
-_TORTURE_FRONTS = {"sync": "fencing:JobStore", "async": "fencing.asyncio:AsyncJobStore"}
+#: the harness's defaults: its config module is all the parser reads (the harness itself,
+#: workers, controller and verdict, loads only when the command runs)
+_TORTURE = TortureConfig(url="-")
 
 
 # -- the table -------------------------------------------------------------------------------
@@ -929,7 +927,7 @@ COMMANDS: tuple[Command, ...] = (
             arg(
                 "--within",
                 type=_at_least(0.0),
-                default=60.0,
+                default=_TORTURE.seconds,
                 metavar="SECONDS",
                 help="count held leases that end within this many seconds (%(default)g)",
             ),
@@ -1039,67 +1037,81 @@ COMMANDS: tuple[Command, ...] = (
                 "--url",
                 help="database URL or SQLite file path (default: a new SQLite file in a temporary directory)",
             ),
-            arg("--workers", type=_whole(1, 256), default=8, help="worker processes (%(default)s)"),
-            arg("--jobs", type=_whole(1, 10_000_000), default=2000, help="jobs to run (%(default)s)"),
+            arg(
+                "--workers",
+                type=_whole(1, 256),
+                default=_TORTURE.workers,
+                help="worker processes (%(default)s)",
+            ),
+            arg(
+                "--jobs", type=_whole(1, 10_000_000), default=_TORTURE.jobs, help="jobs to run (%(default)s)"
+            ),
             arg(
                 "--seconds",
                 type=_at_least(0.0),
-                default=60.0,
+                default=_TORTURE.seconds,
                 help="longest fault phase; it ends sooner when every job is done (%(default)s)",
             ),
             arg("--seed", type=_whole(0, 2**63 - 1), help="the faults' seed (default: random, printed)"),
-            arg("--ttl", type=_at_least(0.05), default=0.5, help="lease TTL in seconds (%(default)s)"),
+            arg(
+                "--ttl", type=_at_least(0.05), default=_TORTURE.ttl, help="lease TTL in seconds (%(default)s)"
+            ),
             arg(
                 "--work",
                 type=_at_least(0.0),
-                default=0.01,
+                default=_TORTURE.work,
                 help="most simulated work per job, seconds (%(default)s)",
             ),
             arg(
                 "--finish",
-                choices=_TORTURE_FINISH_MODES,
-                default="mixed",
+                choices=FINISH_MODES,
+                default=_TORTURE.finish,
                 help="how jobs are completed: fenced block, complete(), complete_many(), or a mix "
                 "(%(default)s)",
             ),
-            arg("--batch", type=_whole(1, 1000), default=8, help="largest claim_next batch (%(default)s)"),
+            arg(
+                "--batch",
+                type=_whole(1, 1000),
+                default=_TORTURE.batch,
+                help="largest claim_next batch (%(default)s)",
+            ),
             arg(
                 "--fault-every",
                 type=_at_least(0.01),
-                default=0.25,
+                default=_TORTURE.fault_every,
                 help="mean seconds between two faults (%(default)s)",
             ),
             arg(
                 "--faults",
-                default=",".join(_TORTURE_FAULT_KINDS),
-                help=f"fault kinds to inject, comma-separated, from {','.join(_TORTURE_FAULT_KINDS)} (all)",
+                default=",".join(_TORTURE.faults),
+                help=f"fault kinds to inject, comma-separated, from {','.join(FAULT_KINDS)} (all)",
             ),
             arg(
                 "--check-heartbeat",
                 type=_probability,
-                default=0.5,
+                default=_TORTURE.check_heartbeat,
                 help="how often a worker asks its heartbeat first; else the store alone refuses "
                 "(%(default)s)",
             ),
             arg(
                 "--release-rate",
                 type=_probability,
-                default=0.03,
+                default=_TORTURE.release_rate,
                 help="how often a worker gives a job back with a delay (%(default)s)",
             ),
             arg(
                 "--drain",
                 type=_at_least(1.0),
-                default=30.0,
+                default=_TORTURE.drain,
                 help="seconds to finish every job after the faults (%(default)s)",
             ),
-            arg("--prefix", default="fencing_torture_", help="the harness's table name prefix (%(default)s)"),
+            arg("--prefix", default=_TORTURE.prefix, help="the harness's table name prefix (%(default)s)"),
             arg(
                 "--async",
                 dest="front",
                 action="store_const",
                 const="async",
-                default="sync",
+                default=_TORTURE.front,
                 help="run the workers on the async front: AsyncJobStore, AsyncFenceMarks and "
                 "AsyncHeartbeat on the asyncio driver (aiosqlite, asyncpg, asyncmy) for the same database",
             ),
@@ -1107,8 +1119,8 @@ COMMANDS: tuple[Command, ...] = (
                 "--store",
                 metavar="MODULE:CALLABLE",
                 help="the store on trial, built from (engine, table, history=History) (default "
-                f"{_TORTURE_FRONTS['sync']}; with --async, from (AsyncEngine, table, history=History), "
-                f"default {_TORTURE_FRONTS['async']})",
+                f"{FRONTS['sync']}; with --async, from (AsyncEngine, table, history=History), "
+                f"default {FRONTS['async']})",
             ),
             arg("--journal", metavar="DIR", help="keep the journals here (default: a temporary directory)"),
             arg("--keep-tables", action="store_true", help="leave the harness's tables behind"),
