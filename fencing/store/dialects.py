@@ -23,8 +23,12 @@ from ..sql.statements import Statements
 
 __all__ = ["DialectPlan", "MySQLPlan", "PostgreSQLPlan", "SQLitePlan", "plan_for"]
 
-#: how a batch of completions reaches the database (:meth:`DialectPlan.batch_completion`)
+#: how a batch of completions reaches the database (:attr:`DialectPlan.batch_completion`)
 EACH, ARRAYS, LOCKING = "each", "returning", "locking"
+#: how "insert unless it exists" answers (:attr:`DialectPlan.upsert`): the statement's row
+#: count (SQLite's ``ON CONFLICT DO NOTHING``), its ``RETURNING`` rows (PostgreSQL's), or a
+#: duplicate-key error that undoes only the statement (MariaDB/MySQL)
+COUNTED, RETURNED, DUPLICATE_KEY = "counted", "returned", "duplicate key"
 
 
 class DialectPlan:
@@ -35,6 +39,9 @@ class DialectPlan:
     """
 
     name: ClassVar[str] = "default"
+    #: how an insert that may exist already tells which happened (enqueue, fence marks,
+    #: idempotency keys)
+    upsert: ClassVar[str] = DUPLICATE_KEY
     #: a writer locks the whole database (SQLite), not the rows it writes
     locks_whole_database: ClassVar[bool] = False
     #: its text columns can store U+0000
@@ -57,8 +64,13 @@ class DialectPlan:
     def enqueue(
         self, errors: tuple[type[BaseException], ...]
     ) -> Callable[[Executor, Statements, dict[str, Any]], bool]:
-        """The insert of a new job: ``True`` if inserted, ``False`` if it exists (a deleted
-        job's tombstone comes back). ``errors``: what a database call raises here."""
+        """The insert of a new job, as this database upserts: ``True`` if inserted, ``False``
+        if it exists (a deleted job's tombstone comes back). ``errors``: what a database call
+        raises here."""
+        if self.upsert == COUNTED:
+            return lambda x, s, p: x.count(s.enqueue_sqlite, p) == 1
+        if self.upsert == RETURNED:
+            return lambda x, s, p: len(x.rows(s.enqueue_postgresql, p)) == 1
 
         def plain(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
             try:
@@ -82,12 +94,8 @@ class SQLitePlan(DialectPlan):
     """SQLite: one writer at a time (``BEGIN IMMEDIATE``), statements without round trips."""
 
     name = "sqlite"
+    upsert = COUNTED
     locks_whole_database = True
-
-    def enqueue(
-        self, errors: tuple[type[BaseException], ...]
-    ) -> Callable[[Executor, Statements, dict[str, Any]], bool]:
-        return lambda x, s, p: x.count(s.enqueue_sqlite, p) == 1
 
     def hold_statement(self, s: Statements, *, joined: bool) -> Executable:
         # a transaction the store did not begin IMMEDIATE: an UPDATE takes the write lock now,
@@ -99,14 +107,10 @@ class PostgreSQLPlan(DialectPlan):
     """PostgreSQL: ``RETURNING``, ``ON CONFLICT``, arrays for batches, no U+0000 in text."""
 
     name = "postgresql"
+    upsert = RETURNED
     text_holds_nul = False
     batch_completion = ARRAYS
     walks_claim_order = True
-
-    def enqueue(
-        self, errors: tuple[type[BaseException], ...]
-    ) -> Callable[[Executor, Statements, dict[str, Any]], bool]:
-        return lambda x, s, p: len(x.rows(s.enqueue_postgresql, p)) == 1
 
 
 class MySQLPlan(DialectPlan):

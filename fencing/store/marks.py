@@ -62,6 +62,7 @@ from ..sql.dberrors import (
 )
 from ..sql.schema import KEY_COLUMN, KEY_TYPE, as_text
 from .context import Context
+from .dialects import COUNTED, RETURNED
 
 __all__ = [
     "FenceMarks",
@@ -208,8 +209,8 @@ class FenceMarks:
         self.marks = marks
         self.keys = keys
         self._s = _Statements(marks, keys)
-        self._accept = self._accept_unit(dialect)
-        self._record = self._record_unit(dialect)
+        self._accept = self._accept_unit(self._ctx.plan.upsert)
+        self._record = self._record_unit(self._ctx.plan.upsert)
 
     @property
     def metrics(self) -> StoreMetrics:
@@ -348,13 +349,13 @@ class FenceMarks:
         self._ctx.metrics.add("record_once.recorded" if recorded else "record_once.duplicate")
         return recorded
 
-    # -- the compare-and-set units, one per dialect ----------------------------------------
+    # -- the compare-and-set units, as the dialect's plan upserts -------------------------
 
-    def _accept_unit(self, dialect: str) -> Callable[[Executor, dict[str, Any]], bool]:
+    def _accept_unit(self, upsert: str) -> Callable[[Executor, dict[str, Any]], bool]:
         s = self._s
-        if dialect == "sqlite":
+        if upsert == COUNTED:
             return lambda x, p: x.count(s.accept_sqlite, p) == 1
-        if dialect == "postgresql":
+        if upsert == RETURNED:
             return lambda x, p: len(x.rows(s.accept_postgresql, p)) == 1
 
         def locked(x: Executor, p: dict[str, Any]) -> bool:
@@ -370,11 +371,11 @@ class FenceMarks:
 
         return locked
 
-    def _record_unit(self, dialect: str) -> Callable[[Executor, dict[str, Any]], bool]:
+    def _record_unit(self, upsert: str) -> Callable[[Executor, dict[str, Any]], bool]:
         s = self._s
-        if dialect == "sqlite":
+        if upsert == COUNTED:
             return lambda x, p: x.count(s.record_sqlite, p) == 1
-        if dialect == "postgresql":
+        if upsert == RETURNED:
             return lambda x, p: len(x.rows(s.record_postgresql, p)) == 1
         errors = self._ctx.errors
 
