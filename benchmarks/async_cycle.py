@@ -16,29 +16,22 @@ SQLite runs at the library's default durability (FULL) in a fresh file under ``-
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from harness import cli, report
+from harness.db import URLS, async_engine, insert_ids, workdir
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 import fencing
 import fencing.sqlite
 from fencing.asyncio import AsyncJobStore
-from fencing.schema import KEY_TYPE
 
-SERVERS = {
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
-#: the asyncio driver of each server backend, for the async store
-ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy"}
 TTL = 600.0
 BATCH = 100
 
@@ -46,9 +39,7 @@ BATCH = 100
 def fill(engine: sqlalchemy.Engine, jobs: int) -> None:
     with engine.begin() as conn:
         conn.execute(fencing.jobs.delete())
-        # typed: MariaDB's id column is UTF-8 bytes (fencing.schema.KEY_TYPE converts)
-        insert = fencing.jobs.insert().values(id=sqlalchemy.bindparam("id", type_=KEY_TYPE))
-        conn.execute(insert, [{"id": f"j{i:07}"} for i in range(jobs)])
+        insert_ids(conn, fencing.jobs, (f"j{i:07}" for i in range(jobs)))
 
 
 def sync_run(store: fencing.JobStore, batched: bool) -> int:
@@ -85,19 +76,19 @@ def timed(run: Callable[[], int], jobs: int) -> float:
     return jobs / elapsed
 
 
-def async_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """The async store's engine on the server at ``url`` (a URL of any of its drivers): its
-    asyncio driver (asyncpg, asyncmy), SQLAlchemy's settings otherwise. peers.py builds its
-    ``fencing-async`` engine here too, so both benchmarks measure the same engine."""
-    server = sqlalchemy.make_url(url)
-    return create_async_engine(server.set(drivername=ASYNC_DRIVERS[server.get_backend_name()]), **kwargs)
-
-
 def engines(db: str, where: str) -> tuple[sqlalchemy.Engine, AsyncEngine]:
     if db == "sqlite":
         path = os.path.join(where, "async_cycle.db")
         return fencing.create_sqlite_engine(path), fencing.sqlite.create_async_engine(path)
-    return sqlalchemy.create_engine(SERVERS[db]), async_engine(SERVERS[db])
+    return sqlalchemy.create_engine(URLS[db]), async_engine(URLS[db])
+
+
+TABLE = report.Table(
+    report.Column("configuration", 24, "<"),
+    report.Column("jobs/s (median)", 16, spec=",.0f"),
+    report.Column("vs sync, same mode", 22, pad=False),
+    indent="  ",
+)
 
 
 def bench(db: str, jobs: int, repeat: int, where: str) -> None:
@@ -128,23 +119,22 @@ def bench(db: str, jobs: int, repeat: int, where: str) -> None:
         sync_engine.dispose()
     base = {mode: rates[f"sync {mode}"] for mode in ("single", "batched")}
     print(f"\n{db}: {jobs} jobs per run, {repeat} interleaved repetitions")
-    print(f"  {'configuration':<24} {'jobs/s (median)':>16} {'vs sync, same mode':>22}")
+    print(TABLE.header())
     for name, values in rates.items():
         mode = "batched" if "batched" in name else "single"
         ratios = [a / b for a, b in zip(values, base[mode], strict=True)]
-        low, high = min(ratios), max(ratios)
-        median, ratio = statistics.median(values), statistics.median(ratios)
-        print(f"  {name:<24} {median:>16,.0f} {ratio:>12.2f} ({low:.2f}-{high:.2f})")
+        ratio = f"{statistics.median(ratios):>12.2f} ({report.spread(ratios)})"
+        print(TABLE.row(name, statistics.median(values), ratio))
 
 
 def main(argv: Any = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=3)
+    cli.add_repeat(parser, help=None)
     parser.add_argument("--db", default="sqlite,postgresql,mariadb")
-    parser.add_argument("--dir", default=None, help="where the SQLite file goes (default: a temp dir here)")
+    cli.add_dir(parser, help="where the SQLite file goes (default: a temp dir here)")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(dir=args.dir or ".") as where:
+    with workdir(None, args.dir or ".") as where:
         for db in args.db.split(","):
             bench(db, args.jobs, args.repeat, where)
 

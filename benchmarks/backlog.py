@@ -102,31 +102,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import os
-import platform
 import re
-import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from importlib import metadata
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Double, Engine, MetaData, bindparam, event, func, select, text, type_coerce
+from harness import cli, db, dbapi, env, report
+from harness.measure import rotated
+from sqlalchemy import Double, Engine, MetaData, bindparam, func, select, text, type_coerce
 
 import fencing
 from fencing.schema import KEY_TYPE
 
-URLS = {
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 ALL_MODES = ("single", "batched", "step")
 #: jobs per unit of work: a cycle or step takes one, a batched round takes BATCH
@@ -140,6 +132,8 @@ TARGET = 0.8
 CHUNK = 10_000
 MAX_ERRORS = 50  # per measurement; past that the run stops
 KEPT_ERRORS = 5
+#: what the header and the JSON say the run measured with (the drivers where installed)
+VERSIONS = ("fencing", "sqlite", "sqlalchemy", "python", "platform", "cpus", "git", "psycopg", "PyMySQL")
 
 
 def job_id(number: int) -> str:
@@ -393,18 +387,12 @@ class Lane:
 
     def explain(self) -> list[str]:
         """The plans of the statements one ``claim_next`` sends, on the table as it is now."""
-        recorded: list[tuple[str, Any]] = []
         probe = self.make_engine()
-
-        def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-            recorded.append((statement, parameters))
-
-        event.listen(probe, "before_cursor_execute", record)
         limit = LIMITS[self.mode]
         try:
             store = fencing.JobStore(probe, fencing.jobs_table(MetaData(), self.name))
-            leases = store.claim_next(OWNER, ttl=TTL, now=self.backend.now(), limit=limit)
-            event.remove(probe, "before_cursor_execute", record)
+            with dbapi.statements(probe) as recorded:
+                leases = store.claim_next(OWNER, ttl=TTL, now=self.backend.now(), limit=limit)
             store.complete_many([(lease, RESULT) for lease in leases], now=self.backend.now())
         finally:
             probe.dispose()
@@ -442,11 +430,7 @@ class Lane:
                 self.table.drop(conn, checkfirst=True)
         self.engine.dispose()
         if self.path is not None:
-            directory, base = os.path.split(self.path)
-            for entry in os.listdir(directory):
-                if entry.startswith(base):
-                    with contextlib.suppress(OSError):
-                        os.remove(os.path.join(directory, entry))
+            db.remove_sqlite(self.path)
 
 
 class Backend:
@@ -457,7 +441,7 @@ class Backend:
         self.args = args
         self.workdir = workdir
         self.counter = 0
-        self.url: str = {"postgresql": args.postgresql_url, "mariadb": args.mariadb_url}.get(name, "")
+        self.url: str = cli.server_urls(args).get(name, "")
         self.now: Callable[[], float | None] = time.time if args.clock == "caller" else _no_time
 
     def info(self) -> str:
@@ -465,24 +449,16 @@ class Backend:
             return f"SQLite {sqlite3.sqlite_version} (WAL, synchronous={self.args.durability.upper()})"
         engine = sqlalchemy.create_engine(self.url)
         try:
-            with engine.connect() as conn:
-                run = conn.exec_driver_sql
-                if self.name == "postgresql":
-                    version = run("SHOW server_version").scalar()
-                    sync, fsync = run("SHOW synchronous_commit").scalar(), run("SHOW fsync").scalar()
-                    autovacuum = run("SHOW autovacuum").scalar()
-                    return (
-                        f"PostgreSQL {version} (synchronous_commit={sync}, fsync={fsync}, "
-                        f"autovacuum={autovacuum})"
-                    )
-                version, flush, recalc = run(
-                    "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@innodb_stats_auto_recalc"
-                ).one()
-                return (
-                    f"MariaDB {version} (innodb_flush_log_at_trx_commit={flush}, stats_auto_recalc={recalc})"
-                )
+            settings = env.server_settings(
+                engine, postgresql=("autovacuum",), mariadb=("innodb_stats_auto_recalc",)
+            )
         finally:
             engine.dispose()
+        version = settings.pop("version")
+        if "innodb_stats_auto_recalc" in settings:
+            settings["stats_auto_recalc"] = settings.pop("innodb_stats_auto_recalc")
+        server = "PostgreSQL" if self.name == "postgresql" else "MariaDB"
+        return f"{server} {version} ({', '.join(f'{k}={v}' for k, v in settings.items())})"
 
     def leftovers(self) -> None:
         """Drop this process's tables, should a failed run have left any."""
@@ -524,7 +500,7 @@ def measure(
         order = lanes if rep % 2 == 0 else lanes[::-1]
         for k in range(args.slices):
             part = units * (k + 1) // args.slices - units * k // args.slices
-            for lane in order[k % len(order) :] + order[: k % len(order)]:
+            for lane in rotated(order, k):
                 lane.timed(part)
         results = []
         for lane in lanes:
@@ -561,11 +537,6 @@ def measure(
 # -- figures ------------------------------------------------------------------------------------
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values) or [0.0]
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summarize(
     runs: dict[tuple[str, str], list[list[dict[str, Any]]]], sizes: list[int]
 ) -> list[dict[str, Any]]:
@@ -592,8 +563,8 @@ def summarize(
                     "rates": [r["rate"] for r in mine],
                     "ratio": statistics.median(ratios) if ratios and size != smallest else None,
                     "ratios": ratios,
-                    "call_ms_p50": percentile(latencies, 0.5) * 1e3,
-                    "call_ms_p99": percentile(latencies, 0.99) * 1e3,
+                    "call_ms_p50": report.percentile(latencies, 0.5) * 1e3,
+                    "call_ms_p99": report.percentile(latencies, 0.99) * 1e3,
                     "cpu_us_per_job": sum(r["cpu_s"] for r in mine) / jobs * 1e6 if jobs else 0.0,
                     "load_s": statistics.median(r["load_s"] for r in mine),
                     "errors": len(errors),
@@ -607,88 +578,73 @@ def summarize(
 
 
 def print_table(rows: list[dict[str, Any]], sizes: list[int]) -> None:
-    smallest = min(sizes)
-    vs = f"vs {smallest:,}"
-    header = (
-        f"{'backend':<10} {'mode':<7} {'backlog':>9} {'rate/s':>9} {'range':>13} {vs:>9} {'range':>11} "
-        f"{'target':>6} {'':<4} {'call ms p50/p99':>15} {'cpu us/job':>10} {'load s':>7} {'errors':>6}"
+    table = report.Table(
+        report.Column("backend", 10, "<"),
+        report.Column("mode", 7, "<"),
+        report.Column("backlog", 9, spec=","),
+        report.Column("rate/s", 9, spec=",.0f"),
+        report.Column("range", 13),
+        report.Column(f"vs {min(sizes):,}", 9),
+        report.Column("range", 11),
+        report.Column("target", 6),
+        report.Column("", 4, "<"),
+        report.Column("call ms p50/p99", 15),
+        report.Column("cpu us/job", 10, spec=".0f"),
+        report.Column("load s", 7, spec=".1f"),
+        report.Column("errors", 6),
     )
-    print(header)
-    print("-" * len(header))
+    print(table.header())
+    print(table.rule())
     for r in rows:
-        rng = f"{min(r['rates']):,.0f}-{max(r['rates']):,.0f}"
         if r["ratio"] is None:
-            ratio = target = verdict = ratio_range = ""
+            ratio = ratio_range = target = verdict = ""
         else:
-            ratio = f"{r['ratio']:.2f}"
-            ratio_range = f"{min(r['ratios']):.2f}-{max(r['ratios']):.2f}"
-            target = f">={TARGET}"
-            verdict = "ok" if r["ratio"] >= TARGET else "MISS"
-        calls = f"{r['call_ms_p50']:.2f}/{r['call_ms_p99']:.2f}"
+            ratio, ratio_range = f"{r['ratio']:.2f}", report.spread(r["ratios"])
+            target, verdict = f">={TARGET}", report.verdict(r["ratio"] >= TARGET)
         print(
-            f"{r['backend']:<10} {r['mode']:<7} {r['size']:>9,} {r['rate']:>9,.0f} {rng:>13} {ratio:>9} "
-            f"{ratio_range:>11} {target:>6} {verdict:<4} {calls:>15} {r['cpu_us_per_job']:>10.0f} "
-            f"{r['load_s']:>7.1f} {r['errors']:>6}"
+            table.row(
+                r["backend"],
+                r["mode"],
+                r["size"],
+                r["rate"],
+                report.spread(r["rates"], ",.0f"),
+                ratio,
+                ratio_range,
+                target,
+                verdict,
+                f"{r['call_ms_p50']:.2f}/{r['call_ms_p99']:.2f}",
+                r["cpu_us_per_job"],
+                r["load_s"],
+                r["errors"],
+            )
         )
 
 
-def versions() -> dict[str, str]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        git = subprocess.run(
-            ["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        git = ""
-    env = {
-        "fencing": fencing.__version__,
-        "sqlite": sqlite3.sqlite_version,
-        "sqlalchemy": sqlalchemy.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpus": str(os.cpu_count()),
-        "git": git or "unknown",
-    }
-    for dist in ("psycopg", "PyMySQL"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            env[dist.lower()] = metadata.version(dist)
-    return env
-
-
-def comma_list(kind: Callable[[str], Any]) -> Callable[[str], list[Any]]:
-    return lambda s: [kind(x.strip()) for x in s.split(",") if x.strip()]
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=(__doc__ or "").split("\n", 1)[0],
-        epilog="See the module docstring (what is measured, how, and the checks).",
-    )
+    parser = cli.parser(__doc__, epilog="See the module docstring (what is measured, how, and the checks).")
     parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
-        type=comma_list(str),
+        type=cli.comma_list(str),
         help="comma-separated: sqlite,postgresql,mariadb (default all three)",
     )
     parser.add_argument(
         "--sizes",
         default="1000,10000,100000,1000000",
-        type=comma_list(int),
+        type=cli.comma_list(int),
         help="backlog sizes N, comma-separated; ratios are to the smallest (default 1000,...,1000000)",
     )
     parser.add_argument(
         "--modes",
         default=",".join(available_modes()),
-        type=comma_list(str),
+        type=cli.comma_list(str),
         help=f"comma-separated, of {','.join(available_modes())} (default all; step where the API has it)",
     )
     parser.add_argument(
         "--cycles", type=int, default=500, help="M: timed cycles of single and step (default 500)"
     )
-    parser.add_argument(
-        "--rounds", type=int, default=20, help=f"K: timed rounds of batched, {BATCH} jobs each (default 20)"
-    )
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions; medians reported (default 3)")
+    cli.add_rounds(parser, 20, help=f"K: timed rounds of batched, {BATCH} jobs each (default 20)")
+    cli.add_repeat(parser)
     parser.add_argument(
         "--slices",
         type=int,
@@ -714,17 +670,12 @@ def main(argv: list[str] | None = None) -> int:
         default="database",
         help="now=None (default) or time.time()",
     )
-    parser.add_argument(
-        "--durability", choices=("full", "normal"), default="normal", help="SQLite's (default normal)"
-    )
-    parser.add_argument("--dir", help="where the SQLite files go (default: a temporary dir under the cwd)")
-    parser.add_argument("--postgresql-url", default=URLS["postgresql"])
-    parser.add_argument("--mariadb-url", default=URLS["mariadb"])
+    cli.add_durability(parser, "normal", help="SQLite's (default normal)")
+    cli.add_dir(parser)
+    cli.add_server_urls(parser)
     parser.add_argument("--explain", action="store_true", help="print the claim's plans (first repetition)")
-    parser.add_argument("--json", metavar="FILE", help="write the figures here")
-    parser.add_argument(
-        "--check", action="store_true", help="exit 1 if a ratio misses its target or a check fails"
-    )
+    cli.add_json(parser)
+    cli.add_check(parser, help="exit 1 if a ratio misses its target or a check fails")
     args = parser.parse_args(argv)
     unknown = [b for b in args.backends if b not in BACKENDS] + [m for m in args.modes if m not in ALL_MODES]
     if unknown:
@@ -739,10 +690,11 @@ def main(argv: list[str] | None = None) -> int:
     if max(args.sizes) + max(jobs_taken(args, m) for m in args.modes) > 99_999_999:
         parser.error("job ids have 8 digits: sizes must stay below 99,999,999")
 
-    env = versions()
+    versions = env.versions(*VERSIONS, missing="omit")
     print(
-        f"claim_next cost vs backlog: fencing {env['fencing']}; SQLite {env['sqlite']}; "
-        f"SQLAlchemy {env['sqlalchemy']}; Python {env['python']}; {env['cpus']} CPUs; git {env['git']}",
+        f"claim_next cost vs backlog: fencing {versions['fencing']}; SQLite {versions['sqlite']}; "
+        f"SQLAlchemy {versions['sqlalchemy']}; Python {versions['python']}; {versions['cpus']} CPUs; "
+        f"git {versions['git']}",
         flush=True,
     )
     work = ", ".join(
@@ -755,33 +707,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'ANALYZE after loading' if args.analyze else 'no ANALYZE'}",
         flush=True,
     )
-    workdir = tempfile.mkdtemp(prefix="bench-backlog-", dir=args.dir or os.getcwd())
-    backends = {name: Backend(name, args, workdir) for name in args.backends}
-    runs: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
-    plans: list[str] = []
-    explained: set[tuple[str, int, int]] | None = set() if args.explain else None
     started = time.perf_counter()
-    try:
-        for backend in backends.values():
-            print(f"  {backend.name}: {backend.info()}", flush=True)
-        for rep in range(args.repeat):
-            names = list(backends)
-            names = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in names:
-                modes = args.modes[rep % len(args.modes) :] + args.modes[: rep % len(args.modes)]
-                for mode in modes:
-                    results, found = measure(backends[name], mode, rep, explained if rep == 0 else None)
-                    runs.setdefault((name, mode), []).append(results)
-                    plans.extend(found)
-            print(
-                f"  repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
-    finally:
-        for backend in backends.values():
-            with contextlib.suppress(Exception):
-                backend.leftovers()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with db.workdir("bench-backlog-", args.dir or os.getcwd()) as workdir:
+        runs, plans = bench(args, workdir, started)
 
     rows = summarize(runs, args.sizes)
     print()
@@ -816,16 +744,42 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         figures = {
             "benchmark": "claim_next cost vs backlog",
-            "environment": env,
+            "environment": versions,
             "arguments": {k: v for k, v in vars(args).items() if k not in ("json",)},
             "target": TARGET,
             "rows": rows,
             "plans": plans,
         }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2, default=repr)
-        print(f"figures written to {args.json}")
+        report.write_json(args.json, figures)
     return 1 if args.check and (misses or problems) else 0
+
+
+def bench(
+    args: argparse.Namespace, workdir: str, started: float
+) -> tuple[dict[tuple[str, str], list[list[dict[str, Any]]]], list[str]]:
+    """Every (backend, mode)'s results, one list of sizes per repetition; the plans asked for."""
+    backends = {name: Backend(name, args, workdir) for name in args.backends}
+    runs: dict[tuple[str, str], list[list[dict[str, Any]]]] = {}
+    plans: list[str] = []
+    explained: set[tuple[str, int, int]] | None = set() if args.explain else None
+    try:
+        for backend in backends.values():
+            print(f"  {backend.name}: {backend.info()}", flush=True)
+        for rep in range(args.repeat):
+            for name in rotated(list(backends), rep):
+                for mode in rotated(args.modes, rep):
+                    results, found = measure(backends[name], mode, rep, explained if rep == 0 else None)
+                    runs.setdefault((name, mode), []).append(results)
+                    plans.extend(found)
+            print(
+                f"  repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+    finally:
+        for backend in backends.values():
+            with contextlib.suppress(Exception):
+                backend.leftovers()
+    return runs, plans
 
 
 if __name__ == "__main__":

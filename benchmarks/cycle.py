@@ -98,35 +98,25 @@ import argparse
 import contextlib
 import cProfile
 import itertools
-import json
-import multiprocessing
 import os
-import platform
 import pstats
 import re
-import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections import Counter, defaultdict
-from importlib import metadata
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Engine, MetaData, bindparam, event, func, select
+from harness import cli, db, dbapi, env, report
+from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
+from sqlalchemy import Engine, MetaData, func, select
 
 import fencing
 import fencing.execution
-from fencing.schema import KEY_TYPE
 
-URLS = {
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 MODES = {"single": 1, "batched": 100}
 DEFAULT_JOBS = {
@@ -138,9 +128,10 @@ DEFAULT_JOBS = {
 TTL = 600.0  # no lease expires during a measurement
 TARGET_BATCHED_VS_SINGLE = 10.0
 TARGET_4P_VS_1P = 0.9
-BARRIER_TIMEOUT = 300.0
 MAX_ERRORS_PER_WORKER = 200  # a worker that keeps failing stops; the check then reports it
 KEPT_ERRORS = 5
+#: what the header and the JSON say the run measured with (the drivers where installed)
+VERSIONS = ("git", "python", "sqlite", "sqlalchemy", "fencing", "platform", "cpus", "psycopg", "PyMySQL")
 
 
 def owner_of(index: int) -> str:
@@ -150,7 +141,9 @@ def owner_of(index: int) -> str:
 # -- timing the driver calls by statement kind (--profile) --------------------------------------
 
 
-def sql_kind(sql: str) -> str:
+def sql_kind(statement: Any, *_: Any) -> str:
+    """The kind of ``statement`` (a string, or psycopg's ``Composed``), for the profile."""
+    sql = str(statement)
     head = sql.lstrip()[:12].upper()
     if head.startswith("BEGIN"):
         return "BEGIN"
@@ -165,7 +158,25 @@ def sql_kind(sql: str) -> str:
     return head.split(" ")[0]
 
 
-class DriverTimer:
+def _timing(kind: str | Callable[..., str]) -> Callable[..., Any]:
+    """A :class:`DriverTimer` method that times the driver call it is handed, as ``kind`` (a
+    statement's kind, or a function of the call's arguments that tells it)."""
+
+    def _timed(self: DriverTimer, call: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        what = kind if isinstance(kind, str) else kind(*args)
+        t0 = time.perf_counter()
+        try:
+            return call(*args, **kw)
+        except BaseException:
+            what = "BEGIN (failed)" if what == "BEGIN" else what
+            raise
+        finally:
+            self.add(what, t0, time.perf_counter())
+
+    return _timed
+
+
+class DriverTimer(dbapi.Tap):
     """Seconds and calls per statement kind, and per driver ``commit()``; on SQLite also
     when this process held the write lock: from the return of ``BEGIN IMMEDIATE`` to the
     return of ``COMMIT``/``ROLLBACK`` (``perf_counter`` is comparable across processes)."""
@@ -185,82 +196,24 @@ class DriverTimer:
             self.holds.append((self._acquired, end))
             self._acquired = None
 
-
-TIMER: list[DriverTimer | None] = [None]
-
-
-def _timed(kind: str, fn: Any, *args: Any, **kw: Any) -> Any:
-    timer = TIMER[0]
-    if timer is None:
-        return fn(*args, **kw)
-    t0 = time.perf_counter()
-    try:
-        return fn(*args, **kw)
-    except BaseException:
-        kind = "BEGIN (failed)" if kind == "BEGIN" else kind
-        raise
-    finally:
-        timer.add(kind, t0, time.perf_counter())
-
-
-def timing_sqlite_factory() -> type[sqlite3.Connection]:
-    class TimingCursor(sqlite3.Cursor):
-        def execute(self, sql: str, parameters: Any = (), /) -> Any:
-            return _timed(sql_kind(sql), super().execute, sql, parameters)
-
-    class TimingConnection(sqlite3.Connection):
-        def cursor(self, factory: Any = TimingCursor) -> Any:
-            return super().cursor(factory)
-
-        def execute(self, sql: str, parameters: Any = (), /) -> Any:
-            return self.cursor().execute(sql, parameters)
-
-    return TimingConnection
-
-
-def timing_server_connect(db: str, cargs: Any, cparams: dict[str, Any]) -> Any:
-    """psycopg / pymysql connection subclasses that time execute and commit."""
-    if db == "postgresql":
-        import psycopg
-
-        class PgCursor(psycopg.Cursor):
-            def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
-                return _timed(sql_kind(str(query)), super().execute, query, params, **kw)
-
-        class PgConnection(psycopg.Connection):
-            def commit(self) -> None:
-                _timed("COMMIT", super().commit)
-
-        return PgConnection.connect(*cargs, cursor_factory=PgCursor, **cparams)
-    import pymysql
-    import pymysql.cursors
-
-    class MyCursor(pymysql.cursors.Cursor):
-        def execute(self, query: Any, args: Any = None) -> Any:
-            return _timed(sql_kind(query), super().execute, query, args)
-
-    class MyConnection(pymysql.connections.Connection):
-        def commit(self) -> None:
-            _timed("COMMIT", super().commit)
-
-    return MyConnection(*cargs, cursorclass=MyCursor, **cparams)
+    # the driver calls it times: every statement (on SQLite also those sent with the
+    # connection's own execute()) by its kind, and the driver's commit()
+    execute = connection_execute = _timing(sql_kind)
+    commit = _timing("COMMIT")
 
 
 # -- the worker side ----------------------------------------------------------------------------
 
 
 def make_engine(backend: str, target: str, *, timing: bool = False) -> Engine:
+    """The worker's engine; ``timing``: its driver calls timed (:class:`DriverTimer`)."""
     if backend == "sqlite":
-        kwargs: dict[str, Any] = {"connect_args": {"factory": timing_sqlite_factory()}} if timing else {}
+        kwargs: dict[str, Any] = (
+            {"connect_args": {"factory": dbapi.sqlite3_factory(DriverTimer)}} if timing else {}
+        )
         return fencing.create_sqlite_engine(target, **kwargs)
     engine = sqlalchemy.create_engine(target)
-    if timing:
-
-        def do_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
-            return timing_server_connect(backend, cargs, cparams)
-
-        event.listen(engine, "do_connect", do_connect)
-    return engine
+    return dbapi.tap_engine(engine, DriverTimer) if timing else engine
 
 
 #: the library's pauses before it tries again: (module, function); ``poll_pause`` is SQLite's
@@ -346,62 +299,53 @@ def work(store: fencing.JobStore, owner: str, limit: int) -> dict[str, Any]:
     }
 
 
-def worker(index: int, barriers: dict[int, Any], commands: Any, results: Any, profile: bool) -> None:
+@contextlib.contextmanager
+def worker(index: int, profile: bool) -> Iterator[Handler]:
     """One process for the whole run; one measurement per command."""
-    barrier = None
     retries = Retries()
     retries.install()
     stores: dict[tuple[str, str], tuple[Engine, fencing.JobStore]] = {}
-    try:
-        results.put(("ready", index))
-        while (command := commands.get()) is not None:
-            backend, target, table_name, limit, parties = command
-            barrier = barriers[parties]
-            key = (target, table_name)
-            if key not in stores:
-                engine = make_engine(backend, target, timing=profile)
-                stores[key] = (engine, fencing.JobStore(engine, fencing.jobs_table(MetaData(), table_name)))
-            engine, store = stores[key]
-            store.state("no-such-job")  # opens the store's connection before the clock starts
-            owner = owner_of(index)
-            timer = DriverTimer() if profile else None
-            profiler = cProfile.Profile() if profile else None
-            retries.reset()
-            barrier.wait(BARRIER_TIMEOUT)
-            TIMER[0] = timer
+
+    def run(command: tuple[str, str, str, int], barrier: Any) -> dict[str, Any]:
+        backend, target, table_name, limit = command
+        key = (target, table_name)
+        if key not in stores:
+            engine = make_engine(backend, target, timing=profile)
+            stores[key] = (engine, fencing.JobStore(engine, fencing.jobs_table(MetaData(), table_name)))
+        engine, store = stores[key]
+        store.state("no-such-job")  # opens the store's connection before the clock starts
+        owner = owner_of(index)
+        timer = DriverTimer() if profile else None
+        profiler = cProfile.Profile() if profile else None
+        retries.reset()
+        barrier.wait(BARRIER_TIMEOUT)
+        with dbapi.tapping(timer):
             if profiler is not None:
                 profiler.enable()
-            cpu = time.process_time()
-            start = time.perf_counter()
-            outcome = work(store, owner, limit)
-            finish = time.perf_counter()
-            cpu = time.process_time() - cpu
+            outcome, start, finish, cpu = timed(work, store, owner, limit)
             if profiler is not None:
                 profiler.disable()
-            TIMER[0] = None
-            wal = target + "-wal"
-            outcome.update(
-                wal_bytes=os.path.getsize(wal) if backend == "sqlite" and os.path.exists(wal) else None,
-                index=index,
-                cpu_s=cpu,
-                start=start,
-                finish=finish,
-                retries=retries.count,
-                backoff_s=retries.seconds,
-                profile=summarize(profiler, timer, finish - start) if profiler and timer else None,
-            )
-            if backend == "sqlite":  # a fresh file per measurement: let it go
-                del stores[key]
-                store.engine.dispose()
-                engine.dispose()
-            results.put(("done", outcome))
-        for engine, store in stores.values():
+        wal = target + "-wal"
+        outcome.update(
+            wal_bytes=os.path.getsize(wal) if backend == "sqlite" and os.path.exists(wal) else None,
+            index=index,
+            cpu_s=cpu,
+            start=start,
+            finish=finish,
+            retries=retries.count,
+            backoff_s=retries.seconds,
+            profile=summarize(profiler, timer, finish - start) if profiler and timer else None,
+        )
+        if backend == "sqlite":  # a fresh file per measurement: let it go
+            del stores[key]
             store.engine.dispose()
             engine.dispose()
-    except BaseException:
-        if barrier is not None:
-            barrier.abort()
-        results.put(("error", index, traceback.format_exc()))
+        return outcome
+
+    yield run
+    for engine, store in stores.values():
+        store.engine.dispose()
+        engine.dispose()
 
 
 #: functions whose cumulative time is a category of the profile (file suffix, name)
@@ -447,50 +391,6 @@ def _plain(name: str) -> str:
     return re.sub(r" at 0x[0-9a-f]+", "", name)
 
 
-class Workers:
-    """``size`` spawned workers; a measurement uses the first ``parties``."""
-
-    def __init__(self, sizes: list[int], profile: bool) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.results = ctx.Queue()
-        barriers = {p: ctx.Barrier(p) for p in sizes}
-        self.commands = [ctx.Queue() for _ in range(max(sizes))]
-        self.procs = [
-            ctx.Process(
-                target=worker, args=(i, barriers, q, self.results, profile), name=f"cycle-{i}", daemon=True
-            )
-            for i, q in enumerate(self.commands)
-        ]
-        for p in self.procs:
-            p.start()
-        for _ in self.procs:
-            self._get("ready")
-
-    def _get(self, kind: str) -> tuple[Any, ...]:
-        message = self.results.get(timeout=BARRIER_TIMEOUT + 120)
-        if message[0] == "error":
-            raise SystemExit(f"worker {message[1]} failed:\n{message[2]}")
-        if message[0] != kind:
-            raise SystemExit(f"unexpected worker message {message!r}")
-        return message  # type: ignore[no-any-return]
-
-    def run(
-        self, backend: str, target: str, table_name: str, limit: int, parties: int
-    ) -> list[dict[str, Any]]:
-        for q in self.commands[:parties]:
-            q.put((backend, target, table_name, limit, parties))
-        outcomes = [self._get("done")[1] for _ in range(parties)]
-        return sorted(outcomes, key=lambda o: o["index"])
-
-    def close(self) -> None:
-        for q in self.commands:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-
-
 # -- the main side: tables, checks, figures ------------------------------------------------------
 
 
@@ -501,10 +401,8 @@ class Backend:
         self.name = name
         self.table_name = "jobs" if name == "sqlite" else f"bench_cycle_{os.getpid()}"
         self.table = fencing.jobs_table(MetaData(), self.table_name)
-        # typed: MariaDB's id column is UTF-8 bytes (fencing.schema.KEY_TYPE converts)
-        self._insert = self.table.insert().values(id=bindparam("id", type_=KEY_TYPE))
         self.workdir = workdir
-        self.url = {"postgresql": args.postgresql_url, "mariadb": args.mariadb_url}.get(name)
+        self.url = cli.server_urls(args).get(name)
         self.engine: Engine | None = None
         self.counter = 0
         if self.url is not None:
@@ -513,7 +411,7 @@ class Backend:
 
     def prepare(self, n: int) -> str:
         """A table holding exactly ``n`` enqueued jobs; the target the workers open."""
-        ids = [{"id": f"job-{i:07d}"} for i in range(n)]
+        ids = [f"job-{i:07d}" for i in range(n)]
         if self.name == "sqlite":
             self.counter += 1
             path = os.path.join(self.workdir, f"cycle-{self.counter}.db")
@@ -521,19 +419,12 @@ class Backend:
             try:
                 fencing.JobStore(engine, self.table).create_table()
                 with engine.begin() as conn:
-                    conn.execute(self._insert, ids)
+                    db.insert_ids(conn, self.table, ids)
             finally:
                 engine.dispose()
             return path
         assert self.engine is not None and self.url is not None
-        with self.engine.begin() as conn:  # TRUNCATE: no dead rows piling up between runs
-            conn.exec_driver_sql(f"TRUNCATE TABLE {self.table_name}")
-        with self.engine.begin() as conn:
-            conn.execute(self._insert, ids)
-        if self.name == "postgresql":
-            with self.engine.connect() as conn:
-                conn.exec_driver_sql(f"ANALYZE {self.table_name}")
-                conn.commit()
+        db.refill(self.engine, self.table, ids)
         self.engine.dispose()
         return str(self.url)
 
@@ -551,9 +442,7 @@ class Backend:
         finally:
             engine.dispose()
             if self.name == "sqlite":
-                for suffix in ("", "-wal", "-shm"):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.remove(target + suffix)
+                db.remove_sqlite(target)
         by_owner = Counter({owner_of(o["index"]): o["completions"] for o in outcomes})
         in_table: Counter[str] = Counter()
         problems = []
@@ -572,16 +461,7 @@ class Backend:
         if self.name == "sqlite":
             return {"version": sqlite3.sqlite_version, "journal_mode": "wal", "synchronous": "full"}
         assert self.engine is not None
-        with self.engine.connect() as conn:
-            run = conn.exec_driver_sql
-            if self.name == "postgresql":
-                return {
-                    "version": run("SHOW server_version").scalar(),
-                    "synchronous_commit": run("SHOW synchronous_commit").scalar(),
-                    "fsync": run("SHOW fsync").scalar(),
-                }
-            version, flush = run("SELECT VERSION(), @@innodb_flush_log_at_trx_commit").one()
-            return {"version": version, "innodb_flush_log_at_trx_commit": int(flush)}
+        return env.server_settings(self.engine)
 
     def close(self) -> None:
         if self.engine is not None:
@@ -597,10 +477,10 @@ def jobs_for(args: argparse.Namespace, backend: str, mode: str) -> int:
     return DEFAULT_JOBS["sqlite" if backend == "sqlite" else "server", mode]
 
 
-def measure(workers: Workers, backend: Backend, mode: str, parties: int, n: int) -> dict[str, Any]:
+def measure(workers: Pool, backend: Backend, mode: str, parties: int, n: int) -> dict[str, Any]:
     """One run of ``n`` jobs by ``parties`` workers, checked in the table afterwards."""
     target = backend.prepare(n)
-    outcomes = workers.run(backend.name, target, backend.table_name, MODES[mode], parties)
+    outcomes = workers.run([(backend.name, target, backend.table_name, MODES[mode])] * parties)
     problem = backend.verify(target, n, outcomes)
     if problem is not None:
         errors = [e for o in outcomes for e in o["errors"][:KEPT_ERRORS]]
@@ -637,12 +517,8 @@ def shares(per_worker: list[int], n: int) -> tuple[float, float]:
 
 
 def percentiles(latencies: list[float]) -> dict[str, float]:
-    ordered = sorted(latencies) or [0.0]
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"p50": at(0.5), "p99": at(0.99), "max": ordered[-1], "calls": float(len(latencies))}
+    p50, p99, top = (report.percentile(latencies, q) for q in (0.5, 0.99, 1.0))
+    return {"p50": p50, "p99": p99, "max": top, "calls": float(len(latencies))}
 
 
 def merge_profiles(outcomes: list[dict[str, Any]], span: float, done_at: float) -> dict[str, Any]:
@@ -758,10 +634,6 @@ def print_best_quarters(rows: list[dict[str, Any]], processes: list[int]) -> Non
         )
 
 
-def ratio_cell(ratios: list[float]) -> str:
-    return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})"
-
-
 def round_ratios(reps: list[dict[str, Any]], others: list[dict[str, Any]]) -> list[float]:
     """jobs/s over the other configuration's, round by round, every repetition."""
     return [
@@ -813,22 +685,48 @@ def summarize_runs(
 
 
 def print_table(rows: list[dict[str, Any]], processes: list[int]) -> None:
-    fewest = min(processes)
-    print(
-        f"\n{'backend':<10} {'procs':>5} {'mode':<7} {'jobs/s':>7} {'batched/single':>18} "
-        f"{f'vs {fewest}p':>18} {'errors':>6} {'retries':>7} {'claim ms p50/p99/max':>20} "
-        f"{'max op ms':>9} {'tail ms':>7} {'cpu us/job':>10} {'share':>9}  per-worker completions"
+    table = report.Table(
+        report.Column("backend", 10, "<"),
+        report.Column("procs", 5),
+        report.Column("mode", 7, "<"),
+        report.Column("jobs/s", 7, spec=".0f"),
+        report.Column("batched/single", 18),
+        report.Column(f"vs {min(processes)}p", 18),
+        report.Column("errors", 6),
+        report.Column("retries", 7),
+        report.Column("claim ms p50/p99/max", 20),
+        report.Column("max op ms", 9, spec=".0f"),
+        report.Column("tail ms", 7, spec=".0f"),
+        report.Column("cpu us/job", 10, spec=".0f"),
+        report.Column("share", 9),
+        report.Column("per-worker completions", align="<", sep="  ", pad=False),
     )
+    print()
+    print(table.header())
     for r in rows:
-        bs = ratio_cell(r["batched_vs_single"]) if "batched_vs_single" in r else ""
-        vp = ratio_cell(r["vs_fewest_processes"]) if "vs_fewest_processes" in r else ""
+        bs, vp = (
+            report.median_spread(r[key], unit="x") if key in r else ""
+            for key in ("batched_vs_single", "vs_fewest_processes")
+        )
         lat = r["claim_latency_s"]
         claim = f"{lat['p50'] * 1e3:.2f}/{lat['p99'] * 1e3:.1f}/{lat['max'] * 1e3:.0f}"
         print(
-            f"{r['backend']:<10} {r['processes']:>5} {r['mode']:<7} {r['jobs_per_s']:>7.0f} {bs:>18} "
-            f"{vp:>18} {r['errors']:>6} {r['retries']:>7} {claim:>20} {r['slowest_op_s'] * 1e3:>9.0f} "
-            f"{r['tail_s'] * 1e3:>7.0f} {r['cpu_us_per_job']:>10.0f} "
-            f"{r['share_min']:.2f}-{r['share_max']:.2f}  {r['per_worker_median_rep']}"
+            table.row(
+                r["backend"],
+                r["processes"],
+                r["mode"],
+                r["jobs_per_s"],
+                bs,
+                vp,
+                r["errors"],
+                r["retries"],
+                claim,
+                r["slowest_op_s"] * 1e3,
+                r["tail_s"] * 1e3,
+                r["cpu_us_per_job"],
+                f"{r['share_min']:.2f}-{r['share_max']:.2f}",
+                r["per_worker_median_rep"],
+            )
         )
 
 
@@ -886,114 +784,45 @@ def print_profiles(rows: list[dict[str, Any]]) -> None:
             print(f"      {us(seconds)}  {name}")
 
 
-def versions() -> dict[str, str]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        git = subprocess.run(
-            ["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        git = ""
-    env = {
-        "git": git or "unknown",
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "sqlalchemy": sqlalchemy.__version__,
-        "fencing": fencing.__version__,
-        "platform": platform.platform(),
-        "cpus": str(os.cpu_count()),
-    }
-    for dist in ("psycopg", "PyMySQL"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            env[dist.lower()] = metadata.version(dist)
-    return env
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = cli.parser(__doc__)
     parser.add_argument(
         "--backends",
         default=",".join(BACKENDS),
         type=lambda s: [b for b in BACKENDS if b in {x.strip() for x in s.split(",")}],
         help="comma-separated: sqlite,postgresql,mariadb (default all three)",
     )
-    parser.add_argument(
-        "--processes",
-        default="1,4",
-        type=lambda s: sorted({int(p) for p in s.split(",")}),
-        help="comma-separated worker process counts (default 1,4)",
-    )
+    cli.add_processes(parser)
     parser.add_argument(
         "--modes", default="single,batched", type=lambda s: [m for m in MODES if m in s.split(",")]
     )
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions; medians reported (default 3)")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="rounds per repetition: N/rounds jobs per configuration, alternating (default 3)",
+    cli.add_repeat(parser)
+    cli.add_rounds(
+        parser, 3, help="rounds per repetition: N/rounds jobs per configuration, alternating (default 3)"
     )
     parser.add_argument("--single-jobs", type=int, help="N for single (default 6000 SQLite, 2000 servers)")
     parser.add_argument(
         "--batched-jobs", type=int, help="N for batched (default 60000 SQLite, 20000 servers)"
     )
-    parser.add_argument("--dir", help="where the SQLite files go (default: a temporary dir under the cwd)")
-    parser.add_argument("--postgresql-url", default=URLS["postgresql"])
-    parser.add_argument("--mariadb-url", default=URLS["mariadb"])
+    cli.add_dir(parser)
+    cli.add_server_urls(parser)
     parser.add_argument("--profile", action="store_true", help="cProfile the workers; time driver calls")
-    parser.add_argument("--json", metavar="FILE", help="write the figures here")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a target is missed")
+    cli.add_json(parser)
+    cli.add_check(parser, help="exit 1 if a target is missed")
     args = parser.parse_args(argv)
     if not args.backends or not args.modes or min(args.processes) < 1 or min(args.repeat, args.rounds) < 1:
         parser.error("need a backend, a mode, processes >= 1, --repeat >= 1 and --rounds >= 1")
 
-    env = versions()
+    versions = env.versions(*VERSIONS, missing="omit")
     print(
         f"claim_next -> complete cycle, R={args.repeat}, processes {','.join(map(str, args.processes))}; "
-        f"python {env['python']}, SQLite {env['sqlite']}, SQLAlchemy {env['sqlalchemy']}, "
-        f"{env['cpus']} CPUs, git {env['git']}{'; PROFILING (slower)' if args.profile else ''}",
+        f"python {versions['python']}, SQLite {versions['sqlite']}, SQLAlchemy {versions['sqlalchemy']}, "
+        f"{versions['cpus']} CPUs, git {versions['git']}{'; PROFILING (slower)' if args.profile else ''}",
         flush=True,
     )
-    workdir = tempfile.mkdtemp(prefix="bench-cycle-", dir=args.dir or os.getcwd())
-    backends: dict[str, Backend] = {}
-    workers = None
     started = time.perf_counter()
-    try:
-        for name in args.backends:
-            backends[name] = Backend(name, args, workdir)
-            info = backends[name].info()
-            details = ", ".join(f"{k}={v}" for k, v in info.items() if k != "version")
-            modes = ", ".join(f"{m} N={jobs_for(args, name, m)}" for m in args.modes)
-            print(f"  {name}: {info['version']} ({details}); {modes}", flush=True)
-        workers = Workers(args.processes, args.profile)
-        configs = [(mode, parties) for mode in args.modes for parties in args.processes]
-        runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
-        for rep in range(args.repeat):
-            names = list(backends)
-            names = names[rep % len(names) :] + names[: rep % len(names)]
-            for name in names:
-                rounds: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
-                for k in range(args.rounds):
-                    step = rep * args.rounds + k
-                    modes = args.modes[step % len(args.modes) :] + args.modes[: step % len(args.modes)]
-                    counts = args.processes if step % 2 == 0 else args.processes[::-1]
-                    for mode in modes:  # a mode's process counts one right after the other
-                        for parties in counts:
-                            total = jobs_for(args, name, mode)
-                            n = total * (k + 1) // args.rounds - total * k // args.rounds
-                            rounds[mode, parties].append(measure(workers, backends[name], mode, parties, n))
-                for (mode, parties), parts in rounds.items():
-                    runs.setdefault((name, mode, parties), []).append(combine(parts))
-            print(
-                f"  repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
-                flush=True,
-            )
-    finally:
-        if workers is not None:
-            workers.close()
-        for backend in backends.values():
-            backend.close()
-        shutil.rmtree(workdir, ignore_errors=True)
+    with db.workdir("bench-cycle-", args.dir or os.getcwd()) as workdir:
+        runs = bench(args, workdir, started)
 
     rows = summarize_runs(runs, args.processes)
     print_table(rows, args.processes)
@@ -1017,15 +846,56 @@ def main(argv: list[str] | None = None) -> int:
             "jobs": {f"{b}/{m}": jobs_for(args, b, m) for b in args.backends for m in args.modes},
             "ttl": TTL,
             "targets": {"batched_vs_single": TARGET_BATCHED_VS_SINGLE, "4p_vs_1p": TARGET_4P_VS_1P},
-            "environment": env,
+            "environment": versions,
             "rows": rows,
             "misses": misses,
             "profiled": args.profile,
         }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2, default=repr)
-        print(f"figures written to {args.json}")
+        report.write_json(args.json, figures)
     return 1 if args.check and misses else 0
+
+
+def bench(
+    args: argparse.Namespace, workdir: str, started: float
+) -> dict[tuple[str, str, int], list[dict[str, Any]]]:
+    """Every configuration's runs, by (backend, mode, processes): one per repetition."""
+    backends: dict[str, Backend] = {}
+    workers = None
+    try:
+        for name in args.backends:
+            backends[name] = Backend(name, args, workdir)
+            info = backends[name].info()
+            details = ", ".join(f"{k}={v}" for k, v in info.items() if k != "version")
+            modes = ", ".join(f"{m} N={jobs_for(args, name, m)}" for m in args.modes)
+            print(f"  {name}: {info['version']} ({details}); {modes}", flush=True)
+        workers = Pool(worker, (args.profile,), args.processes, timeout=BARRIER_TIMEOUT + 120, name="cycle")
+        configs = [(mode, parties) for mode in args.modes for parties in args.processes]
+        runs: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+        for rep in range(args.repeat):
+            for name in rotated(list(backends), rep):
+                rounds: dict[tuple[str, int], list[dict[str, Any]]] = {c: [] for c in configs}
+                for k in range(args.rounds):
+                    step = rep * args.rounds + k
+                    counts = args.processes if step % 2 == 0 else args.processes[::-1]
+                    for mode in rotated(
+                        args.modes, step
+                    ):  # a mode's process counts one right after the other
+                        for parties in counts:
+                            total = jobs_for(args, name, mode)
+                            n = total * (k + 1) // args.rounds - total * k // args.rounds
+                            rounds[mode, parties].append(measure(workers, backends[name], mode, parties, n))
+                for (mode, parties), parts in rounds.items():
+                    runs.setdefault((name, mode, parties), []).append(combine(parts))
+            print(
+                f"  repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
+    finally:
+        if workers is not None:
+            workers.close()
+        for backend in backends.values():
+            backend.close()
+    return runs
 
 
 def check_targets(rows: list[dict[str, Any]], processes: list[int]) -> list[str]:

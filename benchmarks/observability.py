@@ -58,12 +58,10 @@ A new variant (e.g. the ownership history) is one more :class:`Variant` in
 
 from __future__ import annotations
 
-import argparse
 import io
 import logging
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -71,13 +69,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy
+from harness import cli, db, report
+from harness.measure import rotated
 from sqlalchemy import Engine, MetaData, Table
 
 import fencing
 from fencing import History, JobStore, history_table
 from fencing.history import Recorder
 from fencing.metrics import StoreMetrics
-from fencing.schema import KEY_TYPE
 from fencing.values import Lease
 
 
@@ -210,7 +209,7 @@ VARIANTS = variants()
 @contextmanager
 def backend(url: str | None, durability: str) -> Iterator[tuple[Engine, Table, str]]:
     if url is None:
-        with tempfile.TemporaryDirectory(dir=".") as where:
+        with db.workdir(None, ".") as where:
             path = os.path.join(where, "obs.db")
             engine = fencing.create_sqlite_engine(path, durability=durability)  # type: ignore[arg-type]
             try:
@@ -233,9 +232,7 @@ def backend(url: str | None, durability: str) -> Iterator[tuple[Engine, Table, s
 def fill(engine: Engine, table: Table, n: int, round_no: int) -> None:
     with engine.begin() as conn:
         conn.execute(table.delete())
-        # the key column's own type (MariaDB: UTF-8 bytes), as the store binds it
-        insert = table.insert().values(id=sqlalchemy.bindparam("id", type_=KEY_TYPE))
-        conn.execute(insert, [{"id": f"r{round_no}-{i:07d}"} for i in range(n)])
+        db.insert_ids(conn, table, (f"r{round_no}-{i:07d}" for i in range(n)))
 
 
 def cycle(store: JobStore, n: int) -> float:
@@ -260,12 +257,12 @@ def metrics_cost(repeat: int = 200_000) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--url", help="a PostgreSQL or MariaDB URL (default: a SQLite file)")
     parser.add_argument("--jobs", type=int, default=2000, help="jobs per variant per round")
-    parser.add_argument("--rounds", type=int, default=7)
+    cli.add_rounds(parser, 7)
     parser.add_argument("--block", type=int, default=50, help="cycles a variant runs in a row")
-    parser.add_argument("--durability", choices=("full", "normal"), default="full", help="SQLite only")
+    cli.add_durability(parser, "full", help="SQLite only")
     args = parser.parse_args(argv)
 
     with backend(args.url, args.durability) as (engine, table, described):
@@ -283,8 +280,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             fill(engine, table, blocks * args.block * len(VARIANTS), r)
             seconds = dict.fromkeys(rates, 0.0)
             for b in range(blocks):
-                shift = (r + b) % len(VARIANTS)
-                for variant in VARIANTS[shift:] + VARIANTS[:shift]:
+                for variant in rotated(VARIANTS, r + b):
                     undo = variant.prepare(stores[variant.name])
                     try:
                         seconds[variant.name] += cycle(stores[variant.name], args.block)
@@ -297,13 +293,16 @@ def main(argv: Sequence[str] | None = None) -> None:
             for name, s in seconds.items():
                 rates[name].append(blocks * args.block / s)
                 ratios[name].append(base / s)  # > 1: faster than the default
-        print(f"{'variant':<18} {'cycles/s':>9} {'vs ' + VARIANTS[0].name:>12} {'range':>13}")
+        summary = report.Table(
+            report.Column("variant", 18, "<"),
+            report.Column("cycles/s", 9, spec=".0f"),
+            report.Column("vs " + VARIANTS[0].name, 12, spec=".3f"),
+            report.Column("range", 13),
+        )
+        print(summary.header())
         for v in VARIANTS:
-            lo, hi = min(ratios[v.name]), max(ratios[v.name])
-            print(
-                f"{v.name:<18} {statistics.median(rates[v.name]):>9.0f} "
-                f"{statistics.median(ratios[v.name]):>12.3f} {f'{lo:.3f}-{hi:.3f}':>13}"
-            )
+            rate, ratio = statistics.median(rates[v.name]), statistics.median(ratios[v.name])
+            print(summary.row(v.name, rate, ratio, report.spread(ratios[v.name], ".3f")))
         print(f"metrics calls: {metrics_cost():.2f} us per cycle (alone, one thread)")
 
 

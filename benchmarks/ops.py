@@ -55,17 +55,12 @@ Reproduce
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
-import json
 import os
-import platform
 import sqlite3
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -73,7 +68,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy
+from harness import cli, db, dbapi, env, report
+from harness.measure import rotated
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # service.py lives at the root
 
@@ -114,17 +110,6 @@ PROBE_JOB = "probe-job"
 LIVE_UNTIL = 1e9  # the leases renew/complete act on stay live throughout
 
 
-def raw_connect(path: str, durability: str) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, isolation_level=None)
-    for pragma in (
-        "PRAGMA busy_timeout = 5000",
-        "PRAGMA journal_mode = WAL",
-        f"PRAGMA synchronous = {durability.upper()}",
-    ):
-        conn.execute(pragma).fetchall()
-    return conn
-
-
 # -- setup: identical database files ------------------------------------------------------------
 
 
@@ -139,7 +124,7 @@ def prepare(path: str, op: str, ids: list[str], args: Args) -> None:
         fencing.JobStore(engine).create_table()  # whatever table (and indexes) the library makes
     finally:
         engine.dispose()
-    conn = raw_connect(path, "normal")
+    conn = db.sqlite_connect(path, "normal")
     try:
         conn.execute("BEGIN IMMEDIATE")
         if op == "claim":  # claimable: not done, never leased
@@ -174,40 +159,6 @@ def verify(path: str, op: str, n: int) -> None:
 
 
 # -- recording what the store sends to the driver -----------------------------------------------
-
-_LOG: list[tuple[Any, ...]] = []
-
-
-class _RecordingCursor(sqlite3.Cursor):
-    def execute(self, sql: str, parameters: Any = (), /) -> _RecordingCursor:
-        _LOG.append(("execute", sql, parameters))
-        return super().execute(sql, parameters)
-
-    def executemany(self, sql: str, seq: Any, /) -> _RecordingCursor:
-        _LOG.append(("executemany", sql, seq))
-        return super().executemany(sql, seq)
-
-    def fetchone(self) -> Any:
-        _LOG.append(("fetch", "fetchone"))
-        return super().fetchone()
-
-    def fetchmany(self, size: int | None = None) -> list[Any]:
-        _LOG.append(("fetch", "fetchmany"))
-        return super().fetchmany() if size is None else super().fetchmany(size)
-
-    def fetchall(self) -> list[Any]:
-        _LOG.append(("fetch", "fetchall"))
-        return super().fetchall()
-
-
-class _RecordingConnection(sqlite3.Connection):
-    def cursor(self, factory: Any = _RecordingCursor) -> Any:
-        _LOG.append(("cursor",))
-        return super().cursor(factory)
-
-    def execute(self, sql: str, parameters: Any = (), /) -> Any:
-        _LOG.append(("conn.execute", sql, parameters))
-        return super().execute(sql, parameters)
 
 
 def store_call(store: fencing.JobStore, op: str, job_id: str, a: Args) -> object:
@@ -253,18 +204,18 @@ def record(workdir: str, durability: str) -> dict[str, list[Step]]:
         engine = fencing.create_sqlite_engine(
             path,
             durability=durability,  # type: ignore[arg-type]
-            connect_args={"factory": _RecordingConnection},
+            connect_args={"factory": dbapi.sqlite3_factory(dbapi.Recorder)},
         )
         store = fencing.JobStore(engine)
         try:
             store.state(PROBE_JOB)  # checks a connection out (its PRAGMAs are not the op's)
-            _LOG.clear()
-            outcome = store_call(store, op, PROBE_JOB, PROBE)
-            log = list(_LOG)
+            with dbapi.tapping(dbapi.Recorder()) as recorder:
+                outcome = store_call(store, op, PROBE_JOB, PROBE)
+            log = recorder.log
         finally:
             store.engine.dispose()
             engine.dispose()
-            remove_db(path)
+            db.remove_sqlite(path)
         if outcome is None or outcome is False:
             raise SystemExit(f"recording {op}: the probe call failed ({outcome!r})")
         plans[op] = _plan(op, log)
@@ -483,12 +434,6 @@ def service_durability(durability: str) -> Iterator[None]:
         setattr(fencing.cache, "create_engine", original)  # noqa: B010
 
 
-def remove_db(path: str) -> None:
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        if os.path.exists(path + suffix):
-            os.remove(path + suffix)
-
-
 def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list[Step]) -> dict[str, float]:
     """One repetition of ``op``: ops/s of each way, the three timed in alternating chunks.
 
@@ -501,7 +446,7 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
     paths = {way: os.path.join(workdir, f"{durability}-{op}-{way}-{rep}.db") for way in WAYS}
     for path in paths.values():
         prepare(path, op, [] if op == "enqueue" else ids, BENCH)
-    conn = raw_connect(paths["raw"], durability)
+    conn = db.sqlite_connect(paths["raw"], durability)
     store = fencing.JobStore(fencing.create_sqlite_engine(paths["store"], durability=durability))  # type: ignore[arg-type]
     elapsed = dict.fromkeys(WAYS, 0.0)
     try:
@@ -520,8 +465,7 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
             bounds = [WARMUP + (n * k) // CHUNKS for k in range(CHUNKS + 1)]
             for k in range(CHUNKS):
                 runners = {way: loops[way](ids[bounds[k] : bounds[k + 1]]) for way in WAYS}
-                shift = (rep + k) % len(WAYS)
-                for way in WAYS[shift:] + WAYS[:shift]:
+                for way in rotated(WAYS, rep + k):
                     run = runners[way]
                     start = time.perf_counter()
                     run()
@@ -532,7 +476,7 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
         service._stores.clear()  # close the service's connections too
     for path in paths.values():
         verify(path, op, n + WARMUP)
-        remove_db(path)
+        db.remove_sqlite(path)
     return {way: n / elapsed[way] for way in WAYS}
 
 
@@ -579,25 +523,47 @@ def run(durability: str, n: int, repeat: int, workdir: str) -> list[dict[str, An
     return rows
 
 
-def ratio_cells(r: dict[str, Any], name: str) -> str:
+def ratio_cells(r: dict[str, Any], name: str) -> tuple[float, str, str, str]:
+    """A ratio's cells: itself, its range, its target and whether it makes it."""
     ratio, (lo, hi), target = r[name], r[f"{name}_range"], r[f"target_{name}"]
-    verdict = "ok" if ratio >= target else "MISS"
-    return f"{ratio:>6.2f} {f'{lo:.2f}-{hi:.2f}':>10} {'>=' + str(target):>6} {verdict:<4}"
+    return ratio, f"{lo:.2f}-{hi:.2f}", ">=" + str(target), report.verdict(ratio >= target)
+
+
+def ratio_columns(title: str) -> tuple[report.Column, ...]:
+    return (
+        report.Column(title, 6, spec=".2f"),
+        report.Column("range", 10),
+        report.Column("target", 6),
+    )
+
+
+TABLE = report.Table(
+    report.Column("op", 9, "<"),
+    report.Column("durab.", 7, "<"),
+    report.Column("raw ops/s", 10, spec=",.0f"),
+    report.Column("store ops/s", 12, spec=",.0f"),
+    *ratio_columns("st/raw"),
+    report.Column("", 4, "<"),
+    report.Column("service ops/s", 14, spec=",.0f"),
+    *ratio_columns("sv/st"),
+    report.Column(None, 4, "<"),  # the verdict
+)
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    header = (
-        f"{'op':<9} {'durab.':<7} {'raw ops/s':>10} {'store ops/s':>12} "
-        f"{'st/raw':>6} {'range':>10} {'target':>6} {'':<4} "
-        f"{'service ops/s':>14} {'sv/st':>6} {'range':>10} {'target':>6}"
-    )
-    print(header)
-    print("-" * (len(header) + 5))
+    print(TABLE.header())
+    print(TABLE.rule())
     for r in rows:
         print(
-            f"{r['op']:<9} {r['durability']:<7} {r['raw_ops_s']:>10,.0f} {r['store_ops_s']:>12,.0f} "
-            f"{ratio_cells(r, 'store_vs_raw')} {r['service_ops_s']:>14,.0f} "
-            f"{ratio_cells(r, 'service_vs_store')}"
+            TABLE.row(
+                r["op"],
+                r["durability"],
+                r["raw_ops_s"],
+                r["store_ops_s"],
+                *ratio_cells(r, "store_vs_raw"),
+                r["service_ops_s"],
+                *ratio_cells(r, "service_vs_store"),
+            )
         )
     print(
         "ops/s: median of the repetitions. ratio: median of the per-repetition ratios (the ways ran\n"
@@ -605,33 +571,17 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     )
 
 
-def git_describe() -> str | None:
-    """The commit measured, ``+dirty`` when the working tree differs from it."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(
-            ["git", "describe", "--always", "--dirty=+dirty"], cwd=root, capture_output=True, text=True
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = cli.parser(__doc__)
     parser.add_argument(
         "--ops", type=int, default=None, help="timed calls per measurement (default 2000 full, 5000 normal)"
     )
-    parser.add_argument(
-        "--repeat", type=int, default=5, help="repetitions; the median is reported (default 5)"
-    )
-    parser.add_argument("--durability", choices=("full", "normal", "both"), default="both")
-    parser.add_argument("--json", metavar="FILE", help="write the figures (and every sample) here")
-    parser.add_argument(
-        "--dir", metavar="DIR", default=None, help="where the database files go (default: $TMPDIR)"
-    )
+    cli.add_repeat(parser, 5, help="repetitions; the median is reported (default {default})")
+    cli.add_durability(parser, "both", both=True)
+    cli.add_json(parser, help="write the figures (and every sample) here")
+    cli.add_dir(parser, metavar="DIR", help="where the database files go (default: $TMPDIR)")
     parser.add_argument("--show-sql", action="store_true", help="print what the raw loops replay")
-    parser.add_argument("--check", action="store_true", help="exit 1 if a ratio misses its target")
+    cli.add_check(parser, help="exit 1 if a ratio misses its target")
     args = parser.parse_args(argv)
     if args.repeat < 1 or (args.ops is not None and args.ops < 1):
         parser.error("--ops and --repeat must be >= 1")
@@ -639,15 +589,16 @@ def main(argv: list[str] | None = None) -> int:
     durabilities = ("full", "normal") if args.durability == "both" else (args.durability,)
     rows: list[dict[str, Any]] = []
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="fencing-bench-", dir=args.dir) as workdir:
+    with db.workdir("fencing-bench-", args.dir) as workdir:
         for durability in durabilities:
             n = args.ops or DEFAULT_N[durability]
             rows.extend(run(durability, n, args.repeat, workdir))
     wall = time.perf_counter() - started
 
+    versions = env.versions("fencing", "sqlite", "sqlalchemy", "python", "platform")
     print(
-        f"fencing {fencing.__version__}; SQLite {sqlite3.sqlite_version}; "
-        f"SQLAlchemy {sqlalchemy.__version__}; Python {platform.python_version()}; "
+        f"fencing {versions['fencing']}; SQLite {versions['sqlite']}; "
+        f"SQLAlchemy {versions['sqlalchemy']}; Python {versions['python']}; "
         f"{os.cpu_count()} CPUs; median of {args.repeat}; {wall:.0f} s"
     )
     print_table(rows)
@@ -666,18 +617,14 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if args.json:
         meta = {
-            "fencing": fencing.__version__,
-            "sqlite": sqlite3.sqlite_version,
-            "sqlalchemy": sqlalchemy.__version__,
-            "python": platform.python_version(),
-            "platform": platform.platform(),
+            **versions,
             "cpus": os.cpu_count(),
             "repeat": args.repeat,
             "warmup": WARMUP,
             "wall_seconds": wall,
-            "git": git_describe(),
+            "git": env.git_describe(dirty="+dirty"),
         }
-        Path(args.json).write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+        report.write_json(args.json, {"meta": meta, "results": rows}, say=False)
     return 1 if args.check and misses else 0
 
 

@@ -60,7 +60,7 @@ durability is the server's: ``synchronous_commit`` is printed)
     As above, on ``sqlalchemy.create_engine("postgresql+psycopg://...")``.
 ``fencing-async`` ``single`` / ``step`` / ``batched``
     The same calls, awaited, on ``fencing.asyncio.AsyncJobStore`` over an asyncpg
-    ``AsyncEngine`` (``async_cycle.async_engine``, as ``benchmarks/async_cycle.py`` builds
+    ``AsyncEngine`` (``harness.db.async_engine``, as ``benchmarks/async_cycle.py`` builds
     it; ``pool_size=1``): ``await store.claim_next(owner, ttl=600, limit=1)`` then ``await
     store.complete(lease, owner)``; ``await store.complete_and_claim_next(...)``; ``limit=100``
     then ``await store.complete_many(...)``. One task per worker process, as the other async
@@ -114,31 +114,27 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
-import platform
 import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
-import traceback
 import uuid
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from datetime import timedelta
-from importlib import metadata
 from operator import methodcaller
 from typing import Any, ClassVar
 
 import sqlalchemy
+from harness import cli, db, env, report
+from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
 from sqlalchemy.engine import make_url
 
 import fencing
 
 TTL = 600.0
 BATCH = 100
-BARRIER_TIMEOUT = 300.0
 MAX_ERRORS = 50  # a worker that keeps failing stops
 DEFAULT_URL = "postgresql://postgres@127.0.0.1:5432/test"
 HAS_STEP = hasattr(fencing.JobStore, "complete_and_claim_next")
@@ -175,6 +171,18 @@ DISTRIBUTIONS = {
     "pgqueuer": "pgqueuer",
     "oban": "oban",
 }
+#: what the header says the run measured with
+VERSIONS = (
+    "python",
+    "sqlite",
+    "sqlalchemy",
+    "fencing",
+    "cpus",
+    "psycopg",
+    "asyncpg",
+    "greenlet",
+    *DISTRIBUTIONS.values(),
+)
 
 
 def psycopg_url(url: str) -> str:
@@ -617,11 +625,9 @@ def open_sqlite(system: str, durability: str, target: str) -> tuple[Callable[...
 async def open_pg_async(system: str, url: str) -> tuple[Callable[..., Any], Callable[[], Any]]:
     """(async run(mode, count, owner, tally), async close) for one worker."""
     if system == "fencing-async":
-        from async_cycle import async_engine
-
         from fencing.asyncio import AsyncJobStore
 
-        engine = async_engine(url, pool_size=1)
+        engine = db.async_engine(url, pool_size=1)
         store = AsyncJobStore(engine)
         await store.state("warm-up")
 
@@ -712,18 +718,8 @@ def run_command(cmd: dict[str, Any], barrier: Any) -> dict[str, Any]:
     """One worker's part of one measurement: open, wait on the barrier, cycle, close."""
     tally = Tally()
     system, backend = cmd["system"], cmd["backend"]
-    clock = time.perf_counter
     start = end = 0.0
     cpu = 0.0
-
-    def timed(run: Callable[[], None]) -> None:
-        nonlocal start, end, cpu
-        barrier.wait(BARRIER_TIMEOUT)
-        cpu0 = time.process_time()
-        start = clock()
-        run()
-        end = clock()
-        cpu = time.process_time() - cpu0
 
     if backend == "sqlite" or system == "fencing":
         try:
@@ -742,7 +738,8 @@ def run_command(cmd: dict[str, Any], barrier: Any) -> dict[str, Any]:
             barrier.abort()
             raise RuntimeError(f"{system}: cannot open: {exc}") from exc
         try:
-            timed(lambda: run(cmd["mode"], cmd["count"], cmd["owner"], tally))
+            barrier.wait(BARRIER_TIMEOUT)
+            _, start, end, cpu = timed(run, cmd["mode"], cmd["count"], cmd["owner"], tally)
         finally:
             close()
     else:
@@ -757,9 +754,9 @@ def run_command(cmd: dict[str, Any], barrier: Any) -> dict[str, Any]:
                 nonlocal start, end, cpu
                 barrier.wait(BARRIER_TIMEOUT)
                 cpu0 = time.process_time()
-                start = clock()
+                start = time.perf_counter()
                 await run_async(cmd["mode"], cmd["count"], cmd["owner"], tally)
-                end = clock()
+                end = time.perf_counter()
                 cpu = time.process_time() - cpu0
             finally:
                 await close_async()
@@ -775,59 +772,19 @@ def run_command(cmd: dict[str, Any], barrier: Any) -> dict[str, Any]:
     }
 
 
-def worker_main(index: int, barriers: dict[int, Any], commands: Any, results: Any) -> None:
+@contextlib.contextmanager
+def worker(index: int) -> Iterator[Handler]:
+    """One process for the whole run: one measurement (:func:`run_command`) per command."""
     logging.disable(logging.WARNING)  # the peers log every job or retry at INFO/WARNING
-    results.put(("ready", index, None))
-    while True:
-        cmd = commands.get()
-        if cmd is None:
-            return
-        try:
-            results.put(("done", index, run_command(cmd, barriers[cmd["parties"]])))
-        except Exception:
-            results.put(("failed", index, traceback.format_exc(limit=6)))
+    yield run_command
 
 
-class Workers:
-    """Processes spawned once and kept: one command per measurement."""
-
-    def __init__(self, count: int, processes: list[int]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.barriers = {p: ctx.Barrier(p) for p in processes}
-        self.results = ctx.Queue()
-        self.commands = [ctx.Queue() for _ in range(count)]
-        self.procs = [
-            ctx.Process(
-                target=worker_main, args=(i, self.barriers, self.commands[i], self.results), daemon=True
-            )
-            for i in range(count)
-        ]
-        for proc in self.procs:
-            proc.start()
-        for _ in range(count):
-            self.results.get(timeout=120)
-
-    def run(self, base: dict[str, Any], parties: int, total: int) -> list[dict[str, Any]]:
-        barrier = self.barriers[parties]
-        barrier.reset()
-        for i in range(parties):
-            share = total * (i + 1) // parties - total * i // parties
-            self.commands[i].put({**base, "parties": parties, "count": share, "owner": f"worker-{i}"})
-        out, failures = [], []
-        for _ in range(parties):
-            kind, _, payload = self.results.get(timeout=BARRIER_TIMEOUT + 600)
-            (out if kind == "done" else failures).append(payload)
-        if failures:
-            raise RuntimeError("a worker failed:\n" + "\n".join(failures))
-        return out
-
-    def close(self) -> None:
-        for q in self.commands:
-            q.put(None)
-        for proc in self.procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+def measure(workers: Pool, base: dict[str, Any], parties: int, total: int) -> dict[str, Any]:
+    """``total`` cycles of ``base`` by ``parties`` workers, each its share; the figures."""
+    shares = [total * (i + 1) // parties - total * i // parties for i in range(parties)]
+    return summarize(
+        workers.run([{**base, "count": share, "owner": f"worker-{i}"} for i, share in enumerate(shares)])
+    )
 
 
 def summarize(parts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -855,9 +812,7 @@ def cycles_for(args: argparse.Namespace, mode: str) -> int:
     return args.batched_cycles if mode == "batched" else args.cycles
 
 
-def bench_sqlite(
-    args: argparse.Namespace, workers: Workers, workdir: str, runs: dict[Any, list[Any]]
-) -> None:
+def bench_sqlite(args: argparse.Namespace, workers: Pool, workdir: str, runs: dict[Any, list[Any]]) -> None:
     systems = [s for s in SQLITE_SYSTEMS if s[0] in args.systems]
     configs = configurations(systems)
     templates: dict[tuple[str, int], str] = {}
@@ -875,8 +830,7 @@ def bench_sqlite(
     for rep in range(args.repeat):
         for n in args.sizes:
             for parties in args.processes if rep % 2 == 0 else args.processes[::-1]:
-                k = (rep + n + parties) % len(configs)
-                for system, durability, mode in configs[k:] + configs[:k]:
+                for system, durability, mode in rotated(configs, rep + n + parties):
                     total = cycles_for(args, mode)
                     copy_template(templates[system, n + total], scratch)
                     base = {
@@ -886,7 +840,7 @@ def bench_sqlite(
                         "mode": mode,
                         "target": sqlite_target(system, scratch),
                     }
-                    result = summarize(workers.run(base, parties, total))
+                    result = measure(workers, base, parties, total)
                     runs.setdefault(("sqlite", system, durability, mode, n, parties), []).append(result)
         print(
             f"  sqlite repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
@@ -896,7 +850,7 @@ def bench_sqlite(
 
 
 def bench_postgresql(
-    args: argparse.Namespace, workers: Workers, pg: Postgres, runs: dict[Any, list[Any]]
+    args: argparse.Namespace, workers: Pool, pg: Postgres, runs: dict[Any, list[Any]]
 ) -> None:
     systems = [s for s in PG_SYSTEMS if s[0] in args.systems]
     configs = configurations(systems)
@@ -904,13 +858,12 @@ def bench_postgresql(
     for rep in range(args.repeat):
         for n in args.sizes:
             for parties in args.processes if rep % 2 == 0 else args.processes[::-1]:
-                k = (rep + n + parties) % len(configs)
-                for system, durability, mode in configs[k:] + configs[:k]:
+                for system, durability, mode in rotated(configs, rep + n + parties):
                     total = cycles_for(args, mode)
                     pg.reset(system, n + total)
                     base = {"backend": "postgresql", "system": system, "durability": durability, "mode": mode}
                     base["target"] = pg.url
-                    result = summarize(workers.run(base, parties, total))
+                    result = measure(workers, base, parties, total)
                     runs.setdefault(("postgresql", system, durability, mode, n, parties), []).append(result)
         print(
             f"  postgresql repetition {rep + 1}/{args.repeat} done ({time.perf_counter() - started:.0f} s)",
@@ -918,10 +871,30 @@ def bench_postgresql(
         )
 
 
-def fmt_ratio(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+RUNS = report.Table(
+    report.Column("system", 14, "<"),
+    report.Column("durability", 10, "<"),
+    report.Column("mode", 8, "<"),
+    report.Column("N", 7),
+    report.Column("P", 2),
+    report.Column("jobs/s", 9, spec=",.0f"),
+    report.Column("range", 17),
+    report.Column("cpu us/job", 10, spec=",.0f"),
+    report.Column("errors", 6),
+    report.Column("dup", 4),
+    indent="  ",
+)
+RATIOS = report.Table(
+    report.Column("fencing", 14, "<"),
+    report.Column("peer", 14, "<"),
+    report.Column("durability", 10, "<"),
+    report.Column("N", 7),
+    report.Column("P", 2),
+    report.Column("single", 21, "<", sep="  "),
+    report.Column("step", 21, "<"),
+    report.Column("batched", 21, "<"),
+    indent="  ",
+)
 
 
 def print_tables(runs: dict[Any, list[dict[str, Any]]], args: argparse.Namespace) -> None:
@@ -930,19 +903,24 @@ def print_tables(runs: dict[Any, list[dict[str, Any]]], args: argparse.Namespace
         if not keys:
             continue
         print(f"\n{backend}: jobs/s (median of {args.repeat}); errors and dup summed over repetitions")
-        print(
-            f"  {'system':<14} {'durability':<10} {'mode':<8} {'N':>7} {'P':>2} {'jobs/s':>9} "
-            f"{'range':>17} {'cpu us/job':>10} {'errors':>6} {'dup':>4}"
-        )
+        print(RUNS.header())
         for key in sorted(keys, key=lambda k: (k[4], k[5], k[1] not in OURS, k[1], k[2], k[3])):
             rs = runs[key]
             speeds = [r["jobs_s"] for r in rs]
             _, system, durability, mode, n, parties = key
             print(
-                f"  {system:<14} {durability:<10} {mode:<8} {n:>7} {parties:>2} "
-                f"{statistics.median(speeds):>9,.0f} {f'{min(speeds):,.0f}-{max(speeds):,.0f}':>17} "
-                f"{statistics.median(r['cpu_us'] for r in rs):>10,.0f} "
-                f"{sum(r['errors'] for r in rs):>6} {sum(r['dup'] for r in rs):>4}"
+                RUNS.row(
+                    system,
+                    durability,
+                    mode,
+                    n,
+                    parties,
+                    statistics.median(speeds),
+                    report.spread(speeds, ",.0f"),
+                    statistics.median(r["cpu_us"] for r in rs),
+                    sum(r["errors"] for r in rs),
+                    sum(r["dup"] for r in rs),
+                )
             )
         samples = {e for k in keys for r in runs[k] for e in r["error_samples"]}
         for sample in sorted(samples)[:6]:
@@ -951,10 +929,7 @@ def print_tables(runs: dict[Any, list[dict[str, Any]]], args: argparse.Namespace
             f"\n{backend}: fencing / peer, per repetition: median (min-max); * = peer has no batch API; "
             "fencing-async / fencing in the same mode"
         )
-        print(
-            f"  {'fencing':<14} {'peer':<14} {'durability':<10} {'N':>7} {'P':>2}  "
-            f"{'single':<21} {'step':<21} {'batched':<21}"
-        )
+        print(RATIOS.header())
         systems = sorted({(k[1], k[2]) for k in keys})
         # each of ours against every peer, and the async store against the sync one
         pairs = [
@@ -970,10 +945,7 @@ def print_tables(runs: dict[Any, list[dict[str, Any]]], args: argparse.Namespace
                         ratio_cell(runs, (backend, ours, durability, fmode, n, parties), peer)
                         for fmode in ("single", "step", "batched")
                     ]
-                    print(
-                        f"  {ours:<14} {peer:<14} {durability:<10} {n:>7} {parties:>2}  "
-                        f"{cells[0]:<21} {cells[1]:<21} {cells[2]:<21}"
-                    )
+                    print(RATIOS.row(ours, peer, durability, n, parties, *cells))
 
 
 def ratio_cell(runs: dict[Any, list[dict[str, Any]]], fkey: tuple[Any, ...], peer: str) -> str:
@@ -992,7 +964,7 @@ def ratio_cell(runs: dict[Any, list[dict[str, Any]]], fkey: tuple[Any, ...], pee
     ratios = [
         f["jobs_s"] / p["jobs_s"] for f, p in zip(runs[fkey], runs[pkey], strict=True) if p["jobs_s"] > 0
     ]
-    return fmt_ratio(ratios) + star
+    return (report.median_spread(ratios) if ratios else "-") + star
 
 
 # -- the stale check ----------------------------------------------------------------------------
@@ -1280,14 +1252,21 @@ def stale_check(args: argparse.Namespace, workdir: str, pg: Postgres | None) -> 
         ):
             if name in args.systems:
                 checks.append((name, lambda fn=fn: fn(pg.url)))
+    table = report.Table(
+        report.Column("system", 22, "<"),
+        report.Column("refused after B", 16, "<"),
+        report.Column("refused while B holds", 22, "<"),
+        report.Column("how", align="<", pad=False),
+        indent="  ",
+    )
     print("\nstale check: A takes a job, loses it, B takes it and finishes; A then completes late")
-    print(f"  {'system':<22} {'refused after B':<16} {'refused while B holds':<22} how")
+    print(table.header())
     for name, check in checks:
         try:
             after, during, how = check()
-            print(f"  {name:<22} {'yes' if after else 'no':<16} {'yes' if during else 'no':<22} {how}")
+            print(table.row(name, "yes" if after else "no", "yes" if during else "no", how))
         except Exception as exc:
-            print(f"  {name:<22} {'error':<16} {'error':<22} {type(exc).__name__}: {exc}")
+            print(table.row(name, "error", "error", f"{type(exc).__name__}: {exc}"))
     print(
         "  'refused': A's completion had no effect and B's stands (B's completion accepted, the result "
         "B's where the system stores one)"
@@ -1295,22 +1274,6 @@ def stale_check(args: argparse.Namespace, workdir: str, pg: Postgres | None) -> 
 
 
 # -- main ---------------------------------------------------------------------------------------
-
-
-def versions() -> dict[str, str]:
-    env = {
-        "python": platform.python_version(),
-        "sqlite": sqlite3.sqlite_version,
-        "sqlalchemy": sqlalchemy.__version__,
-        "fencing": fencing.__version__,
-        "cpus": str(os.cpu_count()),
-    }
-    for dist in ("psycopg", "asyncpg", "greenlet", *DISTRIBUTIONS.values()):
-        try:
-            env[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            env[dist] = "not installed"
-    return env
 
 
 def available_systems() -> tuple[list[str], list[str]]:
@@ -1345,12 +1308,7 @@ def persist_queue_synchronous(workdir: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    def int_list(s: str) -> list[int]:
-        return sorted({int(x) for x in s.split(",") if x.strip()})
-
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n", 1)[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = cli.parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backends", default="sqlite,postgresql", help="sqlite,postgresql (default both)")
     parser.add_argument(
         "--systems",
@@ -1358,19 +1316,18 @@ def main(argv: list[str] | None = None) -> int:
         help="which systems to run (default: all that import)",
     )
     parser.add_argument(
-        "--sizes", default="1000,10000,100000", type=int_list, help="backlogs N (default 1000,10000,100000)"
+        "--sizes",
+        default="1000,10000,100000",
+        type=cli.int_set,
+        help="backlogs N (default 1000,10000,100000)",
     )
-    parser.add_argument(
-        "--processes", default="1,4", type=int_list, help="worker process counts (default 1,4)"
-    )
+    cli.add_processes(parser, help="worker process counts (default 1,4)")
     parser.add_argument("--cycles", type=int, default=500, help="jobs measured one at a time (default 500)")
     parser.add_argument(
         "--batched-cycles", type=int, default=2000, help="jobs measured in batches (default 2000)"
     )
-    parser.add_argument(
-        "--repeat", type=int, default=3, help="interleaved repetitions; medians reported (default 3)"
-    )
-    parser.add_argument("--dir", help="where the SQLite files go (default: a temporary dir under the cwd)")
+    cli.add_repeat(parser, help="interleaved repetitions; medians reported (default {default})")
+    cli.add_dir(parser)
     parser.add_argument(
         "--postgresql-url", default=DEFAULT_URL, help=f"server to use (default {DEFAULT_URL})"
     )
@@ -1388,20 +1345,26 @@ def main(argv: list[str] | None = None) -> int:
     if not args.backends or not args.sizes or min(args.processes) < 1 or args.repeat < 1:
         parser.error("need a backend, a size, processes >= 1 and --repeat >= 1")
 
-    env = versions()
+    versions = env.versions(*VERSIONS, missing="not installed")
     print(
         f"fencing vs job queues: sizes {','.join(map(str, args.sizes))}, processes "
         f"{','.join(map(str, args.processes))}, C={args.cycles} (batched {args.batched_cycles}), "
-        f"R={args.repeat}; {env['cpus']} CPUs"
+        f"R={args.repeat}; {versions['cpus']} CPUs"
     )
-    print("  " + ", ".join(f"{k} {v}" for k, v in env.items() if k != "cpus"))
+    print("  " + ", ".join(f"{k} {v}" for k, v in versions.items() if k != "cpus"))
     if dropped:
         print("  dropped (does not import): " + "; ".join(dropped))
     if not HAS_STEP:
         print("  fencing has no JobStore.complete_and_claim_next here: no 'step' mode")
-    workdir = tempfile.mkdtemp(prefix="bench-peers-", dir=args.dir or os.getcwd())
+    with db.workdir("bench-peers-", args.dir or os.getcwd()) as workdir:
+        bench(args, workdir)
+    return 0
+
+
+def bench(args: argparse.Namespace, workdir: str) -> None:
+    """The measurements, then the stale check, with what they need opened and closed."""
     pg: Postgres | None = None
-    workers: Workers | None = None
+    workers: Pool | None = None
     runs: dict[Any, list[dict[str, Any]]] = {}
     started = time.perf_counter()
     try:
@@ -1416,7 +1379,15 @@ def main(argv: list[str] | None = None) -> int:
             )
             print("  " + ", ".join(f"{k}: {v}" for k, v in pg.info().items()), flush=True)
         if not args.stale_check_only:
-            workers = Workers(max(args.processes), args.processes)
+            workers = Pool(
+                worker,
+                (),
+                args.processes,
+                timeout=BARRIER_TIMEOUT + 600,
+                ready_timeout=120,
+                name="peers",
+                limit=6,
+            )
             if "sqlite" in args.backends:
                 bench_sqlite(args, workers, workdir, runs)
             if pg is not None:
@@ -1431,8 +1402,6 @@ def main(argv: list[str] | None = None) -> int:
         if pg is not None:
             with contextlib.suppress(Exception):
                 pg.close()
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 0
 
 
 if __name__ == "__main__":

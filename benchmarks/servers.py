@@ -105,39 +105,32 @@ import contextlib
 import cProfile
 import functools
 import gc
-import json
-import multiprocessing
 import os
-import platform
 import pstats
 import statistics
-import subprocess
 import sys
 import time
-import traceback
-from collections.abc import Callable, Iterable
-from importlib import metadata
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import sqlalchemy
-from sqlalchemy import Engine, MetaData, Table, bindparam, event
+from harness import cli, dbapi, env, report
+from harness.db import refill
+from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
+from sqlalchemy import Engine, MetaData, Table
 
 import fencing
-from fencing.schema import KEY_TYPE
 from fencing.statements import Statements
 
-URLS = {
-    "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",
-    "mariadb": "mysql+pymysql://root@127.0.0.1:3306/test",
-}
 WAYS = ("raw", "store")
 CLOCKS = ("caller", "database")
 TTL = 60.0
 RESULT = "ok"
 WARMUP = 20  # untimed cycles per process before every measurement
 TARGET = 0.7
-BARRIER_TIMEOUT = 300.0
 PROBE_NOW = 1000.25
+#: what the header and the JSON say the run measured with
+VERSIONS = ("git", "python", "sqlalchemy", "psycopg", "PyMySQL", "fencing", "platform", "cpus")
 
 NowFn = Callable[[], "float | None"]
 
@@ -199,32 +192,15 @@ class RawPlan:
         return [self.value(name, v) for v in values]
 
 
-def raw_connect(engine: Engine, *, recording: bool = False) -> Any:
+def raw_connect(engine: Engine, kind: type[dbapi.Tap] | None = None) -> Any:
     """A driver connection with the arguments the engine's dialect would use, autocommit off;
-    ``recording``: one of the recording subclasses (see :func:`recording_classes`)."""
+    ``kind``: tapped for that kind of tap (:mod:`harness.dbapi`)."""
     _, params = engine.dialect.create_connect_args(engine.url)
     if engine.dialect.name == "postgresql":
         params.pop("context", None)  # SQLAlchemy's copy of psycopg's default adapters
-    conn = open_driver_connection(engine.dialect.name, (), params, recording=recording)
+    conn = dbapi.connect(engine.dialect.name, (), params, kind)
     conn.autocommit = False
     return conn
-
-
-def open_driver_connection(db: str, cargs: Any, cparams: dict[str, Any], *, recording: bool) -> Any:
-    """``psycopg.connect`` / ``pymysql.connect``, or the same on the recording classes."""
-    if db == "postgresql":
-        import psycopg
-
-        if not recording:
-            return psycopg.connect(*cargs, **cparams)
-        connection_class, cursor_class = recording_classes(db)
-        return connection_class.connect(*cargs, cursor_factory=cursor_class, **cparams)
-    import pymysql
-
-    if not recording:
-        return pymysql.connect(*cargs, **cparams)
-    connection_class, cursor_class = recording_classes(db)
-    return connection_class(*cargs, cursorclass=cursor_class, **cparams)
 
 
 def raw_cycles(conn: Any, plan: RawPlan, ids: Iterable[Any], *, owner: Any, result: Any, now: NowFn) -> int:
@@ -289,131 +265,27 @@ def store_cycles(store: fencing.JobStore, ids: Iterable[str], *, owner: str, now
 
 # -- proving both ways send the same thing ------------------------------------------------------
 
-#: where the recording connections and cursors log their calls; ``None``: not recording
-_LOG: list[list[tuple[Any, ...]] | None] = [None]
-
-
-def _record(*entry: Any) -> None:
-    log = _LOG[0]
-    if log is not None:
-        log.append(entry)
-
-
-def _params(params: Any) -> Any:
-    if params is None:
-        return None
-    return dict(params) if isinstance(params, dict) else tuple(params)
-
-
-class _RecordsFetches:
-    """Mixed into a driver's cursor: each fetch is logged, then done (the same on every driver)."""
-
-    def fetchone(self) -> Any:
-        _record("fetch", "fetchone")
-        return super().fetchone()  # type: ignore[misc]
-
-    def fetchmany(self, *size: Any) -> Any:
-        _record("fetch", "fetchmany")
-        return super().fetchmany(*size)  # type: ignore[misc]
-
-    def fetchall(self) -> Any:
-        _record("fetch", "fetchall")
-        return super().fetchall()  # type: ignore[misc]
-
-
-class _RecordsTransactions:
-    """Mixed into a driver's connection: ``commit()`` and ``rollback()`` are logged, then done."""
-
-    def commit(self) -> None:
-        _record("commit")
-        super().commit()  # type: ignore[misc]
-
-    def rollback(self) -> None:
-        _record("rollback")
-        super().rollback()  # type: ignore[misc]
-
-
-@functools.cache
-def recording_classes(db: str) -> tuple[type, type]:
-    """Subclasses of the driver's connection and cursor that log what they are asked to do
-    (while :data:`_LOG` holds a list) and then do it: ``execute``/``executemany`` with their
-    SQL and parameters, ``fetch*``, ``commit()`` and ``rollback()``."""
-    if db == "postgresql":
-        import psycopg
-
-        class PgCursor(_RecordsFetches, psycopg.Cursor):
-            def execute(self, query: Any, params: Any = None, **kw: Any) -> Any:
-                _record("execute", str(query), _params(params))
-                return super().execute(query, params, **kw)
-
-            def executemany(self, query: Any, params_seq: Any, **kw: Any) -> Any:
-                params_seq = list(params_seq)
-                _record("executemany", str(query), [_params(p) for p in params_seq])
-                return super().executemany(query, params_seq, **kw)
-
-        class PgConnection(_RecordsTransactions, psycopg.Connection):
-            pass
-
-        return PgConnection, PgCursor
-    import pymysql
-    import pymysql.cursors
-
-    class MyCursor(_RecordsFetches, pymysql.cursors.Cursor):
-        def execute(self, query: Any, args: Any = None) -> Any:
-            _record("execute", query, _params(args))
-            return super().execute(query, args)
-
-        def executemany(self, query: Any, args: Any) -> Any:
-            args = list(args)
-            _record("executemany", query, [_params(a) for a in args])
-            return super().executemany(query, args)
-
-    class MyConnection(_RecordsTransactions, pymysql.connections.Connection):
-        pass
-
-    return MyConnection, MyCursor
-
-
-@contextlib.contextmanager
-def recording(log: list[tuple[Any, ...]]) -> Any:
-    _LOG[0] = log
-    try:
-        yield log
-    finally:
-        _LOG[0] = None
-
-
-def recording_engine(url: str) -> Engine:
-    """An engine whose every new DBAPI connection is a recording one: a ``do_connect``
-    listener opens it with the arguments SQLAlchemy would have used."""
-    engine = sqlalchemy.create_engine(url)
-    db = engine.dialect.name
-
-    def do_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: dict[str, Any]) -> Any:
-        return open_driver_connection(db, cargs, cparams, recording=True)
-
-    event.listen(engine, "do_connect", do_connect)
-    return engine
-
 
 def transcripts(url: str, table: Table, clock: str) -> dict[str, list[tuple[Any, ...]]]:
-    """One claim -> complete of the probe job each way: what reached the driver."""
-    engine = recording_engine(url)
+    """One claim -> complete of the probe job each way: what reached the driver (through the
+    driver's connection and cursor, recording: :class:`harness.dbapi.Recorder`)."""
+    engine = dbapi.tap_engine(sqlalchemy.create_engine(url), dbapi.Recorder)
     store = fencing.JobStore(engine, table)
     plan = RawPlan(engine.dialect, table, clock)
     now = (lambda: PROBE_NOW) if clock == "caller" else (lambda: None)
     owner = "probe-owner"
     logs: dict[str, list[tuple[Any, ...]]] = {"store": [], "raw": []}
     try:
-        reset_table(engine, table, ["probe"])
+        refill(engine, table, ["probe"])
         # opens the store's connection (and runs SQLAlchemy's first-connect queries) unrecorded
         store.state("probe")
-        with recording(logs["store"]):
+        with dbapi.tapping(dbapi.Recorder()) as recorder:
             failures = store_cycles(store, ["probe"], owner=owner, now=now)
-        reset_table(engine, table, ["probe"])
-        raw = raw_connect(engine, recording=True)
+        logs["store"] = recorder.log
+        refill(engine, table, ["probe"])
+        raw = raw_connect(engine, dbapi.Recorder)
         try:
-            with recording(logs["raw"]):
+            with dbapi.tapping(dbapi.Recorder()) as recorder:
                 failures += raw_cycles(
                     raw,
                     plan,
@@ -422,6 +294,7 @@ def transcripts(url: str, table: Table, clock: str) -> dict[str, list[tuple[Any,
                     result=plan.value("new_result", RESULT),
                     now=now,
                 )
+            logs["raw"] = recorder.log
         finally:
             raw.close()
     finally:
@@ -449,144 +322,63 @@ def show_transcripts(logs: dict[str, list[tuple[Any, ...]]]) -> None:
                 print(f"    {entry[0].upper()}")
 
 
-# -- the table ----------------------------------------------------------------------------------
-
-
-def reset_table(engine: Engine, table: Table, ids: list[str]) -> None:
-    """Empty the table, then enqueue ``ids`` (claimable, never leased) in one transaction."""
-    with engine.begin() as conn:
-        conn.exec_driver_sql(f"TRUNCATE TABLE {table.name}")
-    with engine.begin() as conn:
-        # typed: MariaDB's id column is UTF-8 bytes (fencing.schema.KEY_TYPE converts)
-        conn.execute(table.insert().values(id=bindparam("id", type_=KEY_TYPE)), [{"id": i} for i in ids])
-    if engine.dialect.name == "postgresql":
-        with engine.begin() as conn:
-            conn.exec_driver_sql(f"ANALYZE {table.name}")
-
-
-def server_info(engine: Engine) -> dict[str, Any]:
-    with engine.connect() as conn:
-        run = conn.exec_driver_sql
-        if engine.dialect.name == "postgresql":
-            return {
-                "version": run("SHOW server_version").scalar(),
-                "synchronous_commit": run("SHOW synchronous_commit").scalar(),
-                "fsync": run("SHOW fsync").scalar(),
-            }
-        version, flush, sync_binlog, log_bin = run(
-            "SELECT VERSION(), @@innodb_flush_log_at_trx_commit, @@sync_binlog, @@log_bin"
-        ).one()
-        return {
-            "version": version,
-            "innodb_flush_log_at_trx_commit": int(flush),
-            "sync_binlog": int(sync_binlog),
-            "log_bin": int(log_bin),
-        }
-
-
 # -- worker processes ---------------------------------------------------------------------------
 
 
-def worker(
-    index: int, url: str, table_name: str, barriers: dict[int, Any], commands: Any, results: Any
-) -> None:
+@contextlib.contextmanager
+def worker(index: int, url: str, table_name: str) -> Iterator[Handler]:
     """One process: its own engine and store, its own raw connection, for the whole run."""
-    barrier = None
-    try:
-        engine = sqlalchemy.create_engine(url)
-        table = fencing.jobs_table(MetaData(), table_name)
-        store = fencing.JobStore(engine, table)
-        plans = {clock: RawPlan(engine.dialect, table, clock) for clock in CLOCKS}
-        raw = raw_connect(engine)
-        owner = owner_of(index)
-        results.put(("ready", index))
-        while (command := commands.get()) is not None:
-            way, clock, warm_ids, ids, parties = command
-            barrier = barriers[parties]
-            now = now_fn(clock)
-            run: Callable[[list[Any]], int]
-            if way == "raw":
-                plan = plans[clock]
-                warm, timed = plan.values("job_id", warm_ids), plan.values("job_id", ids)
-                run = functools.partial(
-                    raw_cycles,
-                    raw,
-                    plan,
-                    owner=plan.value("holder", owner),
-                    result=plan.value("new_result", RESULT),
-                    now=now,
-                )
-            else:
-                warm, timed = warm_ids, ids
-                run = functools.partial(store_cycles, store, owner=owner, now=now)
-            failures = run(warm)
-            gc.collect()
-            barrier.wait(BARRIER_TIMEOUT)
-            start, cpu = time.perf_counter(), time.process_time()  # perf_counter: CLOCK_MONOTONIC,
-            failures += run(timed)  # comparable across processes
-            finish, cpu = time.perf_counter(), time.process_time() - cpu
-            results.put(("done", index, start, finish, failures, cpu))
-        raw.close()
-        engine.dispose()
-    except BaseException:
-        if barrier is not None:
-            barrier.abort()
-        results.put(("error", index, traceback.format_exc()))
+    engine = sqlalchemy.create_engine(url)
+    table = fencing.jobs_table(MetaData(), table_name)
+    store = fencing.JobStore(engine, table)
+    plans = {clock: RawPlan(engine.dialect, table, clock) for clock in CLOCKS}
+    raw = raw_connect(engine)
+    owner = owner_of(index)
 
-
-class Pool:
-    """max(``sizes``) spawned workers on one database; a measurement uses the first ``parties``."""
-
-    def __init__(self, url: str, table_name: str, sizes: list[int]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self.results = ctx.Queue()
-        barriers = {p: ctx.Barrier(p) for p in sizes}
-        self.commands = [ctx.Queue() for _ in range(max(sizes))]
-        self.procs = [
-            ctx.Process(
-                target=worker,
-                args=(i, url, table_name, barriers, q, self.results),
-                name=f"bench-{i}",
-                daemon=True,
+    def cycles(
+        command: tuple[str, str, list[str], list[str]], barrier: Any
+    ) -> tuple[float, float, int, float]:
+        way, clock, warm_ids, ids = command
+        now = now_fn(clock)
+        run: Callable[[list[Any]], int]
+        if way == "raw":
+            plan = plans[clock]
+            warm, timed_ids = plan.values("job_id", warm_ids), plan.values("job_id", ids)
+            run = functools.partial(
+                raw_cycles,
+                raw,
+                plan,
+                owner=plan.value("holder", owner),
+                result=plan.value("new_result", RESULT),
+                now=now,
             )
-            for i, q in enumerate(self.commands)
-        ]
-        for p in self.procs:
-            p.start()
-        for _ in self.procs:
-            self._get("ready")
+        else:
+            warm, timed_ids = warm_ids, ids
+            run = functools.partial(store_cycles, store, owner=owner, now=now)
+        failures = run(warm)
+        gc.collect()
+        barrier.wait(BARRIER_TIMEOUT)
+        timed_failures, start, finish, cpu = timed(run, timed_ids)
+        return start, finish, failures + timed_failures, cpu
 
-    def _get(self, kind: str) -> tuple[Any, ...]:
-        message = self.results.get(timeout=BARRIER_TIMEOUT + 60)
-        if message[0] == "error":
-            raise SystemExit(f"worker {message[1]} failed:\n{message[2]}")
-        if message[0] != kind:
-            raise SystemExit(f"unexpected worker message {message!r}")
-        return message  # type: ignore[no-any-return]
+    yield cycles
+    raw.close()
+    engine.dispose()
 
-    def measure(
-        self, way: str, clock: str, slices: list[tuple[list[str], list[str]]]
-    ) -> tuple[int, float, float]:
-        """All slices run at once, one process each: the jobs, the seconds from the first
-        start to the last finish, and the client processes' CPU seconds."""
-        parties = len(slices)
-        for q, (warm_ids, ids) in zip(self.commands, slices, strict=False):
-            q.put((way, clock, warm_ids, ids, parties))
-        done = [self._get("done") for _ in range(parties)]
-        failures = sum(m[4] for m in done)
-        if failures:
-            raise SystemExit(f"{way}/{clock}/{parties} processes: {failures} claim -> complete cycles failed")
-        span = max(m[3] for m in done) - min(m[2] for m in done)
-        jobs = sum(len(ids) for _, ids in slices)
-        return jobs, span, sum(m[5] for m in done)
 
-    def close(self) -> None:
-        for q in self.commands:
-            q.put(None)
-        for p in self.procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
+def measure(
+    pool: Pool, way: str, clock: str, slices: list[tuple[list[str], list[str]]]
+) -> tuple[int, float, float]:
+    """All slices run at once, one process each: the jobs, the seconds from the first
+    start to the last finish, and the client processes' CPU seconds."""
+    parties = len(slices)
+    done = pool.run([(way, clock, warm_ids, ids) for warm_ids, ids in slices])
+    failures = sum(m[2] for m in done)
+    if failures:
+        raise SystemExit(f"{way}/{clock}/{parties} processes: {failures} claim -> complete cycles failed")
+    span = max(m[1] for m in done) - min(m[0] for m in done)
+    jobs = sum(len(ids) for _, ids in slices)
+    return jobs, span, sum(m[3] for m in done)
 
 
 # -- one database -------------------------------------------------------------------------------
@@ -611,7 +403,7 @@ def bench_db(db: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     fencing.JobStore(engine, table).create_table()
     pool = None
     try:
-        info = server_info(engine)
+        info = env.server_settings(engine, mariadb=("sync_binlog", "log_bin"))
         durability = ", ".join(f"{k}={v}" for k, v in info.items() if k != "version")
         print(f"\n{db}: {info['version']} ({durability}); table {table_name}", flush=True)
         sql = {clock: transcripts(url, table, clock) for clock in CLOCKS}
@@ -619,7 +411,7 @@ def bench_db(db: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
             for clock, logs in sql.items():
                 print(f" {clock} clock, one claim -> complete (the raw way sends the same):")
                 show_transcripts({"store": logs["store"]})
-        pool = Pool(url, table_name, args.processes)
+        pool = Pool(worker, (url, table_name), args.processes, timeout=BARRIER_TIMEOUT + 60)
         configs = [
             (parties, clock)
             for parties in args.processes
@@ -630,16 +422,15 @@ def bench_db(db: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
         runs: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
         started = time.perf_counter()
         for rep in range(args.repeat):
-            shift = rep % len(configs)
-            for parties, clock in configs[shift:] + configs[:shift]:
+            for parties, clock in rotated(configs, rep):
                 totals = {way: [0, 0.0, 0.0] for way in WAYS}  # jobs, seconds, CPU seconds
                 for k in range(args.rounds):
                     n = args.jobs * (k + 1) // args.rounds - args.jobs * k // args.rounds
                     for way in WAYS if (rep + k) % 2 == 0 else WAYS[::-1]:
                         tag = f"r{rep}k{k}p{parties}{way[0]}{clock[0]}"
                         slices = slices_for(tag, n, parties)
-                        reset_table(engine, table, [i for warm, ids in slices for i in warm + ids])
-                        for i, figure in enumerate(pool.measure(way, clock, slices)):
+                        refill(engine, table, [i for warm, ids in slices for i in warm + ids])
+                        for i, figure in enumerate(measure(pool, way, clock, slices)):
                             totals[way][i] += figure
                 for way, (jobs, seconds, cpu) in totals.items():
                     runs.setdefault((parties, clock, way), []).append((jobs / seconds, cpu / jobs))
@@ -754,7 +545,7 @@ def profile_store(engine: Engine, table: Table, jobs: int, top: int = 25) -> dic
     owner = owner_of(0)
     warm = [f"prof-warm-{j:03d}" for j in range(WARMUP)]
     ids = [f"prof-{i:07d}" for i in range(jobs)]
-    reset_table(engine, table, warm + ids)
+    refill(engine, table, warm + ids)
     store_cycles(store, warm, owner=owner, now=time.time)
     gc.collect()
     profilers = {"claim": cProfile.Profile(), "complete": cProfile.Profile()}
@@ -809,71 +600,58 @@ def profile_store(engine: Engine, table: Table, jobs: int, top: int = 25) -> dic
 # -- main ---------------------------------------------------------------------------------------
 
 
+TABLE = report.Table(
+    report.Column("db", 11, "<"),
+    report.Column("processes", 9),
+    report.Column("clock", 9, "<"),
+    report.Column("raw jobs/s", 11, spec=".0f"),
+    report.Column("store jobs/s", 13, spec=".0f"),
+    report.Column("store/raw", 10),
+    report.Column("per-rep ratios", 15, pad=False),
+    report.Column("client CPU us/job raw, store", 28, sep="   ", pad=False),
+)
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
-    print(
-        f"\n{'db':<11} {'processes':>9} {'clock':<9} {'raw jobs/s':>11} {'store jobs/s':>13} "
-        f"{'store/raw':>10} {'per-rep ratios':>15}   {'client CPU us/job raw, store':>28}"
-    )
+    print()
+    print(TABLE.header())
     for r in rows:
         paired = r["paired_ratios"]
         miss = "" if r["store_vs_raw"] >= TARGET else f"  < {TARGET}x"
         print(
-            f"{r['db']:<11} {r['processes']:>9} {r['clock']:<9} {r['raw_jobs_per_s']:>11.0f} "
-            f"{r['store_jobs_per_s']:>13.0f} {r['store_vs_raw']:>9.3f}x "
-            f"{min(paired):>7.2f}-{max(paired):.2f}x"
-            f"   {r['raw_cpu_us_per_job']:>16.0f}, {r['store_cpu_us_per_job']:.0f}{miss}"
+            TABLE.row(
+                r["db"],
+                r["processes"],
+                r["clock"],
+                r["raw_jobs_per_s"],
+                r["store_jobs_per_s"],
+                f"{r['store_vs_raw']:.3f}x",
+                f"{min(paired):>7.2f}-{max(paired):.2f}x",
+                f"{r['raw_cpu_us_per_job']:>16.0f}, {r['store_cpu_us_per_job']:.0f}{miss}",
+            )
         )
 
 
-def versions() -> dict[str, str]:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        git = subprocess.run(
-            ["git", "-C", here, "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        git = ""
-    return {
-        "git": git or "unknown",
-        "python": platform.python_version(),
-        "sqlalchemy": sqlalchemy.__version__,
-        "psycopg": metadata.version("psycopg"),
-        "pymysql": metadata.version("PyMySQL"),
-        "fencing": fencing.__version__,
-        "platform": platform.platform(),
-        "cpus": str(os.cpu_count()),
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser = cli.parser(__doc__)
     parser.add_argument("--db", choices=["postgresql", "mariadb", "both"], default="both")
     parser.add_argument("--jobs", type=int, default=1000, help="jobs per measurement (default 1000)")
-    parser.add_argument("--repeat", type=int, default=3, help="repetitions; medians reported (default 3)")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=4,
-        help="rounds per repetition: raw and store alternate on N/rounds jobs each (default 4)",
+    cli.add_repeat(parser)
+    cli.add_rounds(
+        parser, 4, help="rounds per repetition: raw and store alternate on N/rounds jobs each (default 4)"
     )
-    parser.add_argument(
-        "--processes",
-        default="1,4",
-        type=lambda s: sorted({int(p) for p in s.split(",")}),
-        help="comma-separated worker process counts (default 1,4)",
-    )
+    cli.add_processes(parser)
     parser.add_argument(
         "--database-clock-at",
         default="1",
         type=lambda s: {int(p) for p in s.split(",") if p},
         help="process counts that also measure now=None, the database clock (default 1; '' for none)",
     )
-    parser.add_argument("--json", metavar="FILE", help="write the figures here")
-    parser.add_argument("--postgresql-url", default=URLS["postgresql"])
-    parser.add_argument("--mariadb-url", default=URLS["mariadb"])
+    cli.add_json(parser)
+    cli.add_server_urls(parser)
     parser.add_argument("--show-sql", action="store_true", help="print what one claim -> complete sends")
     parser.add_argument("--profile", action="store_true", help="cProfile the store loop afterwards")
-    parser.add_argument("--check", action="store_true", help=f"exit 1 if a ratio is below {TARGET}x")
+    cli.add_check(parser, help=f"exit 1 if a ratio is below {TARGET}x")
     args = parser.parse_args(argv)
     if (
         args.jobs < max(args.processes) * args.rounds
@@ -883,13 +661,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --jobs >= processes x rounds, processes >= 1, --repeat >= 1 and --rounds >= 1")
 
     dbs = ["postgresql", "mariadb"] if args.db == "both" else [args.db]
-    urls = {"postgresql": args.postgresql_url, "mariadb": args.mariadb_url}
-    env = versions()
+    urls = cli.server_urls(args)
+    versions = env.versions(*VERSIONS)
     print(
         f"claim -> complete, N={args.jobs} jobs per measurement, R={args.repeat}, "
-        f"processes {','.join(map(str, args.processes))}; python {env['python']}, "
-        f"SQLAlchemy {env['sqlalchemy']}, psycopg {env['psycopg']}, pymysql {env['pymysql']}, "
-        f"{env['cpus']} CPUs, git {env['git']}"
+        f"processes {','.join(map(str, args.processes))}; python {versions['python']}, "
+        f"SQLAlchemy {versions['sqlalchemy']}, psycopg {versions['psycopg']}, pymysql {versions['pymysql']}, "
+        f"{versions['cpus']} CPUs, git {versions['git']}"
     )
     started = time.perf_counter()
     results = [bench_db(db, urls[db], args) for db in dbs]
@@ -908,13 +686,11 @@ def main(argv: list[str] | None = None) -> int:
             "processes": args.processes,
             "warmup_per_process": WARMUP,
             "target_store_vs_raw": TARGET,
-            "environment": env,
+            "environment": versions,
             "databases": results,
             "rows": rows,
         }
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2, default=repr)
-        print(f"figures written to {args.json}")
+        report.write_json(args.json, figures)
     if args.check and any(r["store_vs_raw"] < TARGET for r in rows):
         return 1
     return 0

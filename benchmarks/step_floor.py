@@ -35,17 +35,16 @@ Reproduce::
 from __future__ import annotations
 
 import argparse
-import shutil
 import sqlite3
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
-from ops import raw_connect  # the store's PRAGMAs on a plain sqlite3 connection
+from harness import cli, db, dbapi, env, report
+from harness.measure import rotated
 
 import fencing
 
@@ -71,17 +70,11 @@ def prepare(path: str, durability: str, ready: int) -> fencing.JobStore:
 def record_step(store: fencing.JobStore) -> list[tuple[str, tuple[Any, ...]]]:
     """The statements (and their arguments) one store step sends, BEGIN and COMMIT aside."""
     [lease] = store.claim_next(MARK_OWNER, ttl=TTL)
-    sent: list[tuple[str, tuple[Any, ...]]] = []
-
-    def listener(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        sent.append((statement, tuple(parameters)))
-
-    sa.event.listen(store.engine, "before_cursor_execute", listener)
-    try:
+    with dbapi.statements(store.engine) as sent:
         store.complete_and_claim_next([(lease, MARK_RESULT)], MARK_OWNER, ttl=TTL)
-    finally:
-        sa.event.remove(store.engine, "before_cursor_execute", listener)
-    statements = [(sql, params) for sql, params in sent if sql.split()[0].upper() in ("UPDATE", "WITH")]
+    statements = [
+        (sql, tuple(params)) for sql, params in sent if sql.split()[0].upper() in ("UPDATE", "WITH")
+    ]
     if len(statements) != 2:
         raise SystemExit(f"expected a completion and a claim, recorded {sent!r}")
     complete, claim = statements
@@ -144,33 +137,33 @@ class StoreWorker:
         self.store.engine.dispose()
 
 
-def repetition(root: Path, durability: str, args: argparse.Namespace, rep: int) -> dict[str, float]:
-    workdir = Path(tempfile.mkdtemp(prefix=f"rep{rep}-", dir=root))
-    stores = {
-        way: prepare(str(workdir / f"{way}.db"), durability, args.ready + args.steps + 10) for way in WAYS
-    }
-    plan = record_step(stores["store step"])
-    for way in ("raw step", "raw two commits"):
-        stores[way].engine.dispose()
-    workers: dict[str, Any] = {
-        "store step": StoreWorker(stores["store step"]),
-        "raw step": RawWorker(raw_connect(str(workdir / "raw step.db"), durability), plan, 1),
-        "raw two commits": RawWorker(raw_connect(str(workdir / "raw two commits.db"), durability), plan, 2),
-    }
-    for worker in workers.values():
-        worker.steps(20)  # warm-up
-    spent = dict.fromkeys(WAYS, 0.0)
-    per_slice = args.steps // args.slices
-    order = list(WAYS)
-    for k in range(args.slices):
-        shift = (k + rep) % len(order)
-        for way in order[shift:] + order[:shift]:
-            started = time.perf_counter()
-            workers[way].steps(per_slice)
-            spent[way] += time.perf_counter() - started
-    for worker in workers.values():
-        worker.close()
-    shutil.rmtree(workdir)
+def repetition(root: str, durability: str, args: argparse.Namespace, rep: int) -> dict[str, float]:
+    with db.workdir(f"rep{rep}-", root) as where:
+        workdir = Path(where)
+        stores = {
+            way: prepare(str(workdir / f"{way}.db"), durability, args.ready + args.steps + 10) for way in WAYS
+        }
+        plan = record_step(stores["store step"])
+        for way in ("raw step", "raw two commits"):
+            stores[way].engine.dispose()
+        workers: dict[str, Any] = {
+            "store step": StoreWorker(stores["store step"]),
+            "raw step": RawWorker(db.sqlite_connect(str(workdir / "raw step.db"), durability), plan, 1),
+            "raw two commits": RawWorker(
+                db.sqlite_connect(str(workdir / "raw two commits.db"), durability), plan, 2
+            ),
+        }
+        for worker in workers.values():
+            worker.steps(20)  # warm-up
+        spent = dict.fromkeys(WAYS, 0.0)
+        per_slice = args.steps // args.slices
+        for k in range(args.slices):
+            for way in rotated(WAYS, k + rep):
+                started = time.perf_counter()
+                workers[way].steps(per_slice)
+                spent[way] += time.perf_counter() - started
+        for worker in workers.values():
+            worker.close()
     return {way: per_slice * args.slices / spent[way] for way in WAYS}
 
 
@@ -186,50 +179,50 @@ def ratio(reps: list[dict[str, float]], way: str, to: str) -> float:
     return statistics.median(r[way] / r[to] for r in reps)
 
 
+TABLE = report.Table(
+    report.Column("durability", 10, "<"),
+    report.Column("raw step/s", 11, spec=",.0f"),
+    report.Column("store step/s", 13, spec=",.0f"),
+    report.Column("store/raw", 10, spec=".2f"),
+    report.Column("raw 2 commits/s", 16, spec=",.0f"),
+    report.Column("raw step/raw 2", 15, spec=".2f"),
+)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--durability", choices=("full", "normal", "both"), default="both")
+    parser = cli.parser(__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    cli.add_durability(parser, "both", both=True)
     parser.add_argument("--ready", type=int, default=10_000, help="ready jobs in each table (default 10,000)")
     parser.add_argument(
         "--steps", type=int, default=2000, help="timed steps per way and repetition (default 2000)"
     )
     parser.add_argument("--slices", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument(
-        "--dir", default=".", help="where the database files go (default: a temporary dir under the cwd)"
-    )
+    cli.add_repeat(parser, help=None)
+    cli.add_dir(parser, ".", help="where the database files go (default: a temporary dir under the cwd)")
     args = parser.parse_args(argv)
     if min(args.ready, args.steps, args.slices, args.repeat) < 1 or args.steps < args.slices:
         parser.error(
             "--ready, --steps, --slices and --repeat must be positive, and --steps at least --slices"
         )
-    root = Path(tempfile.mkdtemp(prefix="bench-step-", dir=args.dir))
-    versions = (
-        f"SQLite {sqlite3.sqlite_version}, SQLAlchemy {sa.__version__}, Python {sys.version.split()[0]}"
-    )
-    print(f"worker step vs raw sqlite3: {versions}; {args.ready:,} ready, {args.steps} steps x {args.repeat}")
-    try:
+    with db.workdir("bench-step-", args.dir) as root:
+        v = env.versions("sqlite", "sqlalchemy", "python")
+        versions = f"SQLite {v['sqlite']}, SQLAlchemy {v['sqlalchemy']}, Python {v['python']}"
+        work = f"{args.ready:,} ready, {args.steps} steps x {args.repeat}"
+        print(f"worker step vs raw sqlite3: {versions}; {work}")
         durabilities = ("full", "normal") if args.durability == "both" else (args.durability,)
-        header = (
-            "durability",
-            "raw step/s",
-            "store step/s",
-            "store/raw",
-            "raw 2 commits/s",
-            "raw step/raw 2",
-        )
-        print("{:<10} {:>11} {:>13} {:>10} {:>16} {:>15}".format(*header))
+        print(TABLE.header())
         for durability in durabilities:
             reps = [repetition(root, durability, args, rep) for rep in range(args.repeat)]
             print(
-                f"{durability:<10} {rate(reps, 'raw step'):>11,.0f} {rate(reps, 'store step'):>13,.0f} "
-                f"{ratio(reps, 'store step', 'raw step'):>10.2f} {rate(reps, 'raw two commits'):>16,.0f} "
-                f"{ratio(reps, 'raw step', 'raw two commits'):>15.2f}"
+                TABLE.row(
+                    durability,
+                    rate(reps, "raw step"),
+                    rate(reps, "store step"),
+                    ratio(reps, "store step", "raw step"),
+                    rate(reps, "raw two commits"),
+                    ratio(reps, "raw step", "raw two commits"),
+                )
             )
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 
