@@ -38,7 +38,7 @@ counted and kept (type and message), and the worker goes on; ``errors`` in the t
 their total -- in particular ``database is locked`` / ``DatabaseBusy`` on SQLite, which the
 library is meant to absorb (target: none). ``retries`` counts the lock races the library
 absorbed itself (its pauses before trying again, counted by wrapping
-``fencing.execution.backoff`` and, where it exists, ``fencing.writelock.poll_pause`` in the
+``fencing.runtime.execution.backoff`` and ``fencing.engine.writelock.poll_pause`` in the
 workers; waits inside SQLite's own busy handler are not counted), and ``max op ms`` is the
 slowest single ``claim_next``/``complete`` call any worker saw. ``cpu us/job`` is the
 workers' CPU time (user + system, summed over the workers) per job: what waiting for a lock
@@ -115,7 +115,8 @@ from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
 from sqlalchemy import Engine, MetaData, func, select
 
 import fencing
-import fencing.execution
+import fencing.engine.writelock
+import fencing.runtime.execution
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 MODES = {"single": 1, "batched": 100}
@@ -218,7 +219,7 @@ def make_engine(backend: str, target: str, *, timing: bool = False) -> Engine:
 
 #: the library's pauses before it tries again: (module, function); ``poll_pause`` is SQLite's
 #: write lock (its priority holder's short sleeps are not counted)
-PAUSES = (("fencing.execution", "backoff"), ("fencing.writelock", "poll_pause"))
+PAUSES = ((fencing.runtime.execution, "backoff"), (fencing.engine.writelock, "poll_pause"))
 
 
 class Retries:
@@ -229,14 +230,11 @@ class Retries:
         self.seconds = 0.0
 
     def install(self) -> None:
-        for module_name, name in PAUSES:
-            module = sys.modules.get(module_name)
-            original = getattr(module, name, None)
-            if original is None:
-                continue
+        for module, name in PAUSES:
+            original = getattr(module, name)  # a pause that moved fails here, never goes uncounted
             setattr(module, name, self._counting(original))
             # a module that imported the function by name calls it through its own global
-            for other in (fencing.execution,):
+            for other in (fencing.runtime.execution,):
                 if getattr(other, name, None) is original:
                     setattr(other, name, getattr(module, name))
 
@@ -348,13 +346,18 @@ def worker(index: int, profile: bool) -> Iterator[Handler]:
         engine.dispose()
 
 
+def _defined(function: Any) -> tuple[str, str]:
+    """Where ``function`` is defined, as the profile names it: (its file, its name)."""
+    return function.__code__.co_filename, function.__code__.co_name
+
+
 #: functions whose cumulative time is a category of the profile (file suffix, name)
 PROFILE_GROUPS = {
     "library backoff sleeps": [("benchmarks/cycle.py", "counting")],
-    "claim_next (total)": [("fencing/store.py", "claim_next")],
+    "claim_next (total)": [_defined(fencing.JobStore.claim_next)],
     "complete/complete_many (total)": [
-        ("fencing/store.py", "complete"),
-        ("fencing/store.py", "complete_many"),
+        _defined(fencing.JobStore.complete),
+        _defined(fencing.JobStore.complete_many),
     ],
 }
 

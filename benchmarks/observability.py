@@ -75,9 +75,9 @@ from sqlalchemy import Engine, MetaData, Table
 
 import fencing
 from fencing import History, JobStore, history_table
-from fencing.history import Recorder
-from fencing.metrics import StoreMetrics
-from fencing.values import Lease
+from fencing.core.values import Lease
+from fencing.observe.metrics import StoreMetrics
+from fencing.store.history import Recorder
 
 
 class NoMetrics(StoreMetrics):
@@ -125,10 +125,10 @@ def _nothing(store: JobStore) -> Cleanup:
 
 def _metrics_off(store: JobStore) -> Cleanup:
     metrics = store.metrics
-    store.metrics = store._runner.metrics = NoMetrics()
+    store.metrics = NoMetrics()  # the setter reaches the runner too
 
     def undo() -> None:
-        store.metrics = store._runner.metrics = metrics
+        store.metrics = metrics
 
     return undo
 
@@ -163,10 +163,10 @@ def _history(store: JobStore) -> Cleanup:
         table = history_table(MetaData(), f"bench_obs_history_{os.getpid()}")
         table.create(store.engine, checkfirst=True)
         _HISTORY_TABLES[id(store.engine)] = table
-    store._history = Recorder(History(table, retention=None), store.table)
+    store._ctx.recorder = Recorder(History(table, retention=None), store.table)
 
     def undo() -> None:
-        store._history = None
+        store._ctx.recorder = None
 
     return undo
 

@@ -23,7 +23,7 @@ row, one transaction each, timed with :func:`time.perf_counter`, three ways:
 ``service``
     ``service.py``, path-based, with its cached stores. ``service.py`` has no durability
     option (it always opens ``durability="full"``); for the ``normal`` rows its engine
-    factory (``fencing.cache.create_engine``) is wrapped for the measurement to pass
+    factory (``fencing.fronts.cache.create_engine``) is wrapped for the measurement to pass
     ``durability="normal"``, so those rows compare the path layer at equal durability.
 
 Each way gets its own fresh database file in one temporary directory, prepared identically
@@ -74,7 +74,7 @@ from harness.measure import rotated
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # service.py lives at the root
 
 import fencing
-import fencing.cache
+import fencing.fronts.cache
 import fencing.sqlite
 import service
 
@@ -425,13 +425,13 @@ def service_loop(path: str, op: str) -> Loop:
 @contextmanager
 def service_durability(durability: str) -> Iterator[None]:
     """``service.py`` always opens ``durability="full"``; match the row's durability."""
-    original = getattr(fencing.cache, "create_engine")  # noqa: B009 -- not re-exported
+    original = getattr(fencing.fronts.cache, "create_engine")  # noqa: B009 -- not re-exported
     if durability != "full":
-        setattr(fencing.cache, "create_engine", functools.partial(original, durability=durability))  # noqa: B010
+        setattr(fencing.fronts.cache, "create_engine", functools.partial(original, durability=durability))  # noqa: B010
     try:
         yield
     finally:
-        setattr(fencing.cache, "create_engine", original)  # noqa: B010
+        setattr(fencing.fronts.cache, "create_engine", original)  # noqa: B010
 
 
 def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list[Step]) -> dict[str, float]:

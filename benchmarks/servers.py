@@ -9,7 +9,7 @@ Jobs per second through the whole life of a job: ``claim`` (one transaction) the
     The driver itself -- ``psycopg.connect`` / ``pymysql.connect`` with the connect arguments
     SQLAlchemy's dialect derives from the URL (for pymysql that includes the ``FOUND_ROWS``
     client flag the store's row counts rely on), autocommit off -- executing the SQL text the
-    library's Core statements compile to for the engine's dialect (``fencing.statements``),
+    library's Core statements compile to for the engine's dialect (``fencing.sql.statements``),
     with the same bind parameters: PostgreSQL ``UPDATE ... RETURNING`` then ``COMMIT``;
     MariaDB ``UPDATE``, (on a row count of 1) ``SELECT fence, until``, ``COMMIT``; then the
     guarded ``UPDATE`` of ``complete`` and ``COMMIT``. One cursor, reused; job ids, owner and
@@ -19,7 +19,7 @@ Jobs per second through the whole life of a job: ``claim`` (one transaction) the
 ``store``
     ``fencing.JobStore(sqlalchemy.create_engine(url), table)``: ``store.claim(id, owner,
     ttl=60, now=...)`` then ``store.complete(lease, "ok", now=...)``. Nothing observes the
-    engine, so the store runs these on its fast path (``fencing.execution.Runner``):
+    engine, so the store runs these on its fast path (``fencing.runtime.execution.Runner``):
     statements compiled once for the dialect and executed on a connection checked out of the
     engine's pool for each operation (``fencing.checkout``) and returned with its
     transaction ended, one driver transaction per operation. SQLAlchemy's ``Connection`` and
@@ -120,7 +120,8 @@ from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
 from sqlalchemy import Engine, MetaData, Table
 
 import fencing
-from fencing.statements import Statements
+from fencing.runtime.execution import Runner
+from fencing.sql.statements import Statements
 
 WAYS = ("raw", "store")
 CLOCKS = ("caller", "database")
@@ -494,7 +495,7 @@ DRIVER_CALLS = {
     ],
 }
 #: the store's unit of work on the driver: a cursor, the statements, COMMIT, the retry frame
-STORE_TRANSACTION = ("fencing/execution.py", "run")
+STORE_TRANSACTION = (Runner.run.__code__.co_filename, Runner.run.__code__.co_name)
 
 
 def _cumulative(stats: dict[Any, Any], wanted: list[tuple[str, str]]) -> tuple[float, float]:
