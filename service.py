@@ -4,7 +4,7 @@ Every function takes the SQLite database file path first, or a database URL
 (``postgresql+psycopg://...``, ``mysql+pymysql://...``); a plain path is a SQLite file.
 ``now`` is the caller's clock; ``now=None`` reads the database server's clock instead.
 
-Stores (engine + connections) are cached per database by :class:`fencing.cache.StoreCache`:
+Stores (engine + connections) are cached per database by :class:`fencing.fronts.cache.StoreCache`:
 bounded, fork-safe, thread-safe, and never running a statement on a connection to a file
 that was deleted or replaced since it was opened. Replacing a SQLite file while any process
 has it open is not supported by SQLite itself (its ``-wal`` goes by the path); the cases the

@@ -74,6 +74,7 @@ from harness.measure import rotated
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # service.py lives at the root
 
 import fencing
+import fencing.engine.sqlite
 import fencing.fronts.cache
 import fencing.sqlite
 import service
@@ -451,7 +452,7 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
     elapsed = dict.fromkeys(WAYS, 0.0)
     try:
         with service_durability(durability):
-            settings = fencing.sqlite.settings_of(service._stores.get(paths["service"]).engine)
+            settings = fencing.engine.sqlite.settings_of(service._stores.get(paths["service"]).engine)
             if settings is None or settings.durability != durability:
                 raise SystemExit(f"service opened its file with {settings and settings.durability}")
             loops: dict[str, Loop] = {

@@ -2,7 +2,7 @@
 
 The store's own connections wait in SQLite's busy handler for a moment only; a waiter that
 is still waiting then takes priority, the others hold back for it, and the whole wait is
-bounded by the engine's ``busy_timeout`` (``fencing.writelock``). What must hold:
+bounded by the engine's ``busy_timeout`` (``fencing.engine.writelock``). What must hold:
 
 * a caller never sees SQLite's "database is locked": only ``DatabaseBusy``, and only once
   the budget is spent; a ``DatabaseBusy`` call changed nothing;
@@ -307,7 +307,7 @@ def test_servers_retry_a_lost_race_a_bounded_number_of_times(monkeypatch: pytest
 
 
 class FakeClock:
-    """``time`` for fencing.writelock: sleeping moves the clock, nothing really sleeps."""
+    """``time`` for fencing.engine.writelock: sleeping moves the clock, nothing really sleeps."""
 
     def __init__(self) -> None:
         self.now = 100.0

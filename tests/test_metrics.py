@@ -1,4 +1,4 @@
-"""What ``store.metrics`` times, and the log lines besides refusals (``fencing.events``).
+"""What ``store.metrics`` times, and the log lines besides refusals (``fencing.observe.events``).
 
 Timings: claim latency, how long leases were held, lock waits. Lines: a lost lease
 (``fencing.heartbeat``), ``DatabaseBusy`` (``fencing.busy``), a retried lock race

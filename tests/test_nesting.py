@@ -1,7 +1,7 @@
 """A heartbeat and a fenced block on the same lease, in one process: never a hang.
 
 The block holds the job's row (SQLite: the database's write lock) until its transaction
-ends; the heartbeat renews on another connection. Before :mod:`fencing.holds` a heartbeat
+ends; the heartbeat renews on another connection. Before :mod:`fencing.runtime.holds` a heartbeat
 started in the block, or ``stop()`` called in it, hung PostgreSQL forever and cost SQLite
 its busy timeout. Every scenario here runs under a watchdog, so a hang fails the test
 instead of the run. Also here: the end check of a block on either clock, a serialization

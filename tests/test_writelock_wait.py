@@ -1,4 +1,4 @@
-"""Waiting for SQLite's write lock costs the waiter little CPU (``fencing.writelock``).
+"""Waiting for SQLite's write lock costs the waiter little CPU (``fencing.engine.writelock``).
 
 On a two-core machine every cycle a waiter spends trying again is taken from the process
 that holds the lock. SQLite's own busy handler sleeps up to 100 ms between tries; the

@@ -8,7 +8,7 @@ one loop, and one dispatch runs them. The database commands only parse, call the
 print: aligned tables for people, ``--json`` (one object per line) for scripts. Exit codes:
 0 done; 1 a failure (bad URL, server down, table missing) or, for ``revoke``, ``release``
 and ``delete``, nothing changed; 2 bad arguments (argparse's own). Errors go to stderr,
-never as a traceback. The torture harness (:mod:`fencing.torture`) loads only when the
+never as a traceback. The torture harness (:mod:`fencing.tools.torture`) loads only when the
 ``torture`` command runs, not to build the parser or print its help.
 """
 
