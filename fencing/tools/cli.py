@@ -927,7 +927,7 @@ COMMANDS: tuple[Command, ...] = (
             arg(
                 "--within",
                 type=_at_least(0.0),
-                default=_TORTURE.seconds,
+                default=60.0,
                 metavar="SECONDS",
                 help="count held leases that end within this many seconds (%(default)g)",
             ),
