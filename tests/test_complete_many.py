@@ -200,6 +200,35 @@ def test_two_leases_of_one_job_only_the_current_one_is_accepted(store: JobStore,
     assert store.state("j") == JobState("j", "b", T0 + 30.0, current.fence, "current", True)
 
 
+@pytest.mark.parametrize("via", ["complete_many", "step"])
+@pytest.mark.parametrize("order", ["refused_first", "current_first"])
+def test_a_refused_item_is_judged_against_the_lease_it_met_not_the_job_the_batch_left_done(
+    store: JobStore, order: str, via: str
+) -> None:
+    store.enqueue("j", ready_at=0.0)
+    lease = store.claim("j", "a", now=T0, ttl=10.0)
+    assert lease is not None
+    forged_fence = Lease("j", "a", lease.fence + 5)  # a fence never handed out
+    forged_owner = Lease("j", "z", lease.fence)  # the current fence, another owner
+    items = [(forged_fence, "f"), (forged_owner, "o"), (lease, "ok")]
+    if order == "current_first":
+        items = [items[2], items[0], items[1]]
+    before = store.metrics.snapshot()
+    if via == "step":
+        verdicts, _ = store.complete_and_claim_next(items, "w", ttl=10.0, now=T0 + 5.0)
+    else:
+        verdicts = store.complete_many(items, now=T0 + 5.0)
+    after = store.metrics.snapshot()
+    refused = {
+        key.removeprefix("complete_many.refused."): after[key] - before.get(key, 0)
+        for key in after
+        if key.startswith("complete_many.refused.") and after[key] != before.get(key, 0)
+    }
+    assert verdicts == ([False, False, True] if order == "refused_first" else [True, False, False])
+    # before the accepted item the forgeries met its live lease; after it, the job done
+    assert refused == ({"stale fence": 1, "other owner": 1} if order == "refused_first" else {"done": 2})
+
+
 def test_a_duplicate_of_a_refused_lease_is_refused_too(store: JobStore) -> None:
     store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "a", now=T0, ttl=10.0)

@@ -20,7 +20,7 @@ from ..core.checks import FENCE_MAX, check_count, fence_can_match
 from ..core.errors import DatabaseError, InvalidArgumentType
 from ..core.values import JobState, Lease, Refusal
 from ..observe import events
-from ..observe.refusals import never_current
+from ..observe.refusals import judge, never_current
 from ..runtime.execution import CallerConnection, Executor
 from ..sql.statements import COMPLETE_CHUNK, Statements, batch_size
 from .context import JobsContext
@@ -185,11 +185,12 @@ class WorkerBatches:
 
         def unit(x: Executor) -> set[int]:
             accepted = complete(x)
+            # each refused item is judged as the guard met it: before the item of this batch
+            # that completed its job, that item's lease was the current, live one
+            completed_by = {batch[i][0]: i for i in accepted}
             refused[:] = [
-                ctx.why(x, s, "complete_many", {"job_id": j, "holder": o, "token": f, **clock})
-                if fence_can_match(f)
-                else never_current("complete_many", j, o, f)
-                for i, (j, o, f, _) in enumerate(batch)
+                _refusal(ctx, x, s, clock, batch, i, completed_by.get(batch[i][0]))
+                for i in range(len(batch))
                 if i not in accepted
             ]
             tokens = [batch[i][:3] for i in sorted(accepted)]
@@ -311,6 +312,28 @@ class WorkerBatches:
         params = {"max_fence": check_count("max_attempts", max_attempts), **clock}
         stmt = s.poisoned
         return ctx.run_jobs(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)
+
+
+def _refusal(
+    ctx: JobsContext,
+    x: Executor,
+    s: Statements,
+    clock: dict[str, Any],
+    batch: list[_Completion],
+    i: int,
+    by: int | None,
+) -> Refusal:
+    """Why item ``i`` of a batch was refused. ``by``: the item of the same batch that
+    completed its job, if one did. An item before it met that item's lease, current and
+    live (judged against it, not against the job the batch left done); an item after it
+    met the job done; an item of a job no item completed meets its row as it is."""
+    job_id, owner, fence, _ = batch[i]
+    if not fence_can_match(fence):
+        return never_current("complete_many", job_id, owner, fence)
+    if by is not None and i < by:
+        holder, current = batch[by][1], batch[by][2]
+        return judge("complete_many", job_id, owner, fence, (holder, current, 0, False))
+    return ctx.why(x, s, "complete_many", {"job_id": job_id, "holder": owner, "token": fence, **clock})
 
 
 def _check_completions(completions: object) -> None:
