@@ -19,6 +19,7 @@ from sqlalchemy import Engine, MetaData, func, inspect, select
 
 from fencing import (
     ConfigurationError,
+    Heartbeat,
     History,
     HistoryEntry,
     InvalidArgument,
@@ -369,3 +370,29 @@ def test_the_async_store_records_the_same_history(target: str) -> None:
         ("complete", "w", 1, None, None, None, None),
         ("refused", "w", 1, "complete", "done", "w", 1),
     ]
+
+
+@pytest.mark.parametrize("renewals", [True, False])
+def test_a_blocks_extension_of_its_lease_is_a_renewal_when_renewals_are_recorded(
+    engine: Engine, renewals: bool
+) -> None:
+    s = JobStore(engine, history=History(table_in(), retention=None, renewals=renewals))
+    s.create_table()
+    s.enqueue("j")
+    lease = s.claim("j", "w", ttl=TTL)
+    assert lease is not None
+    with Heartbeat(s, lease, ttl=TTL, interval=TTL / 2) as hb:  # its next renewal after the test
+        with s.fenced(hb.lease):
+            pass  # the block's first check extends the lease by the heartbeat's ttl
+        row = s.state("j")
+        assert row is not None and row.until > lease.until  # type: ignore[operator]
+        hb.stop()
+    entries = s.history("j")
+    renewed = [e for e in entries if e.event == "renew"]
+    if renewals:
+        # the heartbeat's first renewal at its start, then the block's extension: the
+        # history's lease ends where the row's does
+        assert [e.event for e in entries] == ["claim", "renew", "renew", "fenced"]
+        assert renewed[-1].until == row.until and renewed[-1].fence == lease.fence
+    else:
+        assert [e.event for e in entries] == ["claim", "fenced"]

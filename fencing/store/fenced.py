@@ -299,6 +299,11 @@ class FencedBlocks:
         """The end of a fenced block: complete the job, or check the lease once more, at the
         moment the block ends (the caller's ``now`` advanced by the block's duration)."""
         ctx = self._ctx
+        # the block's history, recorded at its end in its transaction: the extension its
+        # first check gave the lease (a renewal, at the block's start), then the block itself
+        outcome = ctx.outcome()
+        if block.renewed is not None:
+            outcome.leases("renew", [block.renewed], params)
         ended = time.monotonic()
         if "now" in params:
             params = {**params, "now": params["now"] + (ended - entered)}
@@ -308,8 +313,6 @@ class FencedBlocks:
             self._hold(x, s, params, " at the end of the fenced block; rolled back", joined=False)
         elif x.count(s.complete, params) != 1:
             self._lost(x, s, "fenced", params, "was lost before completing")
-        # the block's one history note, recorded at its end in its transaction
-        outcome = ctx.outcome()
         token = (params["job_id"], params["holder"], params["token"])
         outcome.tokens("complete" if complete else "fenced", [token], params, path="fenced")
         ctx.record(x, outcome)
