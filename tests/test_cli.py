@@ -30,7 +30,7 @@ from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
 import fencing.tools.cli
-from fencing import FenceMarks, History, JobStore, history_table
+from fencing import FenceMarks, History, JobStore, history_table, holder_at
 from fencing.cli import main
 from fencing.overview import Overview
 from fencing.schema import KEY_TYPE
@@ -281,6 +281,32 @@ def test_show_prints_the_ownership_history_when_the_table_exists(
         ("refused", "wörker-1", 1, "stale fence"),
     ]
     assert cli("show", job, "--history-table", "elsewhere", "--json").records[0]["history"] is None
+
+
+def test_revoke_release_and_delete_are_recorded_in_the_history_when_the_table_exists(
+    cli: Any, engine: Engine
+) -> None:
+    recorded = JobStore(engine, history=History(history_table(MetaData()), retention=None))
+    recorded.create_table()
+    for job in ("a", "b", "c"):
+        recorded.enqueue(job)
+        assert recorded.claim(job, "w", ttl=300) is not None
+    for command, job in (("revoke", "a"), ("release", "b"), ("delete", "c")):
+        ran = cli(command, job)
+        assert ran.code == 0, ran.err
+    events = {job: [(e.event, e.owner, e.fence) for e in recorded.history(job)] for job in "abc"}
+    assert events == {
+        "a": [("claim", "w", 1), ("revoke", None, 2)],
+        "b": [("claim", "w", 1), ("release", "w", 1)],
+        "c": [("claim", "w", 1), ("delete", None, 1)],
+    }
+    # nobody holds them, and the history says so
+    assert all(holder_at(recorded.history(job), time.time() + 1.0) is None for job in "abc")
+    # another table's name: the change is made, nothing is recorded where it is not asked
+    recorded.enqueue("d")
+    assert recorded.claim("d", "w", ttl=300) is not None
+    assert cli("revoke", "d", "--history-table", "elsewhere").code == 0
+    assert [e.event for e in recorded.history("d")] == ["claim"]
 
 
 def test_stats_counts_every_state(cli: Any, queue: JobStore, engine: Engine) -> None:

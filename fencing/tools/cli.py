@@ -235,6 +235,16 @@ def _limit(what: str) -> Arg:
 _JOB_ID = arg("id", metavar="ID", help="the job's id")
 
 
+def _history_table(use: str) -> Arg:
+    """``--history-table``: the ownership history's table, used (``use``) when it exists."""
+    return arg(
+        "--history-table",
+        default="fencing_history",
+        metavar="NAME",
+        help=f"the ownership history table {use}",
+    )
+
+
 @dataclass
 class _Database:
     """What a database command works on: the library's objects for one table."""
@@ -544,13 +554,20 @@ def _show(call: Call) -> int:
     return 0
 
 
-def _history_of(db: _Database, name: str, job_id: str) -> list[HistoryEntry] | None:
-    """The job's ownership history from table ``name``, or ``None`` if there is no such table."""
+def _recording(db: _Database, name: str) -> JobStore | None:
+    """A store on the command's table that records the ownership history in table ``name``,
+    or ``None`` if there is no such table. It never prunes: retention is the application's."""
     with database_errors(name):
         if not sqlalchemy.inspect(db.engine).has_table(name, schema=db.table.schema):
             return None
     table = history_table(MetaData(), name, schema=db.table.schema)
-    return JobStore(db.engine, db.table, history=History(table, retention=None)).history(job_id)
+    return JobStore(db.engine, db.table, history=History(table, retention=None))
+
+
+def _history_of(db: _Database, name: str, job_id: str) -> list[HistoryEntry] | None:
+    """The job's ownership history from table ``name``, or ``None`` if there is no such table."""
+    store = _recording(db, name)
+    return None if store is None else store.history(job_id)
 
 
 def _history_lines(entries: Sequence[HistoryEntry]) -> list[str]:
@@ -681,7 +698,7 @@ def _marks(call: Call) -> int:
 
 #: a change to one job, made in the command's transaction with the job's row locked: whether
 #: the store changed it
-Change: TypeAlias = "Callable[[argparse.Namespace, _Database, Connection, JobView], bool]"
+Change: TypeAlias = "Callable[[argparse.Namespace, JobStore, Connection, JobView], bool]"
 #: what a change says it did: its JSON fields and its line for people
 Told: TypeAlias = "Callable[[argparse.Namespace, JobView], tuple[dict[str, Any], str]]"
 
@@ -703,9 +720,11 @@ def _one_job(
 
     def run(call: Call) -> int:
         args, db, out = call.args, call.db, call.out
+        # the change is recorded in the ownership history, in its transaction, when there is one
+        store = _recording(db, args.history_table) or db.store
         with db.transaction() as conn:
             job = db.overview.job(args.id, conn=conn, lock=True)
-            if job is None or (held_only and job.state != "held") or not change(args, db, conn, job):
+            if job is None or (held_only and job.state != "held") or not change(args, store, conn, job):
                 why = "no such job" if job is None else f"it is {job.state}, not held"
                 if out.json:
                     out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
@@ -714,7 +733,13 @@ def _one_job(
         out.result({"id": job.job_id, did: True, **fields}, [line])
         return 0
 
-    return Command(name, help, description, run, (_JOB_ID, *arguments))
+    return Command(
+        name,
+        help,
+        description,
+        run,
+        (_JOB_ID, *arguments, _history_table("(%(default)s): the change is recorded in it when it exists")),
+    )
 
 
 def _revoked(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
@@ -725,10 +750,10 @@ def _revoked(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], st
     )
 
 
-def _release(args: argparse.Namespace, db: _Database, conn: Connection, job: JobView) -> bool:
+def _release(args: argparse.Namespace, store: JobStore, conn: Connection, job: JobView) -> bool:
     if job.owner is None:
         return False
-    return db.store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn)
+    return store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn)
 
 
 def _released(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
@@ -908,12 +933,7 @@ COMMANDS: tuple[Command, ...] = (
         arguments=(
             _JOB_ID,
             _max_attempts("to tell poisoned jobs from ready ones"),
-            arg(
-                "--history-table",
-                default="fencing_history",
-                metavar="NAME",
-                help="the ownership history table (%(default)s), shown when it exists",
-            ),
+            _history_table("(%(default)s), shown when it exists"),
         ),
         run=_show,
     ),
@@ -952,7 +972,7 @@ COMMANDS: tuple[Command, ...] = (
         "every later write with the holder's token is refused (FenceMarks.accept too); the job is "
         "claimable again. Exit code 1, nothing changed, if the job is not held.",
         held_only=True,
-        change=lambda args, db, conn, job: db.store.revoke(job.job_id, conn=conn),
+        change=lambda args, store, conn, job: store.revoke(job.job_id, conn=conn),
         told=_revoked,
     ),
     _one_job(
@@ -983,7 +1003,7 @@ COMMANDS: tuple[Command, ...] = (
         "that keeps the fence: enqueued again, the id continues above every fence it had. A "
         "holder's later writes to the jobs table are refused. Exit code 1 if there is no such job.",
         held_only=False,
-        change=lambda args, db, conn, job: db.store.delete(job.job_id, conn=conn),
+        change=lambda args, store, conn, job: store.delete(job.job_id, conn=conn),
         told=_deleted,
     ),
     Command(
