@@ -197,6 +197,34 @@ def test_an_operation_that_would_wait_for_its_own_block_is_refused(
     assert state is not None and state.owner == "a" and not state.done and state.fence == lease.fence
 
 
+def test_a_block_nested_on_the_outer_blocks_connection_joins_its_transaction(
+    store: JobStore, results: Table
+) -> None:
+    ttl = 30.0
+    lease = claimed(store, ttl)
+    other = claimed(store, ttl, job_id="k")
+
+    def scenario() -> None:
+        # what the refusal above advises: nest with conn= the outer block's connection
+        with store.fenced(lease) as conn:
+            conn.execute(insert(results).values(n=1))
+            store.check(lease, conn=conn)
+            store.check(other, conn=conn)
+            with store.fenced(lease, conn=conn):
+                conn.execute(insert(results).values(n=2))
+            with store.fenced(other, conn=conn, complete=True, result="by the nested block"):
+                conn.execute(insert(results).values(n=3))
+            assert store.complete(other, "late", conn=conn) is False  # done in this transaction
+
+    within(WATCHDOG, scenario)
+    # everything committed with the outer block, once
+    assert rows(store.engine, results) == [1, 2, 3]
+    state = store.state("k")
+    assert state is not None and state.done and state.result == "by the nested block"
+    state = store.state("j")
+    assert state is not None and state.owner == "a" and not state.done and state.fence == lease.fence
+
+
 def test_a_heartbeat_leaving_inside_a_block_does_not_wait_to_release(store: JobStore) -> None:
     ttl = 2.0
     lease = claimed(store, ttl)

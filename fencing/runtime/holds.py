@@ -68,15 +68,23 @@ class Hold:
     transaction lasts as long as that transaction (read from its ``Connection``).
     """
 
-    __slots__ = ("_ended", "_root", "conn", "job_id", "key", "thread")
+    __slots__ = ("_ended", "_root", "conn", "job_id", "key", "thread", "via")
 
     def __init__(self, key: Key, job_id: str, conn: Connection | None) -> None:
         self.key = key
         self.job_id = job_id
         self.conn = conn  # None: the store's own block, on a connection of its own
+        #: the connection whose transaction holds the rows: the caller's, or the store's own
+        #: block's once its transaction has begun (:meth:`runs_on`); a block nested on it
+        #: with ``conn=`` joins that transaction and waits for nothing
+        self.via = conn
         self.thread = bridge.holder()  # a thread, or inside asyncio's bridge the task
         self._ended = False
         self._root: Any = None if conn is None else conn.get_transaction()
+
+    def runs_on(self, conn: Connection) -> None:
+        """The store's own block began its transaction on ``conn``."""
+        self.via = conn
 
     def live(self) -> bool:
         if self._ended:
@@ -128,13 +136,14 @@ def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold
     process is on its way to the rows it covers.
 
     Raises :class:`SelfWait` if this thread already holds them on another connection: the
-    block would wait for itself."""
+    block would wait for itself. On the very connection that holds them (``conn=`` the
+    outer block's), the block joins that transaction: nothing to wait for."""
     job = ANY_JOB if whole else job_id
     with _changed:
         _prune_locked()
         mine = bridge.holder()
         for other in _live_locked(key, job_id):
-            if other.thread == mine and (conn is None or other.conn is not conn):
+            if other.thread == mine and (conn is None or other.via is not conn):
                 raise SelfWait(other)
         new = Hold(key, job, conn)
         _holds.setdefault((key, job), []).append(new)

@@ -118,6 +118,7 @@ class FencedBlocks:
         lost: LeaseLost | None = None
         try:
             with runner.transaction() as own:
+                hold.runs_on(own)  # a block nested with conn=own joins this transaction
                 x = CoreExecutor(own)
                 block = self._begin_block(x, s, params, joined=False)
                 ours = False
