@@ -225,6 +225,37 @@ def test_a_block_nested_on_the_outer_blocks_connection_joins_its_transaction(
     assert state is not None and state.owner == "a" and not state.done and state.fence == lease.fence
 
 
+@pytest.mark.parametrize("begun", [True, False], ids=["begun", "autobegin"])
+def test_a_block_joined_to_a_connection_holds_from_its_first_check_even_before_autobegin(
+    store: JobStore, results: Table, begun: bool
+) -> None:
+    # the README's worker pattern in SQLAlchemy 2.0's commit-as-you-go style: the caller's
+    # Connection has no transaction until the block's first check begins one
+    ttl = 3.0
+    lease = claimed(store, ttl)
+    store.enqueue("other", ready_at=0.0)
+
+    def scenario() -> float:
+        with Heartbeat(store, lease, ttl, interval=0.05) as hb, store.engine.connect() as conn:
+            if begun:
+                conn.begin()
+            with store.fenced(hb.lease, conn=conn):
+                conn.execute(insert(results).values(n=1))
+                time.sleep(0.2)  # renewals fall due: the heartbeat must wait for the block
+                with pytest.raises(ConfigurationError, match="would wait for it forever"):
+                    store.renew(lease, ttl=ttl)  # this job's row, on a connection of its own
+                started = time.monotonic()
+                hb.stop()
+                stopped = time.monotonic() - started
+            conn.commit()
+            assert not hb.lost.is_set()
+        return stopped
+
+    stopped = within(WATCHDOG, scenario)
+    assert stopped < 1.0, f"stop() inside the block took {stopped:.2f} s"
+    assert rows(store.engine, results) == [1]
+
+
 def test_a_heartbeat_leaving_inside_a_block_does_not_wait_to_release(store: JobStore) -> None:
     ttl = 2.0
     lease = claimed(store, ttl)

@@ -68,7 +68,7 @@ class Hold:
     transaction lasts as long as that transaction (read from its ``Connection``).
     """
 
-    __slots__ = ("_ended", "_root", "conn", "job_id", "key", "thread", "via")
+    __slots__ = ("_ended", "_pending", "_root", "conn", "job_id", "key", "thread", "via")
 
     def __init__(self, key: Key, job_id: str, conn: Connection | None) -> None:
         self.key = key
@@ -80,11 +80,22 @@ class Hold:
         self.via = conn
         self.thread = bridge.holder()  # a thread, or inside asyncio's bridge the task
         self._ended = False
+        # the caller's transaction; on a Connection that has not begun one yet (SQLAlchemy
+        # 2.0's autobegin: ``with engine.connect() as c``), the one the block's first
+        # statement begins, adopted by :meth:`began`
         self._root: Any = None if conn is None else conn.get_transaction()
+        self._pending = conn is not None and self._root is None
 
     def runs_on(self, conn: Connection) -> None:
         """The store's own block began its transaction on ``conn``."""
         self.via = conn
+
+    def began(self) -> None:
+        """The block's (or check's) first statement ran on the caller's connection: the
+        transaction it is in (autobegun, if it was not begun) is the one that holds."""
+        if self._pending and self.conn is not None:
+            self._root = self.conn.get_transaction()
+            self._pending = False
 
     def live(self) -> bool:
         if self._ended:
@@ -92,6 +103,8 @@ class Hold:
         if self.conn is None:
             return True
         try:  # the caller's transaction: over once committed, rolled back or replaced
+            if self._pending:  # its first statement has not run yet: held from now on
+                return not self.conn.closed
             root = self._root
             if root is None or self.conn.closed or self.conn.get_transaction() is not root:
                 return False

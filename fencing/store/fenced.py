@@ -232,12 +232,14 @@ class FencedBlocks:
         try:
             connection = ctx.runner.caller(conn, ctx.table)
             x = CoreExecutor(connection)
-            self._take_hold(params["job_id"], connection)
+            hold = self._take_hold(params["job_id"], connection)
             try:
                 block = self._begin_block(x, s, params, joined=True)
             except LeaseLost as lost:
                 self._record_lost(x, lost)
                 raise
+            finally:
+                hold.began()  # the caller's transaction, autobegun by the first check if need be
             session = None if isinstance(conn, Connection) else conn
             savepoint = (connection if session is None else session).begin_nested()
         except ctx.errors as exc:
@@ -389,8 +391,11 @@ class FencedBlocks:
             connection = ctx.runner.caller(conn, ctx.table)
         except ctx.errors as exc:
             ctx.fail(exc, ctx.table)
-        self._take_hold(job_id, connection)  # the row stays locked until the caller's transaction ends
-        ctx.run_jobs(unit, connection)
+        hold = self._take_hold(job_id, connection)  # the row stays locked until the caller's transaction ends
+        try:
+            ctx.run_jobs(unit, connection)
+        finally:
+            hold.began()  # the caller's transaction, autobegun by the check if need be
 
 
 _AT_START = " at the start of the fenced block; rolled back"
