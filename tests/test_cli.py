@@ -20,6 +20,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,6 +308,38 @@ def test_revoke_release_and_delete_are_recorded_in_the_history_when_the_table_ex
     assert recorded.claim("d", "w", ttl=300) is not None
     assert cli("revoke", "d", "--history-table", "elsewhere").code == 0
     assert [e.event for e in recorded.history("d")] == ["claim"]
+
+
+@pytest.mark.parametrize("command", ["revoke", "release", "delete"])
+def test_a_change_waits_for_a_workers_open_block_at_most_wait_seconds_and_says_so(
+    cli: Any, queue: JobStore, command: str
+) -> None:
+    queue.enqueue("j")
+    lease = queue.claim("j", "w", ttl=300)
+    assert lease is not None
+    inside, leave = threading.Event(), threading.Event()
+
+    def worker() -> None:  # a fenced block that holds the job's row (SQLite: the write lock)
+        with queue.fenced(lease):
+            inside.set()
+            leave.wait(60)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    try:
+        assert inside.wait(30)
+        started = time.monotonic()
+        ran = cli(command, "j", "--wait", "0.5")
+        waited = time.monotonic() - started
+    finally:
+        leave.set()
+        thread.join(30)
+    assert ran.code == 1, ran.out + ran.err
+    assert "stayed locked by another transaction for more than 0.5 s (--wait)" in ran.err
+    assert "nothing changed" in ran.err
+    assert waited < 10.0, f"waited {waited:.1f} s for a 0.5 s --wait"
+    state = queue.state("j")
+    assert state is not None and (state.owner, state.fence, state.done) == ("w", lease.fence, False)
 
 
 def test_stats_counts_every_state(cli: Any, queue: JobStore, engine: Engine) -> None:

@@ -37,7 +37,7 @@ from sqlalchemy import Connection, Engine, MetaData, Table, make_url
 from sqlalchemy.exc import ArgumentError
 
 from ..core.checks import FENCE_MAX
-from ..core.errors import DatabaseMissing, FencingError, InvalidArgument, TableMissing
+from ..core.errors import DatabaseBusy, DatabaseMissing, FencingError, InvalidArgument, TableMissing
 from ..core.values import Lease
 from ..engine.sqlite import BEGIN_OPTION
 from ..engine.sqlite import create_engine as create_sqlite_engine
@@ -235,6 +235,16 @@ def _limit(what: str) -> Arg:
 _JOB_ID = arg("id", metavar="ID", help="the job's id")
 
 
+#: how long a change waits for the job's row (a worker's open fenced block holds it)
+_WAIT = arg(
+    "--wait",
+    type=_at_least(0.001),
+    default=10.0,
+    metavar="SECONDS",
+    help="wait at most this long for the job's row, which a worker's fenced block may hold (%(default)g)",
+)
+
+
 def _history_table(use: str) -> Arg:
     """``--history-table``: the ownership history's table, used (``use``) when it exists."""
     return arg(
@@ -255,20 +265,29 @@ class _Database:
     overview: Overview
 
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[Connection]:
+    def transaction(self, *, wait: float | None = None) -> Iterator[Connection]:
         """One transaction of the command's own, for the store's operations (``conn=``) and
-        locked reads that must go together; on SQLite it takes the write lock first."""
+        locked reads that must go together; on SQLite it takes the write lock first.
+        ``wait``: the longest a lock is waited for, in seconds, on the servers too (SQLite's
+        is the engine's busy timeout); past it the transaction fails with DatabaseBusy."""
         with database_errors(self.table.name), self.engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
+            dialect = conn.dialect.name
+            if dialect == "sqlite":
                 conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
             with conn.begin():
+                if wait is not None and dialect == "postgresql":
+                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(wait * 1000))}ms'")
+                elif wait is not None and dialect in ("mysql", "mariadb"):
+                    # whole seconds, at least 1, the server's unit; the session is the command's own
+                    conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(wait))}")
                 yield conn
 
 
-def _engine(url: str, *, create: bool) -> Engine:
+def _engine(url: str, *, create: bool, wait: float | None = None) -> Engine:
     """The engine for ``--url``: a SQLite file (a path or a ``sqlite:`` URL; it must exist
-    unless ``create``) through :func:`fencing.create_sqlite_engine`, any other URL through
-    ``sqlalchemy.create_engine``. Messages never show the URL's password."""
+    unless ``create``) through :func:`fencing.create_sqlite_engine` (``wait``: its busy
+    timeout), any other URL through ``sqlalchemy.create_engine``. Messages never show the
+    URL's password."""
     if "://" in url:
         try:
             parsed = make_url(url)
@@ -284,7 +303,7 @@ def _engine(url: str, *, create: bool) -> Engine:
     path = cache.normalize_target(url)[1]
     if not create and not os.path.exists(path):
         raise DatabaseMissing(f"no database file at {path!r} (`fencing init` creates one)")
-    return create_sqlite_engine(path)
+    return create_sqlite_engine(path) if wait is None else create_sqlite_engine(path, busy_timeout=wait)
 
 
 def _open(args: argparse.Namespace, *, create: bool) -> _Database:
@@ -294,7 +313,7 @@ def _open(args: argparse.Namespace, *, create: bool) -> _Database:
     meta = MetaData()
     marks = fence_marks_table(meta, getattr(args, "marks_table", "fence_marks"))
     keys = idempotency_keys_table(meta, getattr(args, "keys_table", "idempotency_keys"))
-    engine = _engine(args.url, create=create)
+    engine = _engine(args.url, create=create, wait=getattr(args, "wait", None))
     try:
         try:
             with engine.connect():  # a bad host, password or option is said here, once
@@ -722,24 +741,26 @@ def _one_job(
         args, db, out = call.args, call.db, call.out
         # the change is recorded in the ownership history, in its transaction, when there is one
         store = _recording(db, args.history_table) or db.store
-        with db.transaction() as conn:
-            job = db.overview.job(args.id, conn=conn, lock=True)
-            if job is None or (held_only and job.state != "held") or not change(args, store, conn, job):
-                why = "no such job" if job is None else f"it is {job.state}, not held"
-                if out.json:
-                    out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
-                return call.fail(f"job {args.id!r}: {why}; nothing changed")
+        try:
+            with db.transaction(wait=args.wait) as conn:
+                job = db.overview.job(args.id, conn=conn, lock=True)
+                if job is None or (held_only and job.state != "held") or not change(args, store, conn, job):
+                    why = "no such job" if job is None else f"it is {job.state}, not held"
+                    if out.json:
+                        out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
+                    return call.fail(f"job {args.id!r}: {why}; nothing changed")
+        except DatabaseBusy as exc:
+            raise DatabaseBusy(
+                f"job {args.id!r} stayed locked by another transaction for more than {args.wait:g} s "
+                "(--wait): a worker's fenced block or check(conn=) holds its row until it commits, "
+                "or another writer does; nothing changed"
+            ) from exc
         fields, line = told(args, job)
         out.result({"id": job.job_id, did: True, **fields}, [line])
         return 0
 
-    return Command(
-        name,
-        help,
-        description,
-        run,
-        (_JOB_ID, *arguments, _history_table("(%(default)s): the change is recorded in it when it exists")),
-    )
+    recorded = _history_table("(%(default)s): the change is recorded in it when it exists")
+    return Command(name, help, description, run, (_JOB_ID, *arguments, _WAIT, recorded))
 
 
 def _revoked(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
