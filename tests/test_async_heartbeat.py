@@ -504,6 +504,33 @@ def test_stop_inside_a_fenced_block_returns_at_once(target: str) -> None:
     run(target, scenario)
 
 
+@pytest.mark.parametrize("begun", [True, False], ids=["begun", "autobegin"])
+def test_stop_inside_a_block_joined_to_an_unbegun_connection_returns_at_once(
+    target: str, begun: bool
+) -> None:
+    # the README's pattern joined to the caller's AsyncConnection in commit-as-you-go style:
+    # the block's first check is what begins its transaction
+    ttl, interval = 3.0, 0.05
+
+    async def scenario(store: AsyncJobStore) -> None:
+        lease = await claimed(store, ttl)
+        async with AsyncHeartbeat(store, lease, ttl, interval=interval) as hb, store.engine.connect() as conn:
+            if begun:
+                await conn.begin()
+            async with store.fenced(hb.lease, conn=conn, complete=True, result="ok"):
+                await asyncio.sleep(0.3)  # renewals fall due while the block holds the row
+                started = time.monotonic()
+                await asyncio.wait_for(hb.stop(), 2.0)
+                stopped_in = time.monotonic() - started
+            await conn.commit()
+        assert stopped_in < 1.0
+        state = await store.state("j")
+        assert state is not None and state.done and state.result == "ok"
+        assert not hb.lost.is_set()
+
+    run(target, scenario)
+
+
 def test_a_block_that_completes_the_job_ends_the_heartbeat_quietly(target: str) -> None:
     ttl, interval = 2.0, 1.5
 
