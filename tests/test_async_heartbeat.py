@@ -531,6 +531,41 @@ def test_stop_inside_a_block_joined_to_an_unbegun_connection_returns_at_once(
     run(target, scenario)
 
 
+@pytest.mark.parametrize("spawn", ["gather", "create_task"])
+def test_a_task_created_inside_a_block_is_refused_at_once_where_it_would_wait_for_the_block(
+    target: str, spawn: str
+) -> None:
+    # the child copies the block's context: its operation is the block's task's, so it is
+    # refused at once instead of waiting for the block's lock (on asyncpg: forever)
+    async def scenario(store: AsyncJobStore) -> None:
+        lease = await claimed(store, 30.0)
+        async with store.fenced(lease):
+            renewal = store.renew(lease, ttl=30.0)
+            child = asyncio.gather(renewal) if spawn == "gather" else asyncio.create_task(renewal)
+            started = time.monotonic()
+            with pytest.raises(ConfigurationError, match="would wait for it forever"):
+                await child
+            assert time.monotonic() - started < 1.0
+        state = await store.state("j")
+        assert state is not None and (state.owner, state.fence, state.done) == ("a", lease.fence, False)
+
+    outcome: list[BaseException | None] = []
+
+    def scenario_in_a_thread() -> None:  # a hang fails the test, not the run
+        try:
+            run(target, scenario)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=scenario_in_a_thread, daemon=True)
+    thread.start()
+    thread.join(WATCHDOG + 10.0)
+    assert outcome, "the scenario hung"
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
 def test_a_block_that_completes_the_job_ends_the_heartbeat_quietly(target: str) -> None:
     ttl, interval = 2.0, 1.5
 

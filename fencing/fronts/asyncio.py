@@ -367,11 +367,17 @@ class AsyncJobStore:
             await run(block.__exit__, type(cancelled), cancelled, None)
 
         entered = await run(block.__enter__, give_back=abandon)
+        # the block's tasks are its own: a task created inside it (asyncio.wait_for on 3.11,
+        # gather, create_task) copies this context, so its operations are the block's task's,
+        # refused at once where they would wait for the block's lock
+        owner = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
         try:
             yield conn if conn is not None else AsyncConnection(self.engine, entered)
         except BaseException as exc:
+            bridge.CALLER.reset(owner)
             await run(block.__exit__, type(exc), exc, exc.__traceback__)
             raise
+        bridge.CALLER.reset(owner)
         await run(block.__exit__, None, None, None)
 
 
