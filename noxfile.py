@@ -219,7 +219,7 @@ def _in_ci() -> bool:
 
 @nox.session(python=NEWEST)
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting; import-linter: the layers of fencing/ (``.importlinter``)."""
+    """ruff: lint and formatting; import-linter: the layers of fencing/ (``[tool.importlinter]``)."""
     session.install("ruff", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
