@@ -372,12 +372,13 @@ class AsyncJobStore:
         # refused at once where they would wait for the block's lock
         owner = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
         try:
-            yield conn if conn is not None else AsyncConnection(self.engine, entered)
+            try:
+                yield conn if conn is not None else AsyncConnection(self.engine, entered)
+            finally:
+                bridge.CALLER.reset(owner)  # the block's end is the caller's own again
         except BaseException as exc:
-            bridge.CALLER.reset(owner)
             await run(block.__exit__, type(exc), exc, exc.__traceback__)
             raise
-        bridge.CALLER.reset(owner)
         await run(block.__exit__, None, None, None)
 
 

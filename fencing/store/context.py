@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Engine, Table
+from sqlalchemy import Connection, Engine, Table
 
 from ..core.checks import (
     check_database_ttl,
@@ -41,7 +41,7 @@ from ..observe.metrics import StoreMetrics
 from ..observe.refusals import judge, report
 from ..runtime import holds
 from ..runtime.execution import CallerConnection, CoreExecutor, Executor, Runner
-from ..sql.dberrors import sqlalchemy_error, wrap_database_error
+from ..sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
 from ..sql.statements import Statements
 from .dialects import DialectPlan, plan_for
 from .history import NO_OUTCOME, History, Outcome, Recorder
@@ -119,6 +119,27 @@ class Context:
             raise
         return answer
 
+    def create(
+        self, create: Callable[[Connection], None], conn: CallerConnection | None, table: Table
+    ) -> None:
+        """Run ``create`` (DDL with IF NOT EXISTS) in the caller's transaction or in one of
+        the store's own, once more if a concurrent creator raced past IF NOT EXISTS
+        (PostgreSQL's catalog says so); errors name ``table``."""
+        try:
+            if conn is not None:
+                create(self.runner.caller(conn, table))
+                return
+            for attempt in range(2):
+                try:
+                    with self.runner.transaction() as own:
+                        create(own)
+                    return
+                except DB_ERRORS as exc:
+                    if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
+                        raise
+        except self.errors as exc:
+            self.fail(exc, table)
+
     def before_own(self, write: bool, job: str | None) -> None:
         """Before a transaction of the store's own: refuse one that could never run."""
 
@@ -152,6 +173,8 @@ class JobsContext(Context):
         self.history = history
         #: how the store records its ownership history (:mod:`fencing.store.history`), if it does
         self.recorder = None if history is None else Recorder(history, table)
+        #: the dialect's insert of a new job (the plan's upsert)
+        self.enqueue = self.plan.enqueue(self.errors)
 
     # -- arguments -------------------------------------------------------------------------
 

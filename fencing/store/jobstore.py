@@ -15,7 +15,6 @@ from sqlalchemy import Connection, Engine, Table
 from ..core.errors import InvalidArgumentType
 from ..observe.metrics import StoreMetrics
 from ..runtime.execution import CallerConnection
-from ..sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient
 from ..sql.schema import ensure_jobs_table, jobs
 from .batches import WorkerBatches
 from .context import JobsContext
@@ -58,7 +57,6 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         self._ctx = ctx = JobsContext(engine, table, bridged=self.async_front, history=history)
         self.engine = engine
         self.table = table
-        self._enqueue = ctx.plan.enqueue(ctx.errors)
         #: where this process's fenced blocks and heartbeats on this table meet (fencing.runtime.holds)
         self.holds_key = ctx.holds_key
         #: how this store records ownership history (fencing.store.history), if it does
@@ -92,21 +90,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
         """
 
-        try:
-            if conn is not None:
-                self._ensure_tables(self._ctx.runner.caller(conn, self.table))
-                return
-            for attempt in range(2):
-                try:
-                    with self._ctx.runner.transaction() as own:
-                        self._ensure_tables(own)
-                    return
-                except DB_ERRORS as exc:
-                    # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
-                    if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
-                        raise
-        except self._ctx.errors as exc:
-            self._ctx.fail(exc, self.table)
+        self._ctx.create(self._ensure_tables, conn, self.table)
 
     def _ensure_tables(self, conn: Connection) -> None:
         ensure_jobs_table(conn, self.table)

@@ -63,11 +63,8 @@ class LeaseOperations:
             s, params = ctx.by_database, {"job_id": job_id}
         else:
             s, params = ctx.by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
-        enqueue = self._enqueue
+        enqueue = ctx.enqueue
         return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id)
-
-    #: the dialect's insert of a new job (set by the store from its plan)
-    _enqueue: Callable[[Executor, Statements, dict[str, Any]], bool]
 
     def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""

@@ -56,9 +56,7 @@ from ..observe.metrics import StoreMetrics
 from ..observe.refusals import logger as refused_logger
 from ..runtime.execution import CallerConnection, Executor
 from ..sql.dberrors import (
-    DB_ERRORS,
     is_duplicate_key,
-    is_transient,
 )
 from ..sql.schema import KEY_COLUMN, KEY_TYPE, as_text
 from .context import Context
@@ -255,21 +253,7 @@ class FenceMarks:
             for table in (self.marks, self.keys):
                 c.execute(CreateTable(table, if_not_exists=True))
 
-        try:
-            if conn is not None:
-                create(self._ctx.runner.caller(conn, self.marks))
-                return
-            for attempt in range(2):
-                try:
-                    with self._ctx.runner.transaction() as own:
-                        create(own)
-                    return
-                except DB_ERRORS as exc:
-                    # two creators raced past IF NOT EXISTS (PostgreSQL's catalog says so)
-                    if attempt or not (is_duplicate_key(exc) or is_transient(exc)):
-                        raise
-        except self._ctx.errors as exc:
-            self._ctx.fail(exc, self.marks)
+        self._ctx.create(create, conn, self.marks)
 
     # -- fence marks -----------------------------------------------------------------------
 
