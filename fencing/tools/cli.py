@@ -812,6 +812,8 @@ class _ProgressLine:
     def __call__(self, phase: str, elapsed: float, total: float | None, done: int | None) -> None:
         if phase == "setup":
             text = f"setting up: enqueuing {self.jobs} jobs"
+        elif phase == "starting":
+            text = "starting the workers"
         elif phase == "stopping":
             text = "stopping the workers"
         elif phase == "verdict":

@@ -45,7 +45,7 @@ from .fronts import with_front
 from .journal import Journal, read_journals
 from .tables import TortureTables
 from .verdict import DatabaseState, Verdict, judge
-from .worker import HOLDING, IN_TRANSACTION, run_worker
+from .worker import HOLDING, IN_TRANSACTION, STARTING, run_worker
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnProcess
@@ -56,11 +56,14 @@ __all__ = ["Progress", "Run", "run_torture"]
 TARGET_WAIT = 0.5
 #: how long workers get to stop once asked; one still running then is hung (a violation)
 SHUTDOWN_TIMEOUT = 30.0
+#: how long the fault phase waits for the workers to start (spawn, imports, the front opened)
+#: before its clock starts anyway
+STARTUP_TIMEOUT = 120.0
 #: enqueued per transaction while setting up
 ENQUEUE_CHUNK = 500
 
 #: told how a run goes, to show it (the harness never waits on it): the phase ("setup",
-#: "faults", "drain", "stopping", "verdict"), seconds into the phase, the phase's longest
+#: "starting", "faults", "drain", "stopping", "verdict"), seconds into the phase, the phase's longest
 #: length (None: no bound), and the jobs done so far (None: not counted in this phase)
 Progress: TypeAlias = "Callable[[str, float, float | None, int | None], None]"
 
@@ -93,7 +96,7 @@ class _Pool:
         self.config = config
         self.journal_dir = journal_dir
         self.ctx = multiprocessing.get_context("spawn")
-        self.states: Any = self.ctx.Array("i", config.workers, lock=False)
+        self.states: Any = self.ctx.Array("i", [STARTING] * config.workers, lock=False)
         self.stop = self.ctx.Event()
         self.procs: list[SpawnProcess] = []
         self.incarnations = [0] * config.workers
@@ -124,9 +127,18 @@ class _Pool:
 
     def restart(self, index: int) -> None:
         self.procs[index].join()
-        self.states[index] = 0
+        self.states[index] = STARTING
         self.incarnations[index] += 1
         self.start(index)
+
+    def wait_until_started(self, timeout: float) -> bool:
+        """Wait for every worker to open its front (or die trying); ``False`` on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(self.states[i] != STARTING or not p.is_alive() for i, p in enumerate(self.procs)):
+                return True
+            time.sleep(0.01)
+        return False
 
     def running(self) -> list[int]:
         """Workers alive and not frozen."""
@@ -245,8 +257,13 @@ def _drive(
     pool = _Pool(config, journal_dir)
     for index in range(config.workers):
         pool.start(index)
-    begun = time.monotonic()
     try:
+        # the fault clock starts once the workers are up: on a loaded machine spawning them can
+        # take most of a short phase, which then injected nothing
+        report("starting", 0.0, STARTUP_TIMEOUT, None)
+        if not pool.wait_until_started(STARTUP_TIMEOUT):
+            journal.record("slow start", waited=STARTUP_TIMEOUT, t=time.time())
+        begun = time.monotonic()
         next_fault = begun + rng.expovariate(1.0 / config.fault_every)
         deck: list[str] = []
         next_count = begun

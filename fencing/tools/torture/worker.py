@@ -46,9 +46,11 @@ if TYPE_CHECKING:
     from multiprocessing.sharedctypes import SynchronizedArray
     from multiprocessing.synchronize import Event
 
-__all__ = ["HOLDING", "IDLE", "IN_TRANSACTION", "finish_mode", "result_of", "run_worker"]
+__all__ = ["HOLDING", "IDLE", "IN_TRANSACTION", "STARTING", "finish_mode", "result_of", "run_worker"]
 
-IDLE, HOLDING, IN_TRANSACTION = 0, 1, 2
+#: a worker's state, shared with the controller: STARTING until its front is open (spawning a
+#: process and importing a driver takes seconds on a loaded machine), then the others
+IDLE, HOLDING, IN_TRANSACTION, STARTING = 0, 1, 2, 3
 #: prctl(2): the signal a process gets when its parent dies
 PR_SET_PDEATHSIG = 1
 
@@ -318,6 +320,7 @@ def run_worker(
 
     def work(front: Front[Any]) -> None:
         worker = _Worker(config, index, incarnation, states, journal, front)
+        worker.at(IDLE)  # up: the controller's fault clock waits for every worker to get here
         worker.run(stop)
         worker.record_metrics()  # only after a clean stop: a killed worker never gets here
 
