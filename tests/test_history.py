@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, func, inspect, select
+from sqlalchemy import Engine, MetaData, bindparam, event, func, inspect, select
 
 from fencing import (
     ConfigurationError,
@@ -31,6 +31,9 @@ from fencing import (
     holder_at,
     jobs_table,
 )
+from fencing.core.clock import database_now
+from fencing.sql.schema import KEY_TYPE, as_text
+from fencing.store.pruning import PRUNE_BATCH
 from tests import backends
 
 TTL = 30.0
@@ -235,24 +238,119 @@ def test_racing_threads_leave_a_history_where_every_write_follows_its_claim(reco
         )
 
 
+def _old_rows(engine: Engine, table: Any, count: int, age: float) -> None:
+    """``count`` history rows written ``age`` seconds ago on the database's clock."""
+    with engine.connect() as conn:
+        now = float(conn.execute(select(database_now())).scalar_one())
+    keys = {f: bindparam(f, type_=KEY_TYPE) for f in ("job_id", "owner")}  # bytes on MariaDB
+    with engine.begin() as conn:
+        conn.execute(
+            table.insert().values(**keys),
+            [
+                {
+                    "job_id": f"old-{i}",
+                    "event": "claim",
+                    "owner": "w",
+                    "fence": 1,
+                    "until": 0.0,
+                    "at": now - age,
+                }
+                for i in range(count)
+            ],
+        )
+
+
+def _deletes_of(engine: Engine, table: Any) -> list[tuple[int, int]]:
+    """Every DELETE of ``table`` from now on, as (thread ident, rows deleted)."""
+    seen: list[tuple[int, int]] = []
+
+    def after(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("DELETE") and table.name in statement:
+            seen.append((threading.get_ident(), cursor.rowcount))
+
+    event.listen(engine, "after_cursor_execute", after)
+    return seen
+
+
 def test_retention_prunes_rows_older_than_it_on_the_database_clock(engine: Engine) -> None:
-    history = History(table_in(), retention=1.0)
-    assert history.prune_every == 1.0
+    history = History(table_in(), retention=60.0)
+    assert history.prune_every == 6.0
     s = JobStore(engine, history=history)
-    s.create_table()  # a write: the first automatic prune runs after it
-    s.enqueue("old", ready_at=0)
-    s.enqueue("new", ready_at=0)
-    # recorded at 1000 on the caller's clock: decades before the database's now
-    assert s.claim("old", "w", ttl=10, now=1000.0) is not None
-    assert len(s.history("old")) == 1  # the next prune is not due yet
-    time.sleep(1.1)
-    assert s.claim("new", "w", ttl=TTL) is not None  # then it is: pruned after this write
-    assert s.history("old") == []
-    assert [e.event for e in s.history("new")] == ["claim"]  # recent: kept
-    keep_all = JobStore(engine, history=History(s.history_config.table, retention=None))  # type: ignore[union-attr]
-    assert keep_all.claim("old", "v", ttl=10, now=1020.0) is not None
-    assert keep_all.prune_history() == 0 and len(keep_all.history("old")) == 1
-    assert s.prune_history() == 1 and s.history("old") == []
+    s.create_table()
+    _old_rows(engine, history.table, 3, age=120.0)
+    _old_rows(engine, history.table, 1, age=30.0)
+    s.enqueue("new", ready_at=0)  # the store's first write: a prune is due, and starts
+    assert s.claim("new", "w", ttl=TTL) is not None
+    s._ctx.pruner.join(30)
+    with engine.connect() as conn:
+        ages = (
+            conn.execute(select(as_text(history.table.c.job_id)).order_by(history.table.c.seq))
+            .scalars()
+            .all()
+        )
+    assert ages == ["old-0", "new"]  # older than the retention on the database's clock: gone
+    _old_rows(engine, history.table, 2, age=120.0)
+    assert s.prune_history() == 2  # on demand (the next automatic one is 6 s away)
+    keep_all = JobStore(engine, history=History(history.table, retention=None))
+    _old_rows(engine, history.table, 2, age=120.0)
+    assert keep_all.prune_history() == 0 and len(keep_all.history("old-1")) == 1
+
+
+def test_a_due_prune_runs_off_the_callers_path_in_bounded_batches(engine: Engine) -> None:
+    # with millions of old rows, the prune ran inside the claim that found it due: the claim
+    # returned a lease already expired, and on SQLite every writer waited for the DELETE
+    history = History(table_in(), retention=60.0)
+    setup = JobStore(engine, history=History(history.table, retention=None))
+    setup.create_table()
+    _old_rows(engine, history.table, 2 * PRUNE_BATCH + 5, age=120.0)
+    setup.enqueue("job", ready_at=0)
+    deletes = _deletes_of(engine, history.table)
+    s = JobStore(engine, history=history)  # a worker starting: its first write finds a prune due
+    lease = s.claim("job", "w", ttl=TTL)
+    assert lease is not None
+    s._ctx.pruner.join(60)
+    assert not s._ctx.pruner.running()
+    caller = threading.get_ident()
+    assert deletes, "no prune ran"
+    assert all(thread != caller for thread, _ in deletes), "the prune ran on the caller's thread"
+    assert [rows for _, rows in deletes] == [PRUNE_BATCH, PRUNE_BATCH, 5]  # one transaction each
+    with engine.connect() as conn:
+        left = conn.execute(
+            select(as_text(history.table.c.job_id)).where(history.table.c.event == "claim")
+        ).all()
+    assert len(left) == 1  # only the new claim's row
+    assert [e.event for e in s.history("job")] == ["claim"]
+
+
+def test_a_write_on_the_callers_clock_is_refused_when_retention_prunes_on_the_databases(
+    engine: Engine,
+) -> None:
+    # rows written at now=100.0 were compared with the database's clock and deleted at once,
+    # silently, by the next prune of any store on the table
+    history = History(table_in(), retention=7 * 86400.0)
+    s = JobStore(engine, history=history)
+    s.create_table()
+    s.enqueue("j", ready_at=0)
+    with pytest.raises(ConfigurationError, match="prunes rows older than 604800 s on the database's clock"):
+        s.claim("j", "A", ttl=10.0, now=100.0)
+    assert s.state("j").owner is None and s.history("j") == []  # refused before any statement
+    lease = s.claim("j", "A", ttl=TTL)
+    assert lease is not None
+    for write in (
+        lambda: s.renew(lease, ttl=TTL, now=time.time()),
+        lambda: s.complete(lease, "r", now=time.time()),
+        lambda: s.release(lease, now=time.time()),
+        lambda: s.claim_next("B", ttl=TTL, now=time.time()),
+    ):
+        with pytest.raises(ConfigurationError, match="pass now=None"):
+            write()
+    s.check(lease, now=time.time())  # a read records nothing: any clock (LeaseLost if not current)
+    assert s.poisoned(3, now=time.time()) == []
+    assert [e.event for e in s.history("j")] == ["claim"]
+    # a history kept whole takes either clock
+    forever = JobStore(engine, history=History(history.table, retention=None))
+    assert forever.complete(lease, "r", now=time.time())
+    assert [e.event for e in forever.history("j")] == ["claim", "complete"]
 
 
 def test_create_table_makes_the_history_table_and_leaves_the_jobs_table_as_the_contract_has_it(
@@ -370,6 +468,33 @@ def test_the_async_store_records_the_same_history(target: str) -> None:
         ("complete", "w", 1, None, None, None, None),
         ("refused", "w", 1, "complete", "done", "w", 1),
     ]
+
+
+def test_the_async_store_prunes_in_a_task_of_its_loop_after_the_operation(engine: Engine, target: str) -> None:
+    from fencing.asyncio import AsyncJobStore
+
+    history = History(table_in(), retention=60.0)
+    setup = JobStore(engine, history=History(history.table, retention=None))
+    setup.create_table()
+    _old_rows(engine, history.table, PRUNE_BATCH + 1, age=120.0)
+    setup.enqueue("job", ready_at=0)
+
+    async def run() -> None:
+        async_engine = backends.async_engine_for(target)
+        try:
+            s = AsyncJobStore(async_engine, history=history)
+            pruner = s.sync_store._ctx.pruner
+            assert await s.claim("job", "w", ttl=TTL) is not None
+            task = pruner.task()
+            assert task is not None, "no prune was started"
+            await task  # a task of this loop, through the same bridge: two batches
+            assert [e.event for e in await s.history("job")] == ["claim"]
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(run())
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(history.table)).scalar_one() == 1
 
 
 @pytest.mark.parametrize("renewals", [True, False])

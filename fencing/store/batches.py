@@ -308,7 +308,7 @@ class WorkerBatches:
         """Jobs that :meth:`claim_next` with this ``max_attempts`` skips: not done, not
         held, claimed ``max_attempts`` times or more. Longest ready first."""
         ctx = self._ctx
-        s, clock = ctx.clock(now)
+        s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
         params = {"max_fence": check_count("max_attempts", max_attempts), **clock}
         stmt = s.poisoned
         return ctx.run_jobs(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)

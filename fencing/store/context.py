@@ -30,7 +30,6 @@ from ..core.checks import (
 from ..core.errors import (
     ConfigurationError,
     DatabaseBusy,
-    FencingError,
     InvalidArgument,
     InvalidArgumentType,
     TableMissing,
@@ -45,6 +44,7 @@ from ..sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy
 from ..sql.statements import Statements
 from .dialects import DialectPlan, plan_for
 from .history import NO_OUTCOME, History, Outcome, Recorder
+from .pruning import PRUNE_BATCH, Pruner
 
 __all__ = ["Context", "JobsContext"]
 
@@ -173,6 +173,8 @@ class JobsContext(Context):
         self.history = history
         #: how the store records its ownership history (:mod:`fencing.store.history`), if it does
         self.recorder = None if history is None else Recorder(history, table)
+        #: the automatic prune, off the callers' path (:mod:`fencing.store.pruning`)
+        self.pruner = Pruner(lambda: self.prune(None))
         #: the dialect's insert of a new job (the plan's upsert)
         self.enqueue = self.plan.enqueue(self.errors)
 
@@ -192,10 +194,14 @@ class JobsContext(Context):
         )
 
     def clock(
-        self, now: object, ttl: object | None = None, *, name: str = "ttl"
+        self, now: object, ttl: object | None = None, *, name: str = "ttl", records: bool = True
     ) -> tuple[Statements, dict[str, Any]]:
         """The statements for whose clock ``now`` names, and its bind parameters. ``ttl`` (a
-        duration called ``name``) is at least DATABASE_CLOCK_MIN_TTL on the database's clock."""
+        duration called ``name``) is at least DATABASE_CLOCK_MIN_TTL on the database's clock.
+        ``records``: the operation writes history (a write with the caller's ``now`` is refused
+        when the history prunes on the database's clock)."""
+        if records:
+            self.recorded_on(now)
         if ttl is None:
             return (self.by_database, {}) if now is None else (self.by_caller, {"now": check_now(now)})
         ttl_s = check_ttl(ttl, name=name) if now is not None else check_database_ttl(ttl, name=name)
@@ -205,6 +211,20 @@ class JobsContext(Context):
             return self.by_database, {"ttl": ttl_s}
         now_s = check_now(now)
         return self.by_caller, {"now": now_s, "new_until": check_until(now_s, ttl_s)}
+
+    def recorded_on(self, now: object) -> None:
+        """A write whose history row is on the caller's clock (``now`` given) is refused when
+        the history prunes on the database's: the row would be compared with another clock."""
+        if now is None or self.recorder is None:
+            return
+        retention = self.recorder.history.retention
+        if retention is not None:
+            raise ConfigurationError(
+                f"this store's history prunes rows older than {retention:g} s on the database's "
+                "clock: a write with now= would be recorded on your clock and compared with the "
+                "database's (rows on a clock of your own would be deleted at once); pass now=None, "
+                "or keep every row with History(..., retention=None) and prune them yourself"
+            )
 
     # -- running units of work -------------------------------------------------------------
 
@@ -250,8 +270,8 @@ class JobsContext(Context):
             self.refuse_self_wait(job)
 
     def after_own(self) -> None:
-        if self.recorder is not None and not holds.HELD[0] and self.recorder.due():
-            self.prune_quietly()
+        if self.recorder is not None and self.recorder.due():
+            self.pruner.start()  # off this caller's path: a thread, or a task on the async store
 
     def refuse_self_wait(self, job: str | None) -> None:
         """Refuse, at once, an operation on a connection of its own that would wait for a
@@ -279,23 +299,19 @@ class JobsContext(Context):
         return self.recorder
 
     def prune(self, conn: CallerConnection | None) -> int:
+        """Delete every history row past the retention, :data:`PRUNE_BATCH` rows a statement,
+        each in a transaction of the store's own (or all in the caller's): how many."""
         recorder = self.require_recorder()
         retention = recorder.history.retention
         if retention is None:
             return 0
         stmt, params = recorder.prune, {"retention": retention}
-        return self.run_jobs(lambda x: x.count(stmt, params), conn)
-
-    def prune_quietly(self) -> None:
-        """The automatic prune: a failure is logged (the next one tries again), never raised
-        over the operation that was due to run it."""
-        try:
-            pruned = self.prune(None)
-        except FencingError:
-            logger.warning("pruning the ownership history failed; it is tried again later", exc_info=True)
-            return
-        if pruned:
-            logger.debug("pruned %d history rows", pruned, extra={"path": "prune", "rows": pruned})
+        pruned = 0
+        while True:
+            batch = self.run(lambda x: x.count(stmt, params), conn, recorder.history.table)
+            pruned += batch
+            if batch < PRUNE_BATCH:
+                return pruned
 
     # -- accepted and refused writes -------------------------------------------------------
 

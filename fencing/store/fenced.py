@@ -372,7 +372,7 @@ class FencedBlocks:
         """
         ctx = self._ctx
         job_id, owner, fence = ctx.lease(lease)
-        s, clock = ctx.clock(now)
+        s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         when = ""
         if conn is None:

@@ -22,9 +22,15 @@ untouched: the history is a table of its own in the application's ``MetaData``::
 
 ``at`` is the instant of the change on the clock that judged it: the database's
 (``now=None``) or the caller's ``now``. **Retention**: the store deletes rows whose ``at``
-is more than ``retention`` seconds before the database's clock, in a short transaction of
-its own at most once per :attr:`History.prune_every` seconds (``retention=None`` keeps
-every row; :meth:`fencing.JobStore.prune_history` prunes on demand).
+is more than ``retention`` seconds before the database's clock, at most once per
+:attr:`History.prune_every` seconds, off the callers' path (a thread, or a task on the async
+store, :mod:`fencing.store.pruning`), in batches of short transactions of its own
+(``retention=None`` keeps every row; :meth:`fencing.JobStore.prune_history` prunes on
+demand). Retention is on the database's clock, so a store whose history has one refuses a
+write with the caller's ``now`` (:class:`~fencing.ConfigurationError`, before any statement):
+that row's ``at`` would be compared with the database's clock and, on a clock of your own,
+deleted at once, silently. Caller-clock histories keep every row (``retention=None``), which
+their owner prunes. Every store writing to one history table should agree on this.
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from ..core.values import Lease
 from ..observe.refusals import Refusal
 from ..runtime.execution import Executor
 from ..sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE, as_text
+from .pruning import PRUNE_BATCH
 
 __all__ = ["EVENTS", "History", "HistoryEntry", "history_table", "holder_at"]
 
@@ -275,9 +282,16 @@ class Recorder:
             .where(h.c.job_id == bindparam("job_id", type_=KEY_TYPE))
             .order_by(h.c.seq)
         )
-        self.prune: Executable = delete(h).where(
-            h.c.at < database_now() - bindparam("retention", type_=Double())
+        # one batch of a prune: the oldest rows' keys found through the ``at`` index, in a derived
+        # table (MariaDB/MySQL refuse LIMIT in an IN subquery, and a subquery on the table the
+        # DELETE writes, but take both from a derived table; PostgreSQL and SQLite take it as is)
+        old = (
+            select(h.c.seq)
+            .where(h.c.at < database_now() - bindparam("retention", type_=Double()))
+            .limit(PRUNE_BATCH)
+            .subquery("old")
         )
+        self.prune: Executable = delete(h).where(h.c.seq.in_(select(old.c.seq)))
 
     @staticmethod
     def _at(caller: bool) -> ColumnElement[float]:

@@ -229,6 +229,7 @@ class LeaseOperations:
             stmt = s.release
             clock = {"now": 0.0}  # release checks no clock; the reason read compares with 0
             # the history's instant: the caller's now, else the database's
+            ctx.recorded_on(now)
             at = {} if now is None else {"now": check_now(now)}
         else:
             s, clock = ctx.clock(now, delay, name="delay")
