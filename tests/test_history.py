@@ -9,6 +9,7 @@ leaves no row, retention prunes old rows, and the jobs table is the contract's a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Engine, MetaData, bindparam, event, func, inspect, select
+from sqlalchemy.orm import Session
 
 from fencing import (
     ConfigurationError,
@@ -33,7 +35,7 @@ from fencing import (
 )
 from fencing.core.clock import database_now
 from fencing.sql.schema import KEY_TYPE, as_text
-from fencing.store.pruning import PRUNE_BATCH
+from fencing.store.history import PRUNE_BATCH
 from tests import backends
 
 TTL = 30.0
@@ -178,12 +180,52 @@ def test_a_fenced_block_records_its_commit_and_a_lost_block_its_refusal_after_th
     assert brief(s.history("lost"))[1:] == [("refused", "w", 1, "fenced", "expired", "w", 1)]
     assert s.state("lost").done == 0  # type: ignore[union-attr]
 
-    # lost at the start, in the caller's transaction: the refusal is the caller's to commit
+    # lost at the start, in the caller's transaction, which commits: the refusal is written in
+    # a transaction of the store's own, once the caller's has ended
     joined = s.claim("joined", "w", ttl=TTL)
     assert joined is not None and s.revoke("joined")
     with engine.begin() as conn, pytest.raises(LeaseLost), s.fenced(joined, conn=conn):
         pass
+    s._ctx.late.join(30)
     assert brief(s.history("joined"))[2:] == [("refused", "w", 1, "fenced", "stale fence", None, 2)]
+
+
+@pytest.mark.parametrize("lost_at", ["start", "end"])
+@pytest.mark.parametrize("caller", ["Connection", "Session"])
+def test_a_joined_blocks_refusal_outlives_the_callers_rollback(
+    recorded: JobStore, engine: Engine, lost_at: str, caller: str
+) -> None:
+    # the README's ORM pattern: the LeaseLost rolls the caller's transaction back, which took
+    # the refusal written into it along (the metrics counted it, the history never showed it)
+    s = recorded
+    s.enqueue("j", ready_at=0)
+    # on the caller's clock: a block entered at 1009.99 of a lease that ends at 1010 is lost
+    # by its end check; a revoked one at its start
+    lease = s.claim("j", "A", ttl=10, now=1000.0)
+    assert lease is not None
+    if lost_at == "start":
+        assert s.revoke("j")
+    with contextlib.ExitStack() as stack:
+        if caller == "Session":
+            session = stack.enter_context(Session(engine))
+            stack.enter_context(session.begin())
+            conn: Any = session
+        else:
+            conn = stack.enter_context(engine.begin())
+        # the LeaseLost leaves the caller's transaction through its with-block: a rollback
+        with (
+            pytest.raises(LeaseLost) as caught,
+            stack,
+            s.fenced(lease, conn=conn, now=1009.99, complete=True, result="late"),
+        ):
+            time.sleep(0.05)
+    assert caught.value.reason == ("stale fence" if lost_at == "start" else "expired")
+    s._ctx.late.join(60)
+    assert s.metrics.refused()
+    history = brief(s.history("j"))
+    assert history[0][:3] == ("claim", "A", 1)
+    assert history[-1] == ("refused", "A", 1, "fenced", caught.value.reason, *history[-1][5:]), history
+    assert s.state("j").result is None  # type: ignore[union-attr]
 
 
 def test_every_claim_of_a_batch_is_recorded_with_its_own_lease(recorded: JobStore) -> None:
@@ -470,7 +512,9 @@ def test_the_async_store_records_the_same_history(target: str) -> None:
     ]
 
 
-def test_the_async_store_prunes_in_a_task_of_its_loop_after_the_operation(engine: Engine, target: str) -> None:
+def test_the_async_store_prunes_in_a_task_of_its_loop_after_the_operation(
+    engine: Engine, target: str
+) -> None:
     from fencing.asyncio import AsyncJobStore
 
     history = History(table_in(), retention=60.0)

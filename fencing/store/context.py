@@ -12,6 +12,8 @@ of each unit, in the unit's transaction (:meth:`JobsContext.run`).
 
 from __future__ import annotations
 
+import collections
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -30,6 +32,7 @@ from ..core.checks import (
 from ..core.errors import (
     ConfigurationError,
     DatabaseBusy,
+    FencingError,
     InvalidArgument,
     InvalidArgumentType,
     TableMissing,
@@ -42,15 +45,18 @@ from ..runtime import holds
 from ..runtime.execution import CallerConnection, CoreExecutor, Executor, Runner
 from ..sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
 from ..sql.statements import Statements
+from .background import Background
 from .dialects import DialectPlan, plan_for
-from .history import NO_OUTCOME, History, Outcome, Recorder
-from .pruning import PRUNE_BATCH, Pruner
+from .history import NO_OUTCOME, PRUNE_BATCH, History, Outcome, Recorder
 
 __all__ = ["Context", "JobsContext"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger("fencing.store")  # the name operators filter on
+
+#: how many busy timeouts a late refusal's write waits through before it is given up (logged)
+LATE_ATTEMPTS = 3
 
 
 class Context:
@@ -173,8 +179,12 @@ class JobsContext(Context):
         self.history = history
         #: how the store records its ownership history (:mod:`fencing.store.history`), if it does
         self.recorder = None if history is None else Recorder(history, table)
-        #: the automatic prune, off the callers' path (:mod:`fencing.store.pruning`)
-        self.pruner = Pruner(lambda: self.prune(None))
+        #: the automatic prune, off the callers' path (:mod:`fencing.store.background`)
+        self.pruner = Background(self.prune_quietly, "history prune")
+        #: refusals of blocks that joined a caller's transaction, written off its path in
+        #: transactions of the store's own (:meth:`record_late`)
+        self.late = Background(self.write_late, "history write")
+        self._late: collections.deque[tuple[Refusal, dict[str, Any]]] = collections.deque()
         #: the dialect's insert of a new job (the plan's upsert)
         self.enqueue = self.plan.enqueue(self.errors)
 
@@ -313,6 +323,49 @@ class JobsContext(Context):
             if batch < PRUNE_BATCH:
                 return pruned
 
+    def prune_quietly(self) -> None:
+        """The automatic prune: a failure is logged (the next one tries again), never raised."""
+        try:
+            pruned = self.prune(None)
+        except FencingError:
+            logger.warning("pruning the ownership history failed; it is tried again later", exc_info=True)
+            return
+        if pruned:
+            logger.debug("pruned %d history rows", pruned, extra={"path": "prune", "rows": pruned})
+
+    def record_late(self, why: Refusal, clock: dict[str, Any]) -> None:
+        """Record the refusal of a block that joined the caller's transaction, in a
+        transaction of the store's own once it can (the caller's may hold the lock it needs,
+        and may roll back): off the caller's path (:mod:`fencing.store.background`)."""
+        self._late.append((why, clock))
+        self.late.start()
+
+    def write_late(self) -> None:
+        """Write the refusals :meth:`record_late` was given, each in a transaction of its own;
+        one the database stays too busy for (a caller's transaction held its lock through
+        :data:`LATE_ATTEMPTS` busy timeouts) or that fails is logged, never raised."""
+        recorder = self.require_recorder()
+        while self._late:
+            why, clock = self._late.popleft()
+            for attempt in range(LATE_ATTEMPTS):
+                try:
+                    self.run_jobs(functools.partial(_write_refusal, recorder, why, clock), None)
+                    break
+                except DatabaseBusy:
+                    if attempt + 1 < LATE_ATTEMPTS:
+                        continue
+                    failed = "the database stayed busy"
+                except FencingError as exc:
+                    failed = type(exc).__name__
+                logger.warning(
+                    "could not record the refused fenced block on job %r in the history (%s)",
+                    why.job_id,
+                    failed,
+                    exc_info=True,
+                    extra=why.fields(),
+                )
+                break
+
     # -- accepted and refused writes -------------------------------------------------------
 
     def why(self, x: Executor, s: Statements, path: str, params: dict[str, Any]) -> Refusal:
@@ -329,3 +382,7 @@ class JobsContext(Context):
         """Log and count ``refusals`` (after their transaction), and answer ``answer``."""
         report(refusals, self.metrics)
         return answer
+
+
+def _write_refusal(recorder: Recorder, why: Refusal, clock: dict[str, Any], x: Executor) -> None:
+    recorder.refusals(x, [why], clock)

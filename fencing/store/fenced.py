@@ -148,20 +148,22 @@ class FencedBlocks:
         finally:
             hold.end()
             if lost is not None and ctx.recorder is not None:
-                self._record_lost(None, lost)
+                self._record_lost(False, lost)
 
-    def _record_lost(self, x: Executor | None, lost: LeaseLost) -> None:
-        """Write a fenced block's refusal to the history after its rollback: on ``x`` (the
-        caller's transaction) or in a transaction of the store's own. A failure here is
-        logged, never raised over the :class:`LeaseLost`."""
+    def _record_lost(self, joined: bool, lost: LeaseLost) -> None:
+        """Write a fenced block's refusal to the history after its rollback, in a transaction
+        of the store's own: at once, or (``joined``: the block was in the caller's transaction,
+        which may roll back and may hold the lock the write needs) off the caller's path once
+        it can (:meth:`JobsContext.record_late`). A failure here is logged, never raised over
+        the :class:`LeaseLost`."""
         ctx = self._ctx
         history = ctx.recorder
         if history is None or lost._refusal is None:
             return
         why, clock = lost._refusal
         try:
-            if x is not None:
-                history.refusals(x, [why], clock)
+            if joined:
+                ctx.record_late(why, clock)
             else:
                 ctx.run_jobs(lambda own: history.refusals(own, [why], clock), None)
         except Exception:  # whatever it was, the LeaseLost is the error to see
@@ -236,7 +238,7 @@ class FencedBlocks:
             try:
                 block = self._begin_block(x, s, params, joined=True)
             except LeaseLost as lost:
-                self._record_lost(x, lost)
+                self._record_lost(True, lost)
                 raise
             finally:
                 hold.began()  # the caller's transaction, autobegun by the first check if need be
@@ -264,7 +266,7 @@ class FencedBlocks:
             if isinstance(exc, ctx.errors):
                 ctx.fail(exc, ctx.table)
             if isinstance(exc, LeaseLost):
-                self._record_lost(x, exc)
+                self._record_lost(True, exc)
             raise
         try:
             savepoint.commit()

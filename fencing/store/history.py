@@ -7,8 +7,9 @@ transaction as the change**: a claim (also each lease of ``claim_next``), a rene
 without completing (``fenced``), a revoke and a delete. A refused write (``complete``,
 ``renew``, ``release``, ``complete_many`` items) is recorded in the transaction of the
 statement the guard refused, with the holder and fence of the job at that moment; a fenced
-block that lost its lease is rolled back, so its refusal is written after the rollback (in a
-transaction of the store's own, or in the caller's transaction when the block joined it).
+block that lost its lease is rolled back, so its refusal is written after the rollback, in a
+transaction of the store's own (when the block joined the caller's transaction, off the
+caller's path once that transaction lets it: :mod:`fencing.store.background`).
 What is never recorded: a token whose fence no claim ever hands out (below 1 or above
 2**63-1, refused before any statement), and ``check`` (a read, not a write).
 
@@ -24,7 +25,7 @@ untouched: the history is a table of its own in the application's ``MetaData``::
 (``now=None``) or the caller's ``now``. **Retention**: the store deletes rows whose ``at``
 is more than ``retention`` seconds before the database's clock, at most once per
 :attr:`History.prune_every` seconds, off the callers' path (a thread, or a task on the async
-store, :mod:`fencing.store.pruning`), in batches of short transactions of its own
+store, :mod:`fencing.store.background`), in batches of short transactions of its own
 (``retention=None`` keeps every row; :meth:`fencing.JobStore.prune_history` prunes on
 demand). Retention is on the database's clock, so a store whose history has one refuses a
 write with the caller's ``now`` (:class:`~fencing.ConfigurationError`, before any statement):
@@ -66,12 +67,14 @@ from ..core.values import Lease
 from ..observe.refusals import Refusal
 from ..runtime.execution import Executor
 from ..sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE, as_text
-from .pruning import PRUNE_BATCH
 
-__all__ = ["EVENTS", "History", "HistoryEntry", "history_table", "holder_at"]
+__all__ = ["EVENTS", "PRUNE_BATCH", "History", "HistoryEntry", "history_table", "holder_at"]
 
 #: what a history row records
 EVENTS = ("claim", "renew", "release", "complete", "fenced", "revoke", "delete", "refused")
+
+#: history rows deleted per transaction by a prune (:meth:`fencing.JobStore.prune_history`)
+PRUNE_BATCH = 1000
 
 #: rows per INSERT: a batch is written as power-of-two chunks up to this, so a store builds
 #: at most 8 statement shapes per clock
