@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, event, insert, select
+from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from fencing import ConfigurationError, DatabaseBusy, Heartbeat, JobStore, Lease, LeaseLost
@@ -517,3 +518,105 @@ def test_two_engines_on_one_file_meet_in_the_holds(tmp_path: Any) -> None:
     finally:
         first.dispose()
         second.dispose()
+
+
+# -- issue 22, item 2: a block is found however its database is reached ----------------------
+
+
+def another_way_to(target: str, tmp_path: Any) -> Engine:
+    """An engine on the database of ``target`` whose URL does not say so: the SQLite file
+    through a symlinked directory, a server by another host name."""
+    import os
+
+    if "://" not in target:
+        link = tmp_path / "another-way"
+        os.symlink(os.path.dirname(os.path.abspath(target)), link)
+        return backends.engine_for(str(link / os.path.basename(target)))
+    url = make_url(target)
+    other = {"127.0.0.1": "localhost", "localhost": "127.0.0.1"}.get(url.host or "", url.host)
+    assert other != url.host, f"no other host name for {url.host!r}"
+    return backends.engine_for(url.set(host=other).render_as_string(hide_password=False))
+
+
+def test_another_engine_on_the_same_job_is_refused_at_once_not_left_waiting(
+    store: JobStore, target: str, tmp_path: Any
+) -> None:
+    # keyed by the URL string, the same database reached another way slipped past: SQLite
+    # waited out its busy timeout and blamed "other writers", PostgreSQL waited forever
+    lease = claimed(store, 60.0)
+    store.enqueue("other", ready_at=0.0)
+    elsewhere = another_way_to(target, tmp_path)
+    try:
+        there = JobStore(elsewhere)
+        assert there.holds_key != store.holds_key or "://" not in target  # servers: not known yet
+        there.state("j")  # its first connection: the server says who it is
+        assert there.holds_key == store.holds_key
+
+        def scenario() -> None:
+            with store.fenced(lease) as conn:
+                started = time.monotonic()
+                with pytest.raises(ConfigurationError, match="would wait for it forever"):
+                    there.complete(lease, "late")
+                if store.engine.dialect.name != "sqlite":  # another row: nothing to wait for
+                    assert there.claim("other", "b", ttl=60.0) is not None
+                assert time.monotonic() - started < 5.0
+                conn.execute(select(1))
+
+        within(WATCHDOG, scenario)
+    finally:
+        elsewhere.dispose()
+    assert store.state("j").owner == "a"  # type: ignore[union-attr]
+
+
+def test_fence_marks_and_another_table_meet_a_blocks_write_lock_on_sqlite(store: JobStore) -> None:
+    from fencing import FenceMarks, jobs_table
+
+    marks = FenceMarks(store.engine)
+    marks.create_tables()
+    other = JobStore(store.engine, jobs_table(MetaData(), "other_jobs"))
+    other.create_table()
+    other.enqueue("k", ready_at=0.0)
+    lease = claimed(store, 60.0)
+
+    def scenario() -> None:
+        with store.fenced(lease):
+            started = time.monotonic()
+            if store.engine.dialect.name == "sqlite":  # the block holds the whole database
+                with pytest.raises(ConfigurationError, match="the database's write lock"):
+                    marks.accept("invoice-1", lease.fence)
+                with pytest.raises(ConfigurationError, match="the database's write lock"):
+                    other.claim("k", "b", ttl=60.0)
+            else:  # a row of the jobs table: nothing of theirs waits for it
+                assert marks.accept("invoice-1", lease.fence)
+                assert other.claim("k", "b", ttl=60.0) is not None
+            assert time.monotonic() - started < 5.0
+
+    within(WATCHDOG, scenario)
+
+
+def test_a_heartbeat_on_another_engine_never_waits_on_its_own_block(
+    store: JobStore, target: str, tmp_path: Any
+) -> None:
+    ttl = 1.5
+    lease = claimed(store, ttl)
+    elsewhere = another_way_to(target, tmp_path)
+    try:
+        there = JobStore(elsewhere)
+        there.state("j")  # connected once: its database is known
+
+        def scenario() -> float:
+            with (
+                Heartbeat(there, lease, ttl, interval=0.05) as hb,
+                store.fenced(hb.lease, complete=True, result="r"),
+            ):
+                time.sleep(0.3)  # renewals are due while the block holds the row
+                started = time.monotonic()
+                hb.stop()
+                return time.monotonic() - started
+
+        stopped_in = within(WATCHDOG, scenario)
+    finally:
+        elsewhere.dispose()
+    assert stopped_in < 1.0
+    state = store.state("j")
+    assert state is not None and state.done and state.result == "r"

@@ -201,8 +201,6 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
                 raise InvalidArgumentType(f"{name} must be a bool, got {type(flag).__name__} {flag!r:.80}")
         self._store = store
         self._clock = clock
-        #: where this process's fenced blocks on the same table can be seen (JobStore only)
-        self._key: holds.Key | None = getattr(store, "holds_key", None)
         #: taken off every deadline: the database's clock reads up to its resolution early
         resolution = getattr(store, "clock_resolution", None)
         if clock is not None:
@@ -314,6 +312,13 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             if not self._gone:
                 self._completed = True
         self._stop()  # nothing left to renew
+
+    @property
+    def _key(self) -> holds.Key | None:
+        """Where this process's fenced blocks on the same table can be seen (JobStore only),
+        as the store knows its database now (it says who it is once it has connected)."""
+        key: holds.Key | None = getattr(self._store, "holds_key", None)
+        return key
 
     def _extended(self, renewed: Lease, sent: float) -> None:
         """A fenced block that extended the lease has committed (called by the store)."""

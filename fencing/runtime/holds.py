@@ -16,8 +16,11 @@ here, and:
 * a block can see the heartbeats keeping its lease (:func:`beats`) and extend the lease by
   their ``ttl`` in its own transaction.
 
-Keys are ``(database, table)`` strings a store computes once (:func:`store_key`), so two
-stores or engines on the same table meet here too.
+Keys are ``(database, table)``: the database as it says who it is (:mod:`fencing.engine.identity`:
+a SQLite file's device and inode, a server's system identifier and database), not a URL
+string, so two stores or engines on the same table meet here however they reach it. A hold on
+SQLite's write lock covers the whole database: it is kept under ``(database, "")`` and found by
+every table's key there (``FenceMarks`` too).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Table
 
 from ..core import bridge
+from ..engine import identity
 
 __all__ = [
     "ANY_JOB",
@@ -56,9 +60,15 @@ Key = tuple[str, str]
 IN_FLIGHT_WAIT = 5.0
 
 
-def store_key(engine: Engine, table: Table) -> Key:
-    """Where a store's blocks and heartbeats meet: its database and table."""
-    return engine.url.render_as_string(hide_password=False), table.fullname
+def store_key(engine: Engine, table: Table | None) -> Key:
+    """Where a store's blocks and heartbeats meet: its database and table (``None``: the
+    whole database, where SQLite's write lock is held). As this process knows the database
+    now (no I/O): call :func:`fencing.engine.identity.resolve` first where I/O is allowed."""
+    return identity.of(engine), "" if table is None else table.fullname
+
+
+def _whole(key: Key) -> Key:
+    return key[0], ""
 
 
 class Hold:
@@ -138,8 +148,8 @@ def _prune_locked() -> None:
 
 def _live_locked(key: Key, job_id: str) -> list[Hold]:
     found = [h for h in _holds.get((key, job_id), ()) if h.live()]
-    if job_id != ANY_JOB:
-        found += [h for h in _holds.get((key, ANY_JOB), ()) if h.live()]
+    if job_id != ANY_JOB or key[1]:
+        found += [h for h in _holds.get((_whole(key), ANY_JOB), ()) if h.live()]
     return found
 
 
@@ -152,19 +162,23 @@ def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold
     block would wait for itself. On the very connection that holds them (``conn=`` the
     outer block's), the block joins that transaction: nothing to wait for."""
     job = ANY_JOB if whole else job_id
+    where = _whole(key) if whole else key
     with _changed:
         _prune_locked()
         mine = bridge.holder()
-        for other in _live_locked(key, job_id):
+        others = _live_locked(key, job_id)
+        if whole:  # the write lock: whatever this thread holds anywhere in the database
+            others += [h for (k, _), hs in _holds.items() if k[0] == key[0] for h in hs if h.live()]
+        for other in others:
             if other.thread == mine and (conn is None or other.via is not conn):
                 raise SelfWait(other)
-        new = Hold(key, job, conn)
-        _holds.setdefault((key, job), []).append(new)
+        new = Hold(where, job, conn)
+        _holds.setdefault((where, job), []).append(new)
         HELD[0] += 1
         # a renewal on its way is not behind this hold: it ends by itself (unless a lock
         # outside this registry stops it, hence the bound)
         give_up = time.monotonic() + IN_FLIGHT_WAIT
-        while _in_flight_locked(key, job) and (left := give_up - time.monotonic()) > 0:
+        while _in_flight_locked(where, job) and (left := give_up - time.monotonic()) > 0:
             _wait_locked(left)
         return new
 
@@ -172,7 +186,7 @@ def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold
 def _in_flight_locked(key: Key, job: str) -> bool:
     if job != ANY_JOB:
         return _sending.get((key, job), 0) > 0
-    return any(n > 0 for (k, _), n in _sending.items() if k == key)
+    return any(n > 0 for (k, _), n in _sending.items() if k[0] == key[0])  # any table of it
 
 
 class SelfWait(RuntimeError):
@@ -191,8 +205,8 @@ def held_here(key: Key, job_id: str | None) -> Hold | None:
     mine = bridge.holder()
     with _changed:
         _prune_locked()
-        if job_id is None:
-            candidates = [h for (k, _), holds in _holds.items() if k == key for h in holds]
+        if job_id is None:  # a write anywhere in the database (SQLite)
+            candidates = [h for (k, _), holds in _holds.items() if k[0] == key[0] for h in holds]
         else:
             candidates = _live_locked(key, job_id)
         for other in candidates:

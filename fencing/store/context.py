@@ -38,6 +38,7 @@ from ..core.errors import (
     TableMissing,
 )
 from ..core.values import Lease, Refusal
+from ..engine import identity
 from ..observe import events
 from ..observe.metrics import StoreMetrics
 from ..observe.refusals import judge, report
@@ -72,6 +73,7 @@ class Context:
         self.create_hint = create_hint
         #: what the store did, by outcome (:mod:`fencing.observe.metrics`)
         self.metrics = self.runner.metrics = StoreMetrics()
+        identity.watch(engine)  # a server says who it is on the first connection checked out
 
     # -- arguments -------------------------------------------------------------------------
 
@@ -146,8 +148,38 @@ class Context:
         except self.errors as exc:
             self.fail(exc, table)
 
+    @property
+    def holds_key(self) -> holds.Key:
+        """Where this process's fenced blocks and heartbeats on the store's rows meet
+        (:mod:`fencing.runtime.holds`): the database, as known now (the whole of it here)."""
+        return holds.store_key(self.engine, None)
+
+    def known_key(self) -> holds.Key:
+        """:attr:`holds_key`, once the server said who it is (one query, once per pool)."""
+        identity.resolve(self.engine)
+        return self.holds_key
+
     def before_own(self, write: bool, job: str | None) -> None:
-        """Before a transaction of the store's own: refuse one that could never run."""
+        """Before a transaction of the store's own: refuse one that could never run (a write
+        waiting for a fenced block of this thread that holds SQLite's write lock)."""
+        if holds.HELD[0] and write and self.plan.locks_whole_database:
+            self.refuse_self_wait(None)
+
+    def refuse_self_wait(self, job: str | None) -> None:
+        """Refuse, at once, an operation on a connection of its own that would wait for a
+        lock this thread holds in a fenced block (SQLite: any write; servers: that job)."""
+        whole = self.plan.locks_whole_database
+        if job is None and not whole:
+            return
+        blocking = holds.held_here(self.known_key(), None if whole else job)
+        if blocking is None:
+            return
+        what = "the database's write lock" if whole else f"job {job!r}'s row"
+        raise ConfigurationError(
+            f"a fenced block (or a check(conn=)) of this thread holds {what} until its transaction "
+            "ends: this operation would wait for it forever; pass conn= (the block's connection) "
+            "or run it after the block"
+        )
 
     def after_own(self) -> None:
         """After a write of the store's own committed."""
@@ -171,8 +203,6 @@ class JobsContext(Context):
         self.table = table
         self.by_caller = Statements(table, "caller")
         self.by_database = Statements(table, "database")
-        #: where this process's fenced blocks and heartbeats on this table meet (:mod:`fencing.runtime.holds`)
-        self.holds_key = holds.store_key(engine, table)
         #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
         #: fraction of it is logged)
         self.shortest_ttl = float("inf")
@@ -275,6 +305,11 @@ class JobsContext(Context):
         """Run ``unit`` on the jobs table, what it notes in ``outcome`` recorded at its end."""
         return self.run(self.recorded(unit, outcome), conn, self.table, write=write, job=job)
 
+    @property
+    def holds_key(self) -> holds.Key:
+        """Where this process's fenced blocks and heartbeats on this table meet."""
+        return holds.store_key(self.engine, self.table)
+
     def before_own(self, write: bool, job: str | None) -> None:
         if holds.HELD[0] and (write or not self.plan.locks_whole_database):
             self.refuse_self_wait(job)
@@ -282,22 +317,6 @@ class JobsContext(Context):
     def after_own(self) -> None:
         if self.recorder is not None and self.recorder.due():
             self.pruner.start()  # off this caller's path: a thread, or a task on the async store
-
-    def refuse_self_wait(self, job: str | None) -> None:
-        """Refuse, at once, an operation on a connection of its own that would wait for a
-        lock this thread holds in a fenced block (SQLite: any write; servers: that job)."""
-        whole = self.plan.locks_whole_database
-        if job is None and not whole:
-            return
-        blocking = holds.held_here(self.holds_key, None if whole else job)
-        if blocking is None:
-            return
-        what = "the database's write lock" if whole else f"job {job!r}'s row"
-        raise ConfigurationError(
-            f"a fenced block (or a check(conn=)) of this thread holds {what} until its transaction "
-            "ends: this operation would wait for it forever; pass conn= (the block's connection) "
-            "or run it after the block"
-        )
 
     # -- the history -----------------------------------------------------------------------
 

@@ -179,7 +179,7 @@ class FencedBlocks:
         thread would wait for itself."""
         ctx = self._ctx
         try:
-            return holds.hold(ctx.holds_key, job_id, conn, whole=ctx.plan.locks_whole_database)
+            return holds.hold(ctx.known_key(), job_id, conn, whole=ctx.plan.locks_whole_database)
         except holds.SelfWait:
             what = "the database's write lock" if ctx.plan.locks_whole_database else f"job {job_id!r}'s row"
             raise ConfigurationError(

@@ -54,13 +54,17 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             )
         #: what every part of the store shares: the runner, the dialect's plan, the checks,
         #: the statements on both clocks, the holds and the history's hook
-        self._ctx = ctx = JobsContext(engine, table, bridged=self.async_front, history=history)
+        self._ctx = JobsContext(engine, table, bridged=self.async_front, history=history)
         self.engine = engine
         self.table = table
-        #: where this process's fenced blocks and heartbeats on this table meet (fencing.runtime.holds)
-        self.holds_key = ctx.holds_key
         #: how this store records ownership history (fencing.store.history), if it does
         self.history_config = history
+
+    @property
+    def holds_key(self) -> tuple[str, str]:
+        """Where this process's fenced blocks and heartbeats on this table meet
+        (:mod:`fencing.runtime.holds`): the database as it says who it is, and the table."""
+        return self._ctx.holds_key
 
     @property
     def metrics(self) -> StoreMetrics:
