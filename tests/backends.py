@@ -110,6 +110,21 @@ def engine_for(target: str) -> Engine:
     return fencing.create_sqlite_engine(target)
 
 
+def another_way_to(target: str, tmp_path: Path) -> str:
+    """The database of ``target`` by a path or URL that does not say so: the SQLite file
+    through a symlinked directory, a server by another host name (``localhost`` for
+    ``127.0.0.1`` and back)."""
+    if "://" not in target:
+        link = tmp_path / "another-way"
+        if not link.exists():
+            os.symlink(os.path.dirname(os.path.abspath(target)), link)
+        return str(link / os.path.basename(target))
+    url = make_url(target)
+    other = {"127.0.0.1": "localhost", "localhost": "127.0.0.1"}.get(url.host or "", url.host)
+    assert other != url.host, f"no other host name for {url.host!r}"
+    return url.set(host=other).render_as_string(hide_password=False)
+
+
 #: the asyncio driver the async store is tested with, per server dialect
 ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy", "mariadb": "mysql+asyncmy"}
 

@@ -117,10 +117,13 @@ class Spy:
 
     def __init__(self, store: AsyncJobStore) -> None:
         self.store = store
-        self.holds_key = store.holds_key
         self.clock_resolution = store.clock_resolution
         self.renewals = 0
         self.tasks: set[str] = set()
+
+    @property
+    def holds_key(self) -> Any:
+        return self.store.holds_key
 
     async def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None:
         self.renewals += 1
@@ -564,6 +567,48 @@ def test_a_task_created_inside_a_block_is_refused_at_once_where_it_would_wait_fo
     assert outcome, "the scenario hung"
     if outcome[0] is not None:
         raise outcome[0]
+
+
+def in_a_thread(scenario: Callable[[], None]) -> None:
+    """``scenario()`` on a thread of its own: a hang fails the test, not the run."""
+    outcome: list[BaseException | None] = []
+
+    def body() -> None:
+        try:
+            scenario()
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=body, daemon=True)
+    thread.start()
+    thread.join(WATCHDOG + 10.0)
+    assert outcome, "the scenario hung"
+    if outcome[0] is not None:
+        raise outcome[0]
+
+
+def test_another_engine_on_the_blocks_database_is_refused_at_once(target: str, tmp_path: Any) -> None:
+    # issue 22, item 2: the same database by another path or host name is the same database;
+    # keyed by the URL string, the operation waited out busy_timeout (SQLite) or forever (asyncpg)
+    async def scenario(store: AsyncJobStore) -> None:
+        lease = await claimed(store, 30.0)
+        elsewhere = backends.async_engine_for(backends.another_way_to(target, tmp_path))
+        try:
+            there = AsyncJobStore(elsewhere)
+            await there.state("j")  # connected once: the server said who it is
+            assert there.holds_key == store.holds_key
+            async with store.fenced(lease):
+                started = time.monotonic()
+                with pytest.raises(ConfigurationError, match="would wait for it forever"):
+                    await there.complete(lease, "late")
+                assert time.monotonic() - started < 1.0
+        finally:
+            await elsewhere.dispose()
+        state = await store.state("j")
+        assert state is not None and (state.owner, state.done) == ("a", False)
+
+    in_a_thread(lambda: run(target, scenario))
 
 
 def test_a_block_that_completes_the_job_ends_the_heartbeat_quietly(target: str) -> None:

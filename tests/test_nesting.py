@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, event, insert, select
-from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
 
 from fencing import ConfigurationError, DatabaseBusy, Heartbeat, JobStore, Lease, LeaseLost
@@ -524,18 +523,8 @@ def test_two_engines_on_one_file_meet_in_the_holds(tmp_path: Any) -> None:
 
 
 def another_way_to(target: str, tmp_path: Any) -> Engine:
-    """An engine on the database of ``target`` whose URL does not say so: the SQLite file
-    through a symlinked directory, a server by another host name."""
-    import os
-
-    if "://" not in target:
-        link = tmp_path / "another-way"
-        os.symlink(os.path.dirname(os.path.abspath(target)), link)
-        return backends.engine_for(str(link / os.path.basename(target)))
-    url = make_url(target)
-    other = {"127.0.0.1": "localhost", "localhost": "127.0.0.1"}.get(url.host or "", url.host)
-    assert other != url.host, f"no other host name for {url.host!r}"
-    return backends.engine_for(url.set(host=other).render_as_string(hide_password=False))
+    """An engine on the database of ``target`` whose URL does not say so."""
+    return backends.engine_for(backends.another_way_to(target, tmp_path))
 
 
 def test_another_engine_on_the_same_job_is_refused_at_once_not_left_waiting(
