@@ -15,11 +15,12 @@ place is the database's identity, not a URL string:
   ``current_database()``.
 * **MariaDB/MySQL**: ``@@hostname``, ``@@port``, ``@@datadir`` and ``DATABASE()``.
 
-A server's identity costs one query, once per pool: on the first connection checked out
-after :func:`watch` (a ``checkout`` listener that does nothing more once it is known), or by
+A server's identity costs one query, once per pool: on the first connection the store
+checks out for a transaction of its own (:func:`note`, called by the runner: no pool
+listener, which would take the pool off its lean checkout and count as an observer), or by
 :func:`resolve` when a caller needs it before any. Until then :func:`of` answers the URL.
-A failed query never fails the checkout: the identity stays the URL, and is tried again at
-most :data:`ATTEMPTS` times.
+A failed query never fails the operation: the identity stays the URL, and is asked again
+at most :data:`ATTEMPTS` times.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ import threading
 import weakref
 from typing import Any
 
-from sqlalchemy import Engine, event
+from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
-__all__ = ["ATTEMPTS", "of", "resolve", "watch"]
+__all__ = ["ATTEMPTS", "note", "of", "resolve"]
 
 #: how many times a server's identity is asked for before the URL stands for it for good
 ATTEMPTS = 3
@@ -41,7 +42,6 @@ ATTEMPTS = 3
 #: the identities found, by pool (engines made by ``engine.execution_options()`` share it)
 _known: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 _tries: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-_listeners: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -66,52 +66,37 @@ def resolve(engine: Engine) -> str:
     pool = engine.pool
     if pool in _known or engine.dialect.name == "sqlite" or _tries.get(pool, 0) >= ATTEMPTS:
         return of(engine)
-    watch(engine)
-    with contextlib.suppress(Exception), engine.connect():
-        pass  # the checkout listener asks
+    with contextlib.suppress(Exception), engine.connect() as conn:
+        note(engine, conn.connection.dbapi_connection)
     return of(engine)
 
 
-def watch(engine: Engine) -> None:
-    """Learn a server's identity from the first connection ``engine`` checks out (idempotent)."""
+def note(engine: Engine, dbapi_connection: Any) -> bool:
+    """Learn a server's identity on ``dbapi_connection``, just checked out of ``engine``'s
+    pool and idle, unless it is known (or was asked :data:`ATTEMPTS` times); ``True`` once
+    it is known. The connection is handed back as it was found (its implicit transaction
+    rolled back); a connection that cannot roll back raises: drop it."""
     pool = engine.pool
-    if engine.dialect.name == "sqlite" or pool in _known:
-        return
+    if pool in _known:
+        return True
+    if engine.dialect.name == "sqlite" or _tries.get(pool, 0) >= ATTEMPTS:
+        return False
     with _lock:
-        if pool in _listeners:
-            return
-        dialect = engine.dialect.name
-        weak_pool = weakref.ref(pool)  # the listener, kept by the pool, must not keep it alive
-
-        def on_checkout(dbapi_connection: Any, record: Any, proxy: Any) -> None:
-            pool = weak_pool()
-            if pool is None or pool in _known or _tries.get(pool, 0) >= ATTEMPTS:
-                return
-            _tries[pool] = _tries.get(pool, 0) + 1
-            _learn(pool, dialect, dbapi_connection, record)
-
-        _listeners[pool] = on_checkout
-        event.listen(pool, "checkout", on_checkout)
-
-
-def _learn(pool: Any, dialect: str, dbapi_connection: Any, record: Any) -> None:
+        _tries[pool] = _tries.get(pool, 0) + 1
     try:
         cursor = dbapi_connection.cursor()
         try:
-            found = _ask(dialect, cursor)
+            found = _ask(engine.dialect.name, cursor)
         finally:
             cursor.close()
     except Exception:
         found = None
-    # the query began a transaction (a driver's implicit BEGIN): end it, so the checkout
-    # hands over the connection as it found it
-    try:
-        dbapi_connection.rollback()
-    except Exception:
-        record.invalidate()  # a connection that cannot roll back is not one to hand over
-        raise
-    if found is not None:
-        _known[pool] = found
+    # the query began a transaction (a driver's implicit BEGIN): end it
+    dbapi_connection.rollback()
+    if found is None:
+        return False
+    _known[pool] = found
+    return True
 
 
 def _ask(dialect: str, cursor: Any) -> str | None:

@@ -48,7 +48,7 @@ from sqlalchemy.sql import Executable
 
 from ..core import bridge
 from ..core.errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
-from ..engine import forks
+from ..engine import forks, identity
 from ..engine.admission import (
     Observers,
     autocommit_probe,
@@ -306,6 +306,8 @@ class Runner:
         self._root = forks.root(engine)
         self._checkout_from = Checkout(engine)
         self._autocommit = autocommit_probe(engine)
+        #: the pool whose database says who it is (:meth:`_know_database`)
+        self._known_pool: Any = None
         self.lock_wait = LockWait(profile.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
         #: the owner of the engine has disposed of it for good (:meth:`retire`)
@@ -411,6 +413,7 @@ class Runner:
         fairy = conn.connection
         forks.in_use(fairy, self._root)
         try:
+            self._know_database(fairy)
             refuse_autocommit_connection(conn, self._autocommit)
             options = self._profile.begin_options(write=write)
             if single:  # one statement, its own transaction (see run); reset at checkin
@@ -596,6 +599,7 @@ class Runner:
         held, lean, pool = self._checkout_from()
         forks.in_use(held, self._root)
         try:
+            self._know_database(held)
             after_checkout = self._profile.after_checkout
             if after_checkout is not None:
                 after_checkout(held.dbapi_connection, held.info)
@@ -608,6 +612,20 @@ class Runner:
             self._checkin(held, lean, pool, ended=False)
             raise
         return held, lean, pool
+
+    def _know_database(self, held: Any) -> None:
+        """Learn which database the pool reaches (:mod:`fencing.engine.identity`) on a
+        connection just checked out, once per pool: the holds of this process meet there."""
+        pool = self.engine.pool
+        if self._known_pool is pool:
+            return
+        try:
+            known = identity.note(self.engine, held.dbapi_connection)
+        except Exception as exc:  # it could not even roll back: not a connection to use
+            held.invalidate(exc)
+            raise
+        if known or self._profile.write_lock is not None:  # SQLite: known by its file, no query
+            self._known_pool = pool
 
     def _checkin(self, held: Any, lean: bool, pool: Any, ended: bool) -> None:
         forks.released(held)

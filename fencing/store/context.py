@@ -73,7 +73,6 @@ class Context:
         self.create_hint = create_hint
         #: what the store did, by outcome (:mod:`fencing.observe.metrics`)
         self.metrics = self.runner.metrics = StoreMetrics()
-        identity.watch(engine)  # a server says who it is on the first connection checked out
 
     # -- arguments -------------------------------------------------------------------------
 
