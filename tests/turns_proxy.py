@@ -14,6 +14,7 @@ Or as a process, for workers in other processes:
 ``python turns_proxy.py --upstream 127.0.0.1:5432 --port 15432 --delay-ms 0.5``: it prints
 the total turns once a second when the count changed, and on exit.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,6 +64,7 @@ class TurnsProxy:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
