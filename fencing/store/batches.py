@@ -69,9 +69,10 @@ class WorkerBatches:
         """
         ctx = self._ctx
         outcome = ctx.outcome()
-        unit = self._claim_next_unit(owner, ttl, now, limit, max_attempts, outcome, own=conn is None)
+        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
+        unit = self._claim_next_unit(s, params, outcome, own=conn is None)
         # one UPDATE ... RETURNING, unless the claim order is set first for a batch (SET LOCAL)
-        single = ctx.plan.returning and not (limit > 1 and ctx.plan.walks_claim_order)
+        single = ctx.plan.returning and not (params["limit"] > 1 and ctx.plan.walks_claim_order)
         started = time.perf_counter()
         leases = ctx.run_jobs(unit, conn, outcome=outcome, single=single)
         self._claimed(leases, max_attempts, started)
@@ -83,26 +84,26 @@ class WorkerBatches:
         if max_attempts is not None and leases:
             events.last_attempts(leases, max_attempts)
 
-    def _claim_next_unit(
-        self,
-        owner: object,
-        ttl: object,
-        now: object,
-        limit: object,
-        max_attempts: object,
-        outcome: Outcome,
-        *,
-        own: bool,
-    ) -> Callable[[Executor], list[Lease]]:
-        """The unit of :meth:`claim_next`, its arguments checked; ``own``: it runs in a
-        transaction of the store's own; its claims noted in ``outcome``."""
+    def _claim_params(
+        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object
+    ) -> tuple[Statements, dict[str, Any]]:
+        """A claim of the next jobs, its arguments checked: its clock's statements and its
+        bind parameters (``holder``, ``limit``, ``max_fence`` and the clock's)."""
         ctx = self._ctx
         owner = ctx.job_key("owner", owner)
         limit = check_count("limit", limit)
         max_fence = FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)
         s, clock = ctx.clock(now, ttl)
-        params = {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
-        in_claim_order = own and limit > 1 and ctx.plan.walks_claim_order
+        return s, {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+
+    def _claim_next_unit(
+        self, s: Statements, params: dict[str, Any], outcome: Outcome, *, own: bool
+    ) -> Callable[[Executor], list[Lease]]:
+        """The unit of :meth:`claim_next` (``s`` and ``params`` from :meth:`_claim_params`);
+        ``own``: it runs in a transaction of the store's own; its claims noted in ``outcome``."""
+        ctx = self._ctx
+        owner: str = params["holder"]
+        in_claim_order = own and params["limit"] > 1 and ctx.plan.walks_claim_order
 
         def returning(x: Executor) -> list[Lease]:
             if in_claim_order:
@@ -244,14 +245,15 @@ class WorkerBatches:
         _check_completions(completions)
         ctx = self._ctx
         outcome = ctx.outcome()
-        claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts, outcome, own=conn is None)
+        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
+        claim = self._claim_next_unit(s, params, outcome, own=conn is None)
         in_one = ctx.plan.batch_completion == ARRAYS and ctx.plan.returning
-        claims_alone = not (limit > 1 and ctx.plan.walks_claim_order)
+        claims_alone = not (params["limit"] > 1 and ctx.plan.walks_claim_order)
         claimed: list[Lease] = []
         stored_by = None
         if in_one and (conn is not None or claims_alone):
             # PostgreSQL: the completions and the claim in one statement, one round trip
-            stored_by = self._step_in_one(owner, ttl, now, limit, max_attempts, outcome, claimed)
+            stored_by = self._step_in_one(params, outcome, claimed)
         size, complete, refused, single = self._completions_unit(completions, now, outcome, stored_by)
 
         def step(x: Executor) -> tuple[set[int], list[Lease]]:
@@ -267,25 +269,11 @@ class WorkerBatches:
         self._claimed(leases, max_attempts, started)
         return self._judged(size, accepted, refused), leases
 
-    def _step_in_one(
-        self,
-        owner: object,
-        ttl: object,
-        now: object,
-        limit: object,
-        max_attempts: object,
-        outcome: Outcome,
-        claimed: list[Lease],
-    ) -> _StoredBy:
+    def _step_in_one(self, params: dict[str, Any], outcome: Outcome, claimed: list[Lease]) -> _StoredBy:
         """How a step stores its completions on PostgreSQL: in one statement with its claim
         (:meth:`Statements.step_arrays`), whose leases go to ``claimed`` (noted in ``outcome``).
         More completions than one chunk take the chunks first, the last with the claim."""
-        ctx = self._ctx
-        owner = ctx.job_key("owner", owner)
-        limit = check_count("limit", limit)
-        max_fence = FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)
-        _, claim_clock = ctx.clock(now, ttl)
-        params = {"holder": owner, "limit": limit, "max_fence": max_fence, **claim_clock}
+        owner: str = params["holder"]
 
         def stored_by(
             s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
