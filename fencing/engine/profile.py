@@ -9,6 +9,7 @@ SQLite's comes from the settings :func:`fencing.sqlite.configure` installed.
 
 from __future__ import annotations
 
+import select
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,10 @@ from sqlalchemy import Engine
 from . import sqlite
 from .writelock import WriteLock
 
-__all__ = ["EngineProfile", "profile_of"]
+__all__ = ["STATEMENT_COMMITS", "EngineProfile", "PostgreSQLProfile", "profile_of"]
+
+#: PostgreSQL drivers whose autocommit is set on the client alone (no round trip)
+STATEMENT_COMMITS = frozenset({"psycopg", "psycopg_async", "asyncpg"})
 
 
 class EngineProfile:
@@ -37,9 +41,51 @@ class EngineProfile:
     #: what runs on a connection just checked out for the store (dbapi connection, its info)
     after_checkout: Callable[[Any, dict[Any, Any]], None] | None = None
 
+    #: one statement can run as its own transaction, without the driver's separate BEGIN
+    #: and COMMIT round trips (the driver's autocommit, set and unset on the client alone)
+    statement_commits = False
+
     def begin_options(self, *, write: bool) -> dict[str, Any]:
         """The execution options of a transaction of the store's own (how it begins)."""
         return {}
+
+    def autocommit(self, dbapi_connection: Any, on: bool) -> None:
+        """Put the driver's connection in (or out of) autocommit (``statement_commits``)."""
+        raise NotImplementedError
+
+    def closed_by_server(self, dbapi_connection: Any) -> bool:
+        """Whether an idle pooled connection was closed by the server, seen on the client
+        alone (no round trip): a statement sent on it would fail without having run."""
+        return False
+
+
+class PostgreSQLProfile(EngineProfile):
+    """PostgreSQL through psycopg (sync or async) or asyncpg: a store operation that is one
+    statement runs in autocommit, its own implicit transaction, in one round trip instead of
+    three (BEGIN, the statement, COMMIT). The atomicity is the same: a single statement is
+    always its own transaction in PostgreSQL."""
+
+    statement_commits = True
+
+    def autocommit(self, dbapi_connection: Any, on: bool) -> None:
+        dbapi_connection.autocommit = on
+
+    def closed_by_server(self, dbapi_connection: Any) -> bool:
+        inner = getattr(dbapi_connection, "_connection", dbapi_connection)  # SQLAlchemy's async adapters
+        is_closed = getattr(inner, "is_closed", None)
+        if callable(is_closed):  # asyncpg: its protocol saw the socket close
+            return bool(is_closed())
+        pgconn = getattr(inner, "pgconn", None)
+        if pgconn is None:
+            return False
+        try:  # psycopg: anything waiting on an idle connection's socket is a FATAL or its end
+            ready, _, _ = select.select([pgconn.socket], [], [], 0)
+            if not ready:
+                return False
+            pgconn.consume_input()
+        except Exception:
+            return True
+        return bool(pgconn.status != 0)  # CONNECTION_OK is 0
 
 
 class SQLiteProfile(EngineProfile):
@@ -69,6 +115,8 @@ class _UnconfiguredSQLite(EngineProfile):
 
 def profile_of(engine: Engine) -> EngineProfile:
     """The profile of ``engine``'s database, as its dialect's glue describes it."""
+    if engine.dialect.name == "postgresql" and engine.dialect.driver in STATEMENT_COMMITS:
+        return PostgreSQLProfile()
     if engine.dialect.name != "sqlite":
         return EngineProfile()
     settings = sqlite.settings_of(engine)

@@ -136,7 +136,8 @@ class LockWait:
 
 def _unknown_outcome() -> DatabaseError:
     return DatabaseError(
-        "the connection died during COMMIT: the outcome is unknown; read the job's state before acting on it"
+        "the connection died while the write was committing (its COMMIT, or the one statement "
+        "that is its own transaction): the outcome is unknown; read the job's state before acting on it"
     )
 
 
@@ -339,26 +340,39 @@ class Runner:
 
     # -- the store's own transactions ---------------------------------------------------------
 
-    def run(self, unit: Callable[[Executor], T], *, write: bool = True, job: str | None = None) -> T:
+    def run(
+        self,
+        unit: Callable[[Executor], T],
+        *,
+        write: bool = True,
+        job: str | None = None,
+        single: bool = False,
+    ) -> T:
         """Run ``unit`` in a transaction of its own, retrying lock races and a dead idle
         connection. ``write=False`` is for units that only read: on SQLite they take no
         write lock (one statement on the fast path runs as its own snapshot). ``job``: the
-        one job the unit is about, if it is (for the log line of a retry)."""
+        one job the unit is about, if it is (for the log line of a retry).
+
+        ``single``: the unit's first statement is all it writes, and whatever it runs after
+        that only reads (a refusal's reason), so where the database allows it
+        (``statement_commits``: PostgreSQL) that statement is its own transaction, in
+        autocommit: one round trip instead of BEGIN, the statement and COMMIT."""
         self._usable_here()
         verdict = _Verdict()
+        single = single and self._profile.statement_commits
         if self._fast and not self._observers:
             try:  # the usual case: once, without the retry loop's own cost
-                return self._on_driver(unit, write, verdict)
+                return self._on_driver(unit, write, verdict, single)
             except self.errors as exc:
                 if verdict.again is None:
                     raise
-                return self._retrying(lambda v: self._on_driver(unit, write, v), verdict, exc, job)
+                return self._retrying(lambda v: self._on_driver(unit, write, v, single), verdict, exc, job)
         try:
-            return self._on_core(unit, write, verdict)
+            return self._on_core(unit, write, verdict, single)
         except self.errors as exc:
             if verdict.again is None:
                 raise
-            return self._retrying(lambda v: self._on_core(unit, write, v), verdict, exc, job)
+            return self._retrying(lambda v: self._on_core(unit, write, v, single), verdict, exc, job)
 
     def read_row(self, stmt: Executable, params: Mapping[str, Any]) -> Any:
         """The first row (or ``None``) of one read statement: the hot path of ``state()``.
@@ -368,7 +382,7 @@ class Runner:
         """
         self._usable_here()
         if not (self._profile.reads_without_transaction and self._fast) or self._observers:
-            rows = self.run(lambda x: x.rows(stmt, params), write=False)
+            rows = self.run(lambda x: x.rows(stmt, params), write=False, single=True)
             return rows[0] if rows else None
         compiled = self._compiled_for(stmt)
         held, lean, pool = self._checkout()
@@ -384,7 +398,7 @@ class Runner:
         return compiled.convert([row])[0]
 
     @contextlib.contextmanager
-    def transaction(self, *, write: bool = True) -> Iterator[Connection]:
+    def transaction(self, *, write: bool = True, single: bool = False) -> Iterator[Connection]:
         """A Core ``Connection`` from the pool in a transaction of the store's own
         (``IMMEDIATE`` on SQLite when ``write``): committed when the block ends, rolled back
         if it raises. Not retried: the block is the caller's.
@@ -402,6 +416,10 @@ class Runner:
             self._know_database(fairy)
             refuse_autocommit_connection(conn, self._autocommit)
             options = self._profile.begin_options(write=write)
+            if single:  # one statement, its own transaction (see run); reset at checkin
+                if self._profile.closed_by_server(fairy.dbapi_connection):
+                    conn.invalidate()  # nothing was sent: the next statement reconnects
+                options = {**options, "isolation_level": "AUTOCOMMIT"}
             if options:
                 conn.execution_options(**options)
             trans = conn.begin()
@@ -466,11 +484,17 @@ class Runner:
             if races and metrics is not None:
                 metrics.waited(time.monotonic() - started)
 
-    def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
+    def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, single: bool) -> T:
         held, lean, pool = self._checkout()
+        if single and self._profile.closed_by_server(held.dbapi_connection):
+            held.invalidate()  # closed while idle: nothing was sent on it; a fresh one
+            self._checkin(held, lean, pool, ended=False)
+            held, lean, pool = self._checkout()
         conn = held.dbapi_connection  # these drivers' own connection objects
         info = held.info  # kept with the DBAPI connection from checkout to checkout
         ended = False  # the transaction was committed or rolled back: nothing for the pool to reset
+        if single:
+            return self._in_autocommit(unit, write, verdict, held, lean, pool)
         committing = False
         try:
             cursor = info.get(_CURSOR)
@@ -502,17 +526,54 @@ class Runner:
             elif self._disconnected(exc, conn):
                 ended = False
                 held.invalidate(exc)
-                if committing:
+                if committing and write:  # a read's COMMIT kept nothing: read again
                     raise _unknown_outcome() from exc
                 verdict.again = _DEAD_IDLE
             raise
         finally:
             self._checkin(held, lean, pool, ended)
 
-    def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict) -> T:
+    def _in_autocommit(
+        self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, held: Any, lean: bool, pool: Any
+    ) -> T:
+        """The fast path of a ``single`` unit: its statement is its own transaction (one
+        round trip). A write's connection lost during it leaves the outcome unknown: never
+        run again as if nothing had happened."""
+        conn = held.dbapi_connection
+        info = held.info
+        profile = self._profile
+        usable = False  # the connection can go back to the pool (out of autocommit)
+        try:
+            cursor = info.get(_CURSOR)
+            if cursor is None:
+                cursor = info[_CURSOR] = conn.cursor()
+            profile.autocommit(conn, True)
+            try:
+                result = unit(_DriverExecutor(cursor, self._compiled_for))
+            finally:
+                with contextlib.suppress(Exception):  # a dead connection: its error matters
+                    profile.autocommit(conn, False)
+                    usable = True
+            return result
+        except self.errors as exc:
+            _drop_cursor(info)
+            if is_transient(exc):  # the statement was rolled back whole: nothing was kept
+                verdict.again = _LOCK_RACE
+            elif self._disconnected(exc, conn):
+                usable = False
+                held.invalidate(exc)
+                if write:
+                    raise _unknown_outcome() from exc
+                verdict.again = _DEAD_IDLE
+            raise
+        finally:
+            self._checkin(held, lean, pool, usable)
+
+    def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, single: bool) -> T:
         committing = False
         try:
-            with self.transaction(write=write) as conn:
+            with self.transaction(write=write, single=single) as conn:
+                committing = single and write  # in autocommit, the statement is the COMMIT
                 result = unit(CoreExecutor(conn))
                 committing = True  # the block's end sends COMMIT
             return result
@@ -520,7 +581,7 @@ class Runner:
             if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
                 verdict.again = _LOCK_RACE
             elif getattr(exc, "connection_invalidated", False):
-                if committing:
+                if committing and write:  # a read's COMMIT kept nothing: read again
                     raise _unknown_outcome() from exc
                 verdict.again = _DEAD_IDLE
             raise

@@ -22,8 +22,10 @@ from sqlalchemy import (
     Integer,
     Table,
     Text,
+    all_,
     and_,
     bindparam,
+    cast,
     column,
     func,
     literal_column,
@@ -258,6 +260,8 @@ class Statements:
             .returning(as_text(t.c.id), t.c.fence, t.c.until)
         )
         self._ready = ready
+        self._ready_again = ready_again
+        self._longest_ready = longest_ready
         self._claim_values = claim_values
         self._by_count: dict[int, tuple[Executable, Executable]] = {}
         #: jobs claimed max_fence times or more and not held: retries exhausted
@@ -344,6 +348,52 @@ class Statements:
             return self._complete_joined(v).returning(v.c.n)
 
         return self._batch("complete_arrays", 0, build)
+
+    def step_arrays(self) -> Executable:
+        """A worker's step in one statement (PostgreSQL): :meth:`complete_batch_arrays` and
+        ``claim_next_returning`` as two data-modifying CTEs of one ``SELECT``, so a step is
+        one round trip. Its rows: ``(n, NULL, NULL, NULL)`` per accepted completion,
+        ``(NULL, id, fence, until)`` per claimed job.
+
+        Both CTEs see one snapshot, and PostgreSQL does not say which of two updates of one
+        row in a statement wins: so the claim never picks a job this step completes (``id <>
+        ALL(ids)``). A completion that is accepted leaves a live lease anyway, which the claim
+        could not take; one that is refused (expired) leaves its job to the claim."""
+
+        def build() -> Executable:
+            t = self.table
+            complete = self.complete_batch_arrays()
+            assert isinstance(complete, Update)
+            done = complete.cte("done")
+            ids = bindparam("ids", type_=ARRAY(Text()))
+            pick = (
+                select(t.c.id)
+                .where(self._ready, t.c.id != all_(ids))
+                .order_by(*self._longest_ready)
+                .limit(bindparam("limit"))
+                .with_for_update(skip_locked=True)
+                .cte("picked")
+                .prefix_with("MATERIALIZED", dialect="postgresql")
+            )
+            claimed = (
+                update(t)
+                .where(t.c.id.in_(select(pick.c.id)), self._ready_again)
+                .values(self._claim_values)
+                .returning(t.c.id, t.c.fence, t.c.until)
+                .cte("claimed")
+            )
+            no = null()
+            return union_all(
+                select(
+                    done.c.n,
+                    cast(no, Text()).label("id"),
+                    cast(no, BigInteger()).label("fence"),
+                    cast(no, t.c.until.type).label("until"),
+                ),
+                select(cast(no, Integer()).label("n"), claimed.c.id, claimed.c.fence, claimed.c.until),
+            )
+
+        return self._batch("step_arrays", 0, build)
 
     def lock_live(self, size: int) -> Executable:
         """For databases without ``UPDATE ... RETURNING``: lock the rows of ``size`` job ids

@@ -31,6 +31,11 @@ __all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
 
 #: job_id, owner, fence, result: one checked item of complete_many
 _Completion = tuple[str, str, int, "str | None"]
+#: how a batch's completions are stored: a unit made of the statements, the clock, the batch
+#: and the positions to store, returning those accepted
+_StoredBy = Callable[
+    [Statements, dict[str, Any], list[_Completion], list[int]], Callable[[Executor], set[int]]
+]
 #: result characters per batch statement: a statement stays far below MariaDB's packet limit
 COMPLETE_CHUNK_CHARS = 1 << 20
 
@@ -62,10 +67,14 @@ class WorkerBatches:
         skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
         ``BEGIN IMMEDIATE`` serializes claims.
         """
-        outcome = self._ctx.outcome()
-        unit = self._claim_next_unit(owner, ttl, now, limit, max_attempts, outcome, own=conn is None)
+        ctx = self._ctx
+        outcome = ctx.outcome()
+        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
+        unit = self._claim_next_unit(s, params, outcome, own=conn is None)
+        # one UPDATE ... RETURNING, unless the claim order is set first for a batch (SET LOCAL)
+        single = ctx.plan.returning and not (params["limit"] > 1 and ctx.plan.walks_claim_order)
         started = time.perf_counter()
-        leases = self._ctx.run_jobs(unit, conn, outcome=outcome)
+        leases = ctx.run_jobs(unit, conn, outcome=outcome, single=single)
         self._claimed(leases, max_attempts, started)
         return leases
 
@@ -75,26 +84,26 @@ class WorkerBatches:
         if max_attempts is not None and leases:
             events.last_attempts(leases, max_attempts)
 
-    def _claim_next_unit(
-        self,
-        owner: object,
-        ttl: object,
-        now: object,
-        limit: object,
-        max_attempts: object,
-        outcome: Outcome,
-        *,
-        own: bool,
-    ) -> Callable[[Executor], list[Lease]]:
-        """The unit of :meth:`claim_next`, its arguments checked; ``own``: it runs in a
-        transaction of the store's own; its claims noted in ``outcome``."""
+    def _claim_params(
+        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object
+    ) -> tuple[Statements, dict[str, Any]]:
+        """A claim of the next jobs, its arguments checked: its clock's statements and its
+        bind parameters (``holder``, ``limit``, ``max_fence`` and the clock's)."""
         ctx = self._ctx
         owner = ctx.job_key("owner", owner)
         limit = check_count("limit", limit)
         max_fence = FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)
         s, clock = ctx.clock(now, ttl)
-        params = {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
-        in_claim_order = own and limit > 1 and ctx.plan.walks_claim_order
+        return s, {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+
+    def _claim_next_unit(
+        self, s: Statements, params: dict[str, Any], outcome: Outcome, *, own: bool
+    ) -> Callable[[Executor], list[Lease]]:
+        """The unit of :meth:`claim_next` (``s`` and ``params`` from :meth:`_claim_params`);
+        ``own``: it runs in a transaction of the store's own; its claims noted in ``outcome``."""
+        ctx = self._ctx
+        owner: str = params["holder"]
+        in_claim_order = own and params["limit"] > 1 and ctx.plan.walks_claim_order
 
         def returning(x: Executor) -> list[Lease]:
             if in_claim_order:
@@ -145,8 +154,10 @@ class WorkerBatches:
         """
         _check_completions(completions)
         outcome = self._ctx.outcome()
-        size, unit, refused = self._completions_unit(completions, now, outcome)
-        accepted = self._ctx.run_jobs(unit, conn, outcome=outcome) if unit is not None else set()
+        size, unit, refused, single = self._completions_unit(completions, now, outcome)
+        if unit is None:
+            return self._judged(size, set(), refused)
+        accepted = self._ctx.run_jobs(unit, conn, outcome=outcome, single=single)
         return self._judged(size, accepted, refused)
 
     def _judged(self, size: int, accepted: set[int], refused: list[Refusal]) -> list[bool]:
@@ -156,11 +167,16 @@ class WorkerBatches:
         return self._ctx.refused(refused, [i in accepted for i in range(size)])
 
     def _completions_unit(
-        self, completions: Iterable[tuple[Lease, str | None]], now: object, outcome: Outcome
-    ) -> tuple[int, Callable[[Executor], set[int]] | None, list[Refusal]]:
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        now: object,
+        outcome: Outcome,
+        stored_by: _StoredBy | None = None,
+    ) -> tuple[int, Callable[[Executor], set[int]] | None, list[Refusal], bool]:
         """The unit of :meth:`complete_many`, every item checked: how many items there are,
-        the unit returning the positions accepted (``None``: none can be), and the list
-        the unit fills with the refused ones' reasons (read in its transaction)."""
+        the unit returning the positions accepted (``None``: none can be), the list the unit
+        fills with the refused ones' reasons (read in its transaction), and whether it writes
+        with one statement (one chunk of arrays: :meth:`Runner.run`'s ``single``)."""
         ctx = self._ctx
         s, clock = ctx.clock(now)
         batch: list[_Completion] = []
@@ -180,8 +196,8 @@ class WorkerBatches:
         refused: list[Refusal] = []
         if not todo:
             refused += [never_current("complete_many", j, o, f) for j, o, f, _ in batch]
-            return len(batch), None, refused
-        complete = self._complete_many(s, clock, batch, todo)
+            return len(batch), None, refused, False
+        complete = (stored_by or self._complete_many)(s, clock, batch, todo)
 
         def unit(x: Executor) -> set[int]:
             accepted = complete(x)
@@ -198,7 +214,8 @@ class WorkerBatches:
             outcome.refusals([r for r in refused if fence_can_match(r.fence)], clock)
             return accepted
 
-        return len(batch), unit, refused
+        single = ctx.plan.batch_completion == ARRAYS and len(_chunks(batch, todo)) == 1
+        return len(batch), unit, refused, single
 
     def complete_and_claim_next(
         self,
@@ -226,18 +243,62 @@ class WorkerBatches:
                 lease = leases[0] if leases else None
         """
         _check_completions(completions)
-        outcome = self._ctx.outcome()
-        size, complete, refused = self._completions_unit(completions, now, outcome)
-        claim = self._claim_next_unit(owner, ttl, now, limit, max_attempts, outcome, own=conn is None)
+        ctx = self._ctx
+        outcome = ctx.outcome()
+        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
+        claim = self._claim_next_unit(s, params, outcome, own=conn is None)
+        in_one = ctx.plan.batch_completion == ARRAYS and ctx.plan.returning
+        claims_alone = not (params["limit"] > 1 and ctx.plan.walks_claim_order)
+        claimed: list[Lease] = []
+        stored_by = None
+        if in_one and (conn is not None or claims_alone):
+            # PostgreSQL: the completions and the claim in one statement, one round trip
+            stored_by = self._step_in_one(params, outcome, claimed)
+        size, complete, refused, single = self._completions_unit(completions, now, outcome, stored_by)
 
         def step(x: Executor) -> tuple[set[int], list[Lease]]:
-            accepted = complete(x) if complete is not None else set()
-            return accepted, claim(x)
+            if complete is None:  # no completion can be accepted: the claim alone
+                return set(), claim(x)
+            accepted = complete(x)
+            return accepted, (list(claimed) if stored_by is not None else claim(x))
 
+        # one statement: the step's own, or (nothing to complete) the claim's
+        single = stored_by is not None and (single or (complete is None and claims_alone))
         started = time.perf_counter()
-        accepted, leases = self._ctx.run_jobs(step, conn, outcome=outcome)
+        accepted, leases = ctx.run_jobs(step, conn, outcome=outcome, single=single)
         self._claimed(leases, max_attempts, started)
         return self._judged(size, accepted, refused), leases
+
+    def _step_in_one(self, params: dict[str, Any], outcome: Outcome, claimed: list[Lease]) -> _StoredBy:
+        """How a step stores its completions on PostgreSQL: in one statement with its claim
+        (:meth:`Statements.step_arrays`), whose leases go to ``claimed`` (noted in ``outcome``).
+        More completions than one chunk take the chunks first, the last with the claim."""
+        owner: str = params["holder"]
+
+        def stored_by(
+            s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+        ) -> Callable[[Executor], set[int]]:
+            chunks = _chunks(batch, todo)
+            first = s.complete_batch_arrays()
+            both = s.step_arrays()
+
+            def unit(x: Executor) -> set[int]:
+                accepted: set[int] = set()
+                for chunk in chunks[:-1]:
+                    rows = x.rows(first, {**_completion_arrays(batch, chunk), **clock})
+                    accepted.update(int(row[0]) for row in rows)
+                rows = x.rows(both, {**_completion_arrays(batch, chunks[-1]), **clock, **params})
+                accepted.update(int(row[0]) for row in rows if row[0] is not None)
+                leases = [
+                    Lease(row[1], owner, int(row[2]), float(row[3])) for row in rows if row[1] is not None
+                ]
+                outcome.leases("claim", leases, params)
+                claimed[:] = leases
+                return accepted
+
+            return unit
+
+        return stored_by
 
     def _complete_many(
         self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]

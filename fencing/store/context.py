@@ -107,14 +107,16 @@ class Context:
         *,
         write: bool = True,
         job: str | None = None,
+        single: bool = False,
     ) -> T:
         """Run ``unit`` in a transaction of the store's own (``conn=None``) or in the
-        caller's; a database error comes out as the library's (``table`` named in it)."""
+        caller's; a database error comes out as the library's (``table`` named in it).
+        ``single``: the unit writes with its first statement alone (:meth:`Runner.run`)."""
         try:
             try:
                 if conn is None:
                     self.before_own(write, job)
-                    answer = self.runner.run(unit, write=write, job=job)
+                    answer = self.runner.run(unit, write=write, job=job, single=single)
                     if write:
                         self.after_own()
                 else:
@@ -300,9 +302,13 @@ class JobsContext(Context):
         write: bool = True,
         job: str | None = None,
         outcome: Outcome = NO_OUTCOME,
+        single: bool = False,
     ) -> T:
-        """Run ``unit`` on the jobs table, what it notes in ``outcome`` recorded at its end."""
-        return self.run(self.recorded(unit, outcome), conn, self.table, write=write, job=job)
+        """Run ``unit`` on the jobs table, what it notes in ``outcome`` recorded at its end.
+        ``single``: the unit writes with its first statement alone, so without a history to
+        write in the same transaction it may be that statement's own (one round trip)."""
+        single = single and outcome is NO_OUTCOME
+        return self.run(self.recorded(unit, outcome), conn, self.table, write=write, job=job, single=single)
 
     @property
     def holds_key(self) -> holds.Key:

@@ -23,6 +23,7 @@ from ..observe.refusals import never_current
 from ..runtime.execution import CallerConnection, Executor
 from ..sql.statements import Statements
 from .context import JobsContext
+from .dialects import DUPLICATE_KEY
 from .history import Outcome
 
 __all__ = ["CLAIM_MANY_MAX_THREADS", "LeaseOperations"]
@@ -64,7 +65,8 @@ class LeaseOperations:
         else:
             s, params = ctx.by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
         enqueue = ctx.enqueue
-        return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id)
+        single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
+        return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
 
     def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
@@ -84,7 +86,7 @@ class LeaseOperations:
             rows = x.rows(stmt, params)
             return JobState.from_row(rows[0]) if rows else None
 
-        return ctx.run_jobs(unit, conn)
+        return ctx.run_jobs(unit, conn, write=False, single=True)
 
     def claim(
         self,
@@ -109,7 +111,8 @@ class LeaseOperations:
         outcome = ctx.outcome()
         unit = self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}, outcome)
         started = time.perf_counter()
-        lease = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome)
+        single = ctx.plan.returning  # one UPDATE ... RETURNING (then, if refused, a read)
+        lease = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=single)
         ctx.metrics.claim(lease, started)
         return lease
 
@@ -172,7 +175,8 @@ class LeaseOperations:
                 outcome.leases("renew", [renewal], params)
             return renewal
 
-        renewal = ctx.run_jobs(renewed, conn, job=job_id, outcome=outcome)
+        single = ctx.plan.returning or "new_until" in params  # one UPDATE (then, if refused, a read)
+        renewal = ctx.run_jobs(renewed, conn, job=job_id, outcome=outcome, single=single)
         return ctx.refused(refused, None) if renewal is None else ctx.accepted("renew", renewal)
 
     def _renewal(self, x: Executor, s: Statements, params: dict[str, Any]) -> Lease | None:
@@ -267,7 +271,7 @@ class LeaseOperations:
             outcome.refusals(refused, clock)
             return False
 
-        if ctx.run_jobs(unit, conn, job=job_id, outcome=outcome):
+        if ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True):
             return ctx.accepted(path, True, (job_id, fence))
         return ctx.refused(refused, False)
 
@@ -290,7 +294,7 @@ class LeaseOperations:
             _refuse_if_exhausted(x, s, job_id)
             return False
 
-        revoked = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome)
+        revoked = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
         if revoked:
             ctx.metrics.ended("revoke", job_id)
             logger.info("revoked the lease on job %r", job_id, extra={"path": "revoke", "job_id": job_id})
@@ -311,7 +315,7 @@ class LeaseOperations:
             outcome.copy("delete", job_id, {})
             return True
 
-        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome)
+        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
         if deleted:
             ctx.metrics.ended("delete", job_id)
             logger.info("deleted job %r", job_id, extra={"path": "delete", "job_id": job_id})
