@@ -78,14 +78,12 @@ class PostgreSQLProfile(EngineProfile):
         pgconn = getattr(inner, "pgconn", None)
         if pgconn is None:
             return False
-        try:  # psycopg: anything waiting on an idle connection's socket is a FATAL or its end
+        try:  # psycopg: an idle connection the server speaks on unasked was ended (a FATAL,
+            # then the socket's end) or has news nobody here waits for: a fresh one either way
             ready, _, _ = select.select([pgconn.socket], [], [], 0)
-            if not ready:
-                return False
-            pgconn.consume_input()
         except Exception:
             return True
-        return bool(pgconn.status != 0)  # CONNECTION_OK is 0
+        return bool(ready)
 
 
 class SQLiteProfile(EngineProfile):

@@ -486,8 +486,12 @@ class Runner:
 
     def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, single: bool) -> T:
         held, lean, pool = self._checkout()
-        if single and self._profile.closed_by_server(held.dbapi_connection):
-            held.invalidate()  # closed while idle: nothing was sent on it; a fresh one
+        # closed while idle (a server restart closes them all): nothing was sent on it yet, so
+        # the next one, until a live one (a new connection is); bounded all the same
+        for _ in range(_DEAD_IDLE_CHECKS):
+            if not (single and self._profile.closed_by_server(held.dbapi_connection)):
+                break
+            _invalidate(pool, held, None)
             self._checkin(held, lean, pool, ended=False)
             held, lean, pool = self._checkout()
         conn = held.dbapi_connection  # these drivers' own connection objects
@@ -525,7 +529,7 @@ class Runner:
                 verdict.again = _LOCK_RACE
             elif self._disconnected(exc, conn):
                 ended = False
-                held.invalidate(exc)
+                _invalidate(pool, held, exc)
                 if committing and write:  # a read's COMMIT kept nothing: read again
                     raise _unknown_outcome() from exc
                 verdict.again = _DEAD_IDLE
@@ -561,7 +565,7 @@ class Runner:
                 verdict.again = _LOCK_RACE
             elif self._disconnected(exc, conn):
                 usable = False
-                held.invalidate(exc)
+                _invalidate(pool, held, exc)
                 if write:
                     raise _unknown_outcome() from exc
                 verdict.again = _DEAD_IDLE
@@ -662,6 +666,17 @@ class Runner:
 _CURSOR = "fencing_cursor"
 
 
+def _invalidate(pool: Any, held: Any, exc: BaseException | None) -> None:
+    """Drop a connection the server closed, and, as Core does on a disconnect, every
+    connection the pool made before now: a server that closed one (a restart, a failover,
+    an idle cull) has closed the others too, and each would fail a call in turn."""
+    mark = getattr(pool, "_invalidate", None)
+    if callable(mark):
+        with contextlib.suppress(Exception):
+            mark(held, exc, _checkin=False)  # the pool's invalidation time: older ones reconnect
+    held.invalidate(exc)
+
+
 def _drop_cursor(info: dict[str, Any]) -> None:
     """Forget (and close) a connection's cursor after a failed statement: a fresh one next."""
     cursor = info.pop(_CURSOR, None)
@@ -676,6 +691,10 @@ def forked_away() -> ConfigurationError:
         "the child never commits, rolls back or closes the parent's connection (nothing was done here)"
     )
 
+
+#: how many pooled connections found closed by the server a checkout skips (each seen on the
+#: client, before anything is sent on it)
+_DEAD_IDLE_CHECKS = 64
 
 #: why a failed attempt may run again
 _LOCK_RACE = "lock race"  # the database rolled it back whole
