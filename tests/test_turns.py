@@ -314,7 +314,8 @@ def _end_sessions_of_this_database(target: str) -> int:
                 ).all()
                 return len(ended)
             ids = conn.exec_driver_sql(
-                "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
             ).all()
             for (session,) in ids:
                 conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
