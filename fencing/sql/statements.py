@@ -39,7 +39,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import FromClause, Update
+from sqlalchemy.sql.expression import FromClause, Select, Update
 from sqlalchemy.sql.functions import FunctionElement
 
 from ..core.checks import FENCE_MAX
@@ -244,25 +244,16 @@ class Statements:
         #: for databases without RETURNING: the pick reads each fence too; it locks the rows,
         #: so the ones claim_ids' UPDATE claimed are exactly those at the picked fence + 1
         self.pick_ready = pick.add_columns(t.c.fence)
-        # MATERIALIZED: PostgreSQL may otherwise re-run the pick per outer row, each time
-        # skipping the rows this very statement just locked, and claim past the LIMIT
-        picked = pick.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
         #: the picked rows, found by primary key; still ready (a re-check that costs nothing)
-        ready_again = and_(
+        self._ready_again = and_(
             unindexed(t.c.done) == _ZERO,
             unindexed(t.c.until) <= now,
             unindexed(t.c.fence) < bindparam("max_fence"),
         )
-        self.claim_next_returning: Executable = (
-            update(t)
-            .where(t.c.id.in_(select(picked.c.id)), ready_again)
-            .values(claim_values)
-            .returning(as_text(t.c.id), t.c.fence, t.c.until)
-        )
+        self._pick = pick
         self._ready = ready
-        self._ready_again = ready_again
-        self._longest_ready = longest_ready
         self._claim_values = claim_values
+        self.claim_next_returning: Executable = self._claim_picked(pick)
         self._by_count: dict[int, tuple[Executable, Executable]] = {}
         #: jobs claimed max_fence times or more and not held: retries exhausted
         self.poisoned: Executable = (
@@ -349,6 +340,19 @@ class Statements:
 
         return self._batch("complete_arrays", 0, build)
 
+    def _claim_picked(self, pick: Select[Any]) -> Update:
+        """Claim the rows ``pick`` selects (and locks), returning their id, fence and until."""
+        t = self.table
+        # MATERIALIZED: PostgreSQL may otherwise re-run the pick per outer row, each time
+        # skipping the rows this very statement just locked, and claim past the LIMIT
+        picked = pick.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
+        return (
+            update(t)
+            .where(t.c.id.in_(select(picked.c.id)), self._ready_again)
+            .values(self._claim_values)
+            .returning(as_text(t.c.id), t.c.fence, t.c.until)
+        )
+
     def step_arrays(self) -> Executable:
         """A worker's step in one statement (PostgreSQL): :meth:`complete_batch_arrays` and
         ``claim_next_returning`` as two data-modifying CTEs of one ``SELECT``, so a step is
@@ -366,22 +370,7 @@ class Statements:
             assert isinstance(complete, Update)
             done = complete.cte("done")
             ids = bindparam("ids", type_=ARRAY(Text()))
-            pick = (
-                select(t.c.id)
-                .where(self._ready, t.c.id != all_(ids))
-                .order_by(*self._longest_ready)
-                .limit(bindparam("limit"))
-                .with_for_update(skip_locked=True)
-                .cte("picked")
-                .prefix_with("MATERIALIZED", dialect="postgresql")
-            )
-            claimed = (
-                update(t)
-                .where(t.c.id.in_(select(pick.c.id)), self._ready_again)
-                .values(self._claim_values)
-                .returning(t.c.id, t.c.fence, t.c.until)
-                .cte("claimed")
-            )
+            claimed = self._claim_picked(self._pick.where(t.c.id != all_(ids))).cte("claimed")
             no = null()
             return union_all(
                 select(
