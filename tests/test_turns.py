@@ -324,12 +324,15 @@ def _end_sessions_of_this_database(target: str) -> int:
         admin.dispose()
 
 
+@pytest.mark.parametrize("observed", [False, True], ids=["driver", "observed"])
 def test_pooled_connections_the_server_closed_are_replaced_before_a_write_is_sent(
-    target: str, proxy: TurnsProxy
+    target: str, proxy: TurnsProxy, observed: bool
 ) -> None:
     # a server restart (or an idle-connection cull) closes every pooled connection: the
     # next write must go through on a fresh one, not fail, and not be said unknown
     engine = create_engine(through(target, proxy), pool_size=3)
+    if observed:  # through Core
+        event.listen(engine, "before_cursor_execute", lambda *args: None)
     try:
         store = JobStore(engine, jobs_table(MetaData(), "restart_jobs"))
         store.create_table()

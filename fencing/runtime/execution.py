@@ -418,6 +418,7 @@ class Runner:
             options = self._profile.begin_options(write=write)
             if single:  # one statement, its own transaction (see run); reset at checkin
                 if self._profile.closed_by_server(fairy.dbapi_connection):
+                    _retire_older(pool, fairy, None)
                     conn.invalidate()  # nothing was sent: the next statement reconnects
                 options = {**options, "isolation_level": "AUTOCOMMIT"}
             if options:
@@ -497,13 +498,16 @@ class Runner:
         conn = held.dbapi_connection  # these drivers' own connection objects
         info = held.info  # kept with the DBAPI connection from checkout to checkout
         ended = False  # the transaction was committed or rolled back: nothing for the pool to reset
-        if single:
-            return self._in_autocommit(unit, write, verdict, held, lean, pool)
-        committing = False
+        # in autocommit (``single``) the unit's one write is its own transaction: sending it
+        # is committing, and a write's connection lost then leaves the outcome unknown
+        committing = single
         try:
             cursor = info.get(_CURSOR)
             if cursor is None:  # one cursor per connection, made once
                 cursor = info[_CURSOR] = conn.cursor()
+            if single:
+                result, ended = self._autocommitted(unit, cursor, conn)
+                return result
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
                 began = time.perf_counter()
@@ -524,7 +528,7 @@ class Runner:
             raise
         except self.errors as exc:
             _drop_cursor(info)
-            ended = self._rollback(conn)
+            ended = self._rollback(conn)  # (in autocommit: none open, nothing sent)
             if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
                 verdict.again = _LOCK_RACE
             elif self._disconnected(exc, conn):
@@ -537,41 +541,20 @@ class Runner:
         finally:
             self._checkin(held, lean, pool, ended)
 
-    def _in_autocommit(
-        self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, held: Any, lean: bool, pool: Any
-    ) -> T:
-        """The fast path of a ``single`` unit: its statement is its own transaction (one
-        round trip). A write's connection lost during it leaves the outcome unknown: never
-        run again as if nothing had happened."""
-        conn = held.dbapi_connection
-        info = held.info
+    def _autocommitted(self, unit: Callable[[Executor], T], cursor: Any, conn: Any) -> tuple[T, bool]:
+        """Run ``unit`` with the driver in autocommit, then out of it again: its answer, and
+        whether the connection is back out of autocommit (else the pool must not keep it as
+        it is; a unit's own error is the one raised)."""
         profile = self._profile
-        usable = False  # the connection can go back to the pool (out of autocommit)
+        profile.autocommit(conn, True)
+        restored = False
         try:
-            cursor = info.get(_CURSOR)
-            if cursor is None:
-                cursor = info[_CURSOR] = conn.cursor()
-            profile.autocommit(conn, True)
-            try:
-                result = unit(_DriverExecutor(cursor, self._compiled_for))
-            finally:
-                with contextlib.suppress(Exception):  # a dead connection: its error matters
-                    profile.autocommit(conn, False)
-                    usable = True
-            return result
-        except self.errors as exc:
-            _drop_cursor(info)
-            if is_transient(exc):  # the statement was rolled back whole: nothing was kept
-                verdict.again = _LOCK_RACE
-            elif self._disconnected(exc, conn):
-                usable = False
-                _invalidate(pool, held, exc)
-                if write:
-                    raise _unknown_outcome() from exc
-                verdict.again = _DEAD_IDLE
-            raise
+            result = unit(_DriverExecutor(cursor, self._compiled_for))
         finally:
-            self._checkin(held, lean, pool, usable)
+            with contextlib.suppress(Exception):
+                profile.autocommit(conn, False)
+                restored = True
+        return result, restored
 
     def _on_core(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, single: bool) -> T:
         committing = False
@@ -624,11 +607,11 @@ class Runner:
         if self._known_pool is pool:
             return
         try:
-            known = identity.note(self.engine, held.dbapi_connection)
+            settled = identity.note(self.engine, held.dbapi_connection)
         except Exception as exc:  # it could not even roll back: not a connection to use
             held.invalidate(exc)
             raise
-        if known or self._profile.write_lock is not None:  # SQLite: known by its file, no query
+        if settled:
             self._known_pool = pool
 
     def _checkin(self, held: Any, lean: bool, pool: Any, ended: bool) -> None:
@@ -666,14 +649,19 @@ class Runner:
 _CURSOR = "fencing_cursor"
 
 
-def _invalidate(pool: Any, held: Any, exc: BaseException | None) -> None:
-    """Drop a connection the server closed, and, as Core does on a disconnect, every
-    connection the pool made before now: a server that closed one (a restart, a failover,
-    an idle cull) has closed the others too, and each would fail a call in turn."""
+def _retire_older(pool: Any, held: Any, exc: BaseException | None) -> None:
+    """As Core does on a disconnect, mark every connection ``pool`` made before now to be
+    replaced at its next checkout: a server that closed one (a restart, a failover, an idle
+    cull) has closed the others too, and each would fail a call in turn."""
     mark = getattr(pool, "_invalidate", None)
     if callable(mark):
         with contextlib.suppress(Exception):
             mark(held, exc, _checkin=False)  # the pool's invalidation time: older ones reconnect
+
+
+def _invalidate(pool: Any, held: Any, exc: BaseException | None) -> None:
+    """Drop a connection the server closed, and retire the pool's older ones with it."""
+    _retire_older(pool, held, exc)
     held.invalidate(exc)
 
 
