@@ -63,8 +63,7 @@ def of(engine: Engine) -> str:
 def resolve(engine: Engine) -> str:
     """:func:`of`, after asking the server (a connection checked out once) if it was not
     known yet; still the URL if the server would not say."""
-    pool = engine.pool
-    if pool in _known or engine.dialect.name == "sqlite" or _tries.get(pool, 0) >= ATTEMPTS:
+    if _settled(engine):
         return of(engine)
     with contextlib.suppress(Exception), engine.connect() as conn:
         note(engine, conn.connection.dbapi_connection)
@@ -74,13 +73,12 @@ def resolve(engine: Engine) -> str:
 def note(engine: Engine, dbapi_connection: Any) -> bool:
     """Learn a server's identity on ``dbapi_connection``, just checked out of ``engine``'s
     pool and idle, unless it is known (or was asked :data:`ATTEMPTS` times); ``True`` once
-    it is known. The connection is handed back as it was found (its implicit transaction
-    rolled back); a connection that cannot roll back raises: drop it."""
+    there is nothing left to ask (:func:`_settled`). The connection is handed back as it was
+    found (its implicit transaction rolled back); a connection that cannot roll back raises:
+    drop it."""
     pool = engine.pool
-    if pool in _known:
+    if _settled(engine):
         return True
-    if engine.dialect.name == "sqlite" or _tries.get(pool, 0) >= ATTEMPTS:
-        return False
     with _lock:
         _tries[pool] = _tries.get(pool, 0) + 1
     try:
@@ -93,10 +91,16 @@ def note(engine: Engine, dbapi_connection: Any) -> bool:
         found = None
     # the query began a transaction (a driver's implicit BEGIN): end it
     dbapi_connection.rollback()
-    if found is None:
-        return False
-    _known[pool] = found
-    return True
+    if found is not None:
+        _known[pool] = found
+    return _settled(engine)
+
+
+def _settled(engine: Engine) -> bool:
+    """Nothing left to ask the database: its identity is known, it is SQLite's (known by
+    its file, no query), or it was asked :data:`ATTEMPTS` times."""
+    pool = engine.pool
+    return pool in _known or engine.dialect.name == "sqlite" or _tries.get(pool, 0) >= ATTEMPTS
 
 
 def _ask(dialect: str, cursor: Any) -> str | None:

@@ -153,6 +153,11 @@ def _live_locked(key: Key, job_id: str) -> list[Hold]:
     return found
 
 
+def _in_database_locked(key: Key) -> list[Hold]:
+    """The live holds on any table (or the whole) of ``key``'s database."""
+    return [h for (k, _), holds in _holds.items() if k[0] == key[0] for h in holds if h.live()]
+
+
 def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold:
     """Register the hold a block is about to take on ``job_id`` (``whole``: every row) on
     ``conn`` (the caller's) or a connection of its own (``None``), once no renewal of this
@@ -166,9 +171,8 @@ def hold(key: Key, job_id: str, conn: Connection | None, *, whole: bool) -> Hold
     with _changed:
         _prune_locked()
         mine = bridge.holder()
-        others = _live_locked(key, job_id)
-        if whole:  # the write lock: whatever this thread holds anywhere in the database
-            others += [h for (k, _), hs in _holds.items() if k[0] == key[0] for h in hs if h.live()]
+        # the write lock (``whole``): whatever this thread holds anywhere in the database
+        others = _in_database_locked(key) if whole else _live_locked(key, job_id)
         for other in others:
             if other.thread == mine and (conn is None or other.via is not conn):
                 raise SelfWait(other)
@@ -205,12 +209,10 @@ def held_here(key: Key, job_id: str | None) -> Hold | None:
     mine = bridge.holder()
     with _changed:
         _prune_locked()
-        if job_id is None:  # a write anywhere in the database (SQLite)
-            candidates = [h for (k, _), holds in _holds.items() if k[0] == key[0] for h in holds]
-        else:
-            candidates = _live_locked(key, job_id)
-        for other in candidates:
-            if other.thread == mine and other.live():
+        # job_id None: a write anywhere in the database (SQLite)
+        candidates = _in_database_locked(key) if job_id is None else _live_locked(key, job_id)
+        for other in candidates:  # (live ones only)
+            if other.thread == mine:
                 return other
     return None
 
