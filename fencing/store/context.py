@@ -13,7 +13,6 @@ of each unit, in the unit's transaction (:meth:`JobsContext.run`).
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 from collections.abc import Callable
 from typing import Any, NoReturn, TypeVar
@@ -357,6 +356,11 @@ class JobsContext(Context):
         if pruned:
             logger.debug("pruned %d history rows", pruned, extra={"path": "prune", "rows": pruned})
 
+    def write_refusal(self, why: Refusal, clock: dict[str, Any]) -> None:
+        """Record a refused fenced block in the history, in a transaction of the store's own."""
+        recorder = self.require_recorder()
+        self.run_jobs(lambda x: recorder.refusals(x, [why], clock), None)
+
     def record_late(self, why: Refusal, clock: dict[str, Any]) -> None:
         """Record the refusal of a block that joined the caller's transaction, in a
         transaction of the store's own once it can (the caller's may hold the lock it needs,
@@ -368,12 +372,11 @@ class JobsContext(Context):
         """Write the refusals :meth:`record_late` was given, each in a transaction of its own;
         one the database stays too busy for (a caller's transaction held its lock through
         :data:`LATE_ATTEMPTS` busy timeouts) or that fails is logged, never raised."""
-        recorder = self.require_recorder()
         while self._late:
             why, clock = self._late.popleft()
             for attempt in range(LATE_ATTEMPTS):
                 try:
-                    self.run_jobs(functools.partial(_write_refusal, recorder, why, clock), None)
+                    self.write_refusal(why, clock)
                     break
                 except DatabaseBusy:
                     if attempt + 1 < LATE_ATTEMPTS:
@@ -406,7 +409,3 @@ class JobsContext(Context):
         """Log and count ``refusals`` (after their transaction), and answer ``answer``."""
         report(refusals, self.metrics)
         return answer
-
-
-def _write_refusal(recorder: Recorder, why: Refusal, clock: dict[str, Any], x: Executor) -> None:
-    recorder.refusals(x, [why], clock)

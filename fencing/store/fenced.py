@@ -157,15 +157,14 @@ class FencedBlocks:
         it can (:meth:`JobsContext.record_late`). A failure here is logged, never raised over
         the :class:`LeaseLost`."""
         ctx = self._ctx
-        history = ctx.recorder
-        if history is None or lost._refusal is None:
+        if ctx.recorder is None or lost._refusal is None:
             return
         why, clock = lost._refusal
         try:
             if joined:
                 ctx.record_late(why, clock)
             else:
-                ctx.run_jobs(lambda own: history.refusals(own, [why], clock), None)
+                ctx.write_refusal(why, clock)
         except Exception:  # whatever it was, the LeaseLost is the error to see
             logger.warning(
                 "could not record the refused fenced block on job %r in the history",

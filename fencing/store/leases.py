@@ -86,7 +86,7 @@ class LeaseOperations:
             rows = x.rows(stmt, params)
             return JobState.from_row(rows[0]) if rows else None
 
-        return ctx.run_jobs(unit, conn, write=False, single=True)
+        return ctx.run_jobs(unit, conn)  # (the caller's transaction: conn is given)
 
     def claim(
         self,
