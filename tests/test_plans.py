@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, bindparam, create_engine, insert, text
+from sqlalchemy import Connection, Engine, bindparam, create_engine, event, insert, text
 from sqlalchemy.sql import Executable
 
 from fencing import JobStore
@@ -275,13 +275,18 @@ def index_entries_read(engine: Engine, index: str) -> int:
 
 
 @pytest.mark.backend("postgresql")
+@pytest.mark.parametrize("observed", [False, True], ids=["driver", "observed"])
 def test_a_batched_claim_on_a_never_analyzed_table_reads_the_ready_index_only_to_its_limit(
-    target: str, engine: Engine
+    target: str, engine: Engine, observed: bool
 ) -> None:
     """PostgreSQL: the store's own claim of 100 jobs on a fresh table of 100,000 ready ones
     walks the ready index to its limit (a bitmap scan would read all 100,000 entries to sort
-    them); in a caller's transaction the store leaves the planner's settings alone."""
+    them), and so does a worker's step that claims 100, whether the setting that makes it so
+    is pipelined with the claim (psycopg) or sent first (through Core); in a caller's
+    transaction the store leaves the planner's settings alone."""
     single = create_engine(target, pool_size=1, max_overflow=0)
+    if observed:
+        event.listen(single, "before_cursor_execute", lambda *args: None)
     try:
         store = JobStore(single)
         store.create_table()
@@ -292,6 +297,11 @@ def test_a_batched_claim_on_a_never_analyzed_table_reads_the_ready_index_only_to
         assert len(leases) == 100
         read = index_entries_read(single, index) - before
         assert 100 <= read <= 200, f"the claim of 100 jobs read {read} entries of the ready index"
+        before = index_entries_read(single, index)
+        accepted, leases = store.complete_and_claim_next([(leases[0], "r")], "w", ttl=30.0, limit=100)
+        assert accepted == [True] and len(leases) == 100
+        read = index_entries_read(single, index) - before
+        assert 100 <= read <= 200, f"the step's claim of 100 jobs read {read} entries of the ready index"
         with single.begin() as conn:
             assert len(store.claim_next("w", ttl=30.0, limit=100, conn=conn)) == 100
             assert conn.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"

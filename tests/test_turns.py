@@ -41,7 +41,10 @@ POSTGRESQL = {
     "state": 1,
     "claim": 1,
     "claim_next": 1,
-    "claim_next(5)": 4,  # BEGIN, SET LOCAL (walk the ready index in claim order), UPDATE, COMMIT
+    # BEGIN, SET LOCAL (walk the ready index in claim order), UPDATE, COMMIT: sent together
+    # in psycopg's pipeline; the async drivers have none, each is a round trip
+    "claim_next(5)": 1,
+    "step(5)": 1,
     "renew": 1,
     "complete": 1,
     "complete (refused)": 2,  # the refused statement, then its reason read
@@ -50,25 +53,33 @@ POSTGRESQL = {
     "step": 1,
     "revoke": 1,
     "delete": 1,
-    "fenced": 4,  # BEGIN, the start check, the end check, COMMIT
+    "fenced": 2,  # BEGIN and the start check; the end check and COMMIT (a pipeline each)
+    "check": 1,
 }
 MARIADB = {
     "enqueue": 2,
     "state": 2,
     "claim": 3,
-    "claim_next": 4,
-    "claim_next(5)": 4,
+    "claim_next": 3,
+    "claim_next(5)": 3,
     "renew": 3,
     "complete": 2,
     "complete (refused)": 3,
     "release": 2,
     "complete_many(10)": 3,
-    "step": 6,
+    "step": 4,
+    "step(5)": 4,
     "revoke": 2,
     "delete": 2,
     "fenced": 4,
+    "check": 2,
 }
 
+
+#: PostgreSQL's async drivers (asyncpg, psycopg's async mode), and the sync store through
+#: Core: no pipeline, so a batched claim sends its BEGIN, SET LOCAL, statement and COMMIT one
+#: by one
+POSTGRESQL_UNPIPELINED = {**POSTGRESQL, "claim_next(5)": 4, "step(5)": 4, "fenced": 4}
 
 #: through Core (the async front on asyncmy; the sync store when something observes the
 #: engine), whose pool rolls back every connection it is given back, committed or not: one
@@ -133,7 +144,7 @@ class Ops:
             self.fresh(calls * limit)
             for _ in range(calls):
                 yield lambda: call(s.claim_next("w", ttl=60.0, limit=limit))
-        elif name in ("renew", "complete", "release", "revoke", "delete", "fenced"):
+        elif name in ("renew", "complete", "release", "revoke", "delete", "fenced", "check"):
             for lease in self.claimed(calls):
                 yield {
                     "renew": lambda lease=lease: call(s.renew(lease, ttl=60.0)),
@@ -142,6 +153,7 @@ class Ops:
                     "revoke": lambda lease=lease: call(s.revoke(lease.job_id)),
                     "delete": lambda lease=lease: call(s.delete(lease.job_id)),
                     "fenced": lambda lease=lease: self.block(lease),
+                    "check": lambda lease=lease: call(s.check(lease)),
                 }[name]
         elif name == "complete (refused)":
             for lease in self.claimed(calls):
@@ -151,13 +163,15 @@ class Ops:
             for _ in range(calls):
                 batch = [(lease, "r") for lease in self.claimed(10)]
                 yield lambda batch=batch: call(s.complete_many(batch))
-        elif name == "step":
-            self.fresh(calls + 1)
+        elif name in ("step", "step(5)"):
+            limit = 1 if name == "step" else 5
+            self.fresh(calls * limit + 1)
             first = call(s.claim_next("w", ttl=60.0))
             current = [first[0]]
 
             def step() -> None:
-                _, leases = call(s.complete_and_claim_next([(current[0], "r")], "w", ttl=60.0))
+                _, leases = call(s.complete_and_claim_next([(current[0], "r")], "w", ttl=60.0, limit=limit))
+                assert len(leases) == limit
                 current[0] = leases[0]
 
             for _ in range(calls):
@@ -204,8 +218,10 @@ def test_turns_per_operation_on_the_sync_store(target: str, proxy: TurnsProxy, o
         store = JobStore(engine, jobs_table(MetaData(), "turn_jobs"))
         store.create_table()
         want = expected(engine.dialect.name)
-        if observed and engine.dialect.name != "postgresql":
-            want = MARIADB_ASYNCMY  # Core's pool rolls back each connection it gets back
+        if observed:
+            # Core: no pipeline; its pool rolls back each connection it gets back (on
+            # MariaDB, where a statement does not commit itself)
+            want = POSTGRESQL_UNPIPELINED if engine.dialect.name == "postgresql" else MARIADB_ASYNCMY
         found = turns_of(proxy, Ops(store, lambda answer: answer), list(want))
     finally:
         engine.dispose()
@@ -217,7 +233,7 @@ def test_turns_per_operation_on_the_async_store(target: str, proxy: TurnsProxy, 
     dialect = make_url(target).get_backend_name()
     if (dialect == "postgresql") != (driver != "asyncmy"):
         pytest.skip(f"{driver} is not a {dialect} driver")
-    want = MARIADB_ASYNCMY if driver == "asyncmy" else expected(dialect)
+    want = MARIADB_ASYNCMY if driver == "asyncmy" else POSTGRESQL_UNPIPELINED
 
     async def main() -> dict[str, float]:
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -255,16 +271,18 @@ def answer_or_unknown(call: Callable[[], T]) -> T | None:
         return None
 
 
+@pytest.mark.parametrize("limit", [1, 2], ids=["claim1", "claim2"])
 @pytest.mark.parametrize("reply", [1, 2, 3])
 def test_a_connection_lost_during_the_trip_that_commits_is_an_unknown_outcome(
-    target: str, proxy: TurnsProxy, reply: int
+    target: str, proxy: TurnsProxy, reply: int, limit: int
 ) -> None:
     # the connection is cut as the server answers its ``reply``-th request of the call: the
     # request ran (on PostgreSQL, in autocommit, one statement commits there), its answer is
     # lost. Before the COMMIT is sent, nothing was kept and the call may run again; once it
     # may have committed, the outcome is unknown and said so: tried again as if nothing had
     # happened, complete() would say False (the job is done: by this very call) and
-    # claim_next() would hand out a second lease while the first is held
+    # claim_next() would hand out a second lease while the first is held. A batch (``limit``
+    # 2; on psycopg BEGIN, SET LOCAL, the claim and COMMIT in one pipeline) is all or nothing
     engine = create_engine(through(target, proxy))
     try:
         store = JobStore(engine, jobs_table(MetaData(), "cut_jobs"))
@@ -285,14 +303,16 @@ def test_a_connection_lost_during_the_trip_that_commits_is_an_unknown_outcome(
         proxy.cut(0)
 
         proxy.cut(reply)
-        leases = answer_or_unknown(lambda: store.claim_next("w", ttl=60.0))
+        leases = answer_or_unknown(lambda: store.claim_next("w", ttl=60.0, limit=limit))
         proxy.cut(0)
         held = [s for s in (store.state("b"), store.state("c")) if s is not None and s.owner == "w"]
         assert all(s.fence == 1 for s in held)  # no lease handed out twice
         if leases is not None:
-            assert [(lease.job_id, lease.fence) for lease in leases] == [(s.job_id, s.fence) for s in held]
+            assert sorted((lease.job_id, lease.fence) for lease in leases) == [
+                (s.job_id, s.fence) for s in held
+            ]
         else:
-            assert len(held) <= 1
+            assert len(held) in (0, limit)
 
         proxy.cut(reply)  # a read's answer lost: read again, nothing to be unsure of
         assert store.state("a") == state
@@ -348,5 +368,132 @@ def test_pooled_connections_the_server_closed_are_replaced_before_a_write_is_sen
         assert [lease.job_id for lease in store.claim_next("w", ttl=60.0)] == ["b"]
         state = store.state("a")
         assert state is not None and state.done and state.result == "r"
+    finally:
+        engine.dispose()
+
+
+def test_a_pipelined_transaction_that_fails_leaves_its_connection_as_it_found_it(target: str) -> None:
+    # psycopg: BEGIN, the prelude, the statement and COMMIT go in one pipeline; when the
+    # statement fails there, the transaction it opened is rolled back and the connection goes
+    # back to the pool out of autocommit, with no setting of the failed transaction left on it
+    if make_url(target).get_backend_name() != "postgresql":
+        pytest.skip("the pipeline is psycopg's")
+    import psycopg
+    from sqlalchemy import text
+
+    from fencing.runtime.execution import Runner
+
+    engine = create_engine(target, pool_size=1, max_overflow=0)
+    try:
+        runner = Runner.admit(engine)
+        assert runner._profile.pipelines
+        failing = text("SELECT 1 / (CAST(current_setting('enable_sort') = 'on' AS int))")
+        with pytest.raises(engine.dialect.dbapi.Error, match="division by zero"):  # type: ignore[union-attr]
+            runner.run(
+                lambda x: x.rows(failing, {}), single=True, prelude=(text("SET LOCAL enable_sort = off"),)
+            )
+        with engine.connect() as conn:
+            dbapi: Any = conn.connection.dbapi_connection
+            assert dbapi.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert dbapi.autocommit is False
+            assert conn.exec_driver_sql("SHOW enable_sort").scalar_one() == "on"
+        # and the next pipelined run goes through on it
+        answer = runner.run(
+            lambda x: x.rows(text("SELECT current_setting('enable_sort')"), {}),
+            single=True,
+            prelude=(text("SET LOCAL enable_sort = off"),),
+        )
+        assert [tuple(row) for row in answer] == [("off",)]
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("complete", [False, True], ids=["check", "complete"])
+def test_a_pipelined_fenced_block_lost_at_its_end_keeps_nothing_and_says_why(
+    target: str, proxy: TurnsProxy, complete: bool
+) -> None:
+    # psycopg: the end check (or completion) goes with COMMIT in one pipeline, as a statement
+    # that fails when the lease is gone, so the COMMIT after it never runs. The block's writes
+    # are rolled back, the reason is read under the row lock the block still holds, and the
+    # connection goes back to the pool as it came (out of autocommit, no transaction open)
+    if make_url(target).get_backend_name() != "postgresql":
+        pytest.skip("the pipeline is psycopg's")
+    import psycopg
+    from sqlalchemy import Column, Integer, Table, insert, select
+
+    from fencing import LeaseLost
+
+    engine = create_engine(through(target, proxy), pool_size=1, max_overflow=0)
+    metadata = MetaData()
+    writes = Table("pipelined_writes", metadata, Column("n", Integer))
+    try:
+        store = JobStore(engine, jobs_table(metadata, "pipelined_jobs"))
+        store.create_table()
+        metadata.create_all(engine, tables=[writes])
+        assert store.enqueue("a", ready_at=0.0)
+        lease = store.claim("a", "w", ttl=0.3)
+        assert lease is not None
+
+        def late_block(lease: Lease) -> None:
+            with store.fenced(lease, complete=complete, result="r") as conn:
+                conn.execute(insert(writes).values(n=1))
+                time.sleep(0.5)  # the lease runs out inside the block
+
+        with pytest.raises(LeaseLost) as lost:
+            late_block(lease)
+        assert lost.value.reason == "expired"
+        with engine.connect() as conn:
+            dbapi: Any = conn.connection.dbapi_connection
+            assert dbapi.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert dbapi.autocommit is False
+            assert conn.execute(select(writes.c.n)).all() == []  # nothing of the block kept
+        state = store.state("a")
+        assert state is not None and not state.done and state.fence == lease.fence
+        # the same block in time commits, in two round trips around it
+        lease = store.claim("a", "w", ttl=60.0)
+        assert lease is not None
+        proxy.reset()
+        with store.fenced(lease, complete=complete, result="r") as conn:
+            conn.execute(insert(writes).values(n=2))
+        assert proxy.reset() == 3  # the first check, the block's INSERT, the end with COMMIT
+        with engine.connect() as conn:
+            assert conn.execute(select(writes.c.n)).all() == [(2,)]
+        state = store.state("a")
+        assert state is not None and state.done is complete
+    finally:
+        metadata.drop_all(engine, tables=[writes])
+        engine.dispose()
+
+
+@pytest.mark.parametrize("reply", [1, 2])
+def test_a_connection_lost_at_a_pipelined_fenced_blocks_end_is_an_unknown_outcome(
+    target: str, proxy: TurnsProxy, reply: int
+) -> None:
+    # cut as the server answers the block's ``reply``-th request: the first check (nothing
+    # committed: the block fails with an error and its job is untouched) or the end with its
+    # COMMIT (it may have committed: said unknown, and the job is done or not, never half)
+    if make_url(target).get_backend_name() != "postgresql":
+        pytest.skip("the pipeline is psycopg's")
+    from fencing import DatabaseError
+
+    engine = create_engine(through(target, proxy))
+    try:
+        store = JobStore(engine, jobs_table(MetaData(), "pipelined_cut_jobs"))
+        store.create_table()
+        assert store.enqueue("a", ready_at=0.0)
+        lease = store.claim("a", "w", ttl=60.0)
+        assert lease is not None
+        proxy.cut(reply)
+        with pytest.raises(DatabaseError) as failed, store.fenced(lease, complete=True, result="r"):
+            pass
+        proxy.cut(0)
+        state = store.state("a")
+        assert state is not None
+        if reply == 1:
+            assert "unknown" not in str(failed.value)
+            assert not state.done
+        else:
+            assert "the outcome is unknown" in str(failed.value)
+            assert state.done == (state.result == "r")
     finally:
         engine.dispose()

@@ -156,6 +156,10 @@ def refuse_autocommit_engine(engine: Engine) -> None:
         raise ConfigurationError(f"the engine has isolation_level='AUTOCOMMIT'; {_AUTOCOMMIT_FIX}")
 
 
+#: libpq's PQTRANS_IDLE: no transaction open on the server
+_PG_IDLE = 0
+
+
 def autocommit_probe(engine: Engine) -> Callable[[Any], bool] | None:
     """How to read, from a DBAPI connection of this engine, whether its driver is in
     autocommit mode right now (the ground truth, however it was set); ``None``: SQLite,
@@ -163,7 +167,11 @@ def autocommit_probe(engine: Engine) -> Callable[[Any], bool] | None:
     driver = engine.dialect.driver
     if engine.dialect.name == "sqlite":
         return None
-    if driver in ("psycopg", "asyncpg"):  # asyncpg: SQLAlchemy's adapter says it
+    if driver == "psycopg" and not getattr(engine.dialect, "is_async", False):
+        # in autocommit with a transaction open on the server (an explicit BEGIN: a fenced
+        # block's, see fencing.runtime.execution.BlockExecutor), every statement joins it
+        return lambda dbapi: bool(dbapi.autocommit) and dbapi.info.transaction_status == _PG_IDLE
+    if driver in ("psycopg", "asyncpg"):  # async: SQLAlchemy's adapter says it
         return lambda dbapi: bool(dbapi.autocommit)
     if driver == "pymysql":
         return lambda dbapi: bool(dbapi.get_autocommit())

@@ -9,6 +9,7 @@ SQLite's comes from the settings :func:`fencing.sqlite.configure` installed.
 
 from __future__ import annotations
 
+import contextlib
 import select
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,8 @@ class EngineProfile:
     #: one statement can run as its own transaction, without the driver's separate BEGIN
     #: and COMMIT round trips (the driver's autocommit, set and unset on the client alone)
     statement_commits = False
+    #: the driver can send several statements and await their answers once (:meth:`pipeline`)
+    pipelines = False
 
     def begin_options(self, *, write: bool) -> dict[str, Any]:
         """The execution options of a transaction of the store's own (how it begins)."""
@@ -58,6 +61,11 @@ class EngineProfile:
         alone (no round trip): a statement sent on it would fail without having run."""
         return False
 
+    def pipeline(self, dbapi_connection: Any) -> contextlib.AbstractContextManager[Any] | None:
+        """The driver's pipeline on ``dbapi_connection`` (statements sent together, their
+        answers awaited once, at its end), or None where the driver has none."""
+        return None
+
 
 class PostgreSQLProfile(EngineProfile):
     """PostgreSQL through psycopg (sync or async) or asyncpg: a store operation that is one
@@ -67,8 +75,17 @@ class PostgreSQLProfile(EngineProfile):
 
     statement_commits = True
 
+    def __init__(self, dialect: Any) -> None:
+        #: psycopg's pipeline mode, sync (SQLAlchemy's async adapter has none), where its
+        #: libpq has one (14 and later)
+        sync = not getattr(dialect, "is_async", False)
+        self.pipelines = dialect.driver == "psycopg" and sync and _psycopg_pipelines()
+
     def autocommit(self, dbapi_connection: Any, on: bool) -> None:
         dbapi_connection.autocommit = on
+
+    def pipeline(self, dbapi_connection: Any) -> contextlib.AbstractContextManager[Any] | None:
+        return dbapi_connection.pipeline() if self.pipelines else None
 
     def closed_by_server(self, dbapi_connection: Any) -> bool:
         inner = getattr(dbapi_connection, "_connection", dbapi_connection)  # SQLAlchemy's async adapters
@@ -114,8 +131,16 @@ class _UnconfiguredSQLite(EngineProfile):
 def profile_of(engine: Engine) -> EngineProfile:
     """The profile of ``engine``'s database, as its dialect's glue describes it."""
     if engine.dialect.name == "postgresql" and engine.dialect.driver in STATEMENT_COMMITS:
-        return PostgreSQLProfile()
+        return PostgreSQLProfile(engine.dialect)
     if engine.dialect.name != "sqlite":
         return EngineProfile()
     settings = sqlite.settings_of(engine)
     return _UnconfiguredSQLite() if settings is None else SQLiteProfile(settings)
+
+
+def _psycopg_pipelines() -> bool:
+    try:
+        from psycopg import Pipeline
+    except ImportError:  # pragma: no cover - the engine's driver is psycopg
+        return False
+    return bool(Pipeline.is_supported())

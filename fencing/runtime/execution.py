@@ -70,6 +70,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FAST_DRIVERS",
+    "BlockExecutor",
     "CallerConnection",
     "CoreExecutor",
     "Executor",
@@ -260,6 +261,161 @@ class _DriverExecutor:
         return self.cursor.rowcount  # type: ignore[no-any-return]
 
 
+class _PipelinedExecutor(_DriverExecutor):
+    """A driver executor in autocommit whose first statement is sent in the driver's
+    pipeline with ``BEGIN``, the ``prelude`` and ``COMMIT``: one transaction, one round trip.
+    The statements after it (reads) run as a driver executor's, each its own."""
+
+    __slots__ = ("conn", "prelude", "profile")
+
+    def __init__(
+        self,
+        cursor: Any,
+        compiled: Callable[[Executable], _Compiled],
+        conn: Any,
+        prelude: Sequence[Executable],
+        profile: EngineProfile,
+    ) -> None:
+        super().__init__(cursor, compiled)
+        self.conn = conn
+        self.prelude: Sequence[Executable] | None = prelude
+        self.profile = profile
+
+    def _first(self, stmt: Executable, params: Mapping[str, Any]) -> _Compiled | None:
+        prelude = self.prelude
+        if prelude is None:
+            return None
+        self.prelude = None
+        c = self.compiled(stmt)
+        conn = self.conn
+        pipeline = self.profile.pipeline(conn)
+        assert pipeline is not None  # (Runner.run pipelines only where the profile does)
+        with pipeline:
+            conn.execute("BEGIN")
+            for setup in prelude:
+                s = self.compiled(setup)
+                conn.execute(s.sql, s.args({}))
+            self.cursor.execute(c.sql, c.args(params))
+            conn.execute("COMMIT")
+        return c
+
+    def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
+        c = self._first(stmt, params)
+        if c is None:
+            return super().rows(stmt, params)
+        rows = self.cursor.fetchall()
+        return rows if c.convert is None else c.convert(rows)
+
+    def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
+        if self._first(stmt, params) is None:
+            return super().count(stmt, params)
+        return self.cursor.rowcount  # type: ignore[no-any-return]
+
+
+class BlockExecutor(_DriverExecutor):
+    """The store's own statements in a block of the caller's (a fenced block), on the driver
+    connection under the block's Core ``Connection``, each sent in the driver's pipeline: the
+    first goes with ``BEGIN`` (one round trip), and :meth:`commit_unless_lost` sends the
+    block's end with its ``COMMIT`` (one more). From :meth:`Runner.block`.
+
+    psycopg waits for the answer to the ``BEGIN`` it sends itself, even in a pipeline; so the
+    first statement is sent in autocommit after a ``BEGIN`` of the executor's own, and the
+    connection stays in autocommit (inside that transaction, which every statement of the
+    block joins) until it ends: :meth:`restore` puts it back as the pool gave it."""
+
+    __slots__ = ("begun", "conn", "core", "profile", "runner")
+
+    def __init__(self, core: Connection, runner: Runner) -> None:
+        dbapi: Any = core.connection.dbapi_connection
+        super().__init__(dbapi.cursor(), runner._compiled_for)
+        self.begun = False
+        self.core = core
+        self.conn = dbapi
+        self.runner = runner
+        self.profile = runner._profile
+
+    def _send(self, stmt: Executable, params: Mapping[str, Any]) -> _Compiled:
+        c = self.compiled(stmt)
+        conn = self.conn
+        begin = not self.begun and not conn.autocommit and self._idle()
+        self.begun = True
+        pipeline = self.profile.pipeline(conn)
+        assert pipeline is not None  # (Runner.block is for a driver that pipelines)
+        if begin:
+            self.profile.autocommit(conn, True)
+        with pipeline:
+            if begin:
+                conn.execute("BEGIN")
+            self.cursor.execute(c.sql, c.args(params))
+        return c
+
+    def _idle(self) -> bool:
+        from psycopg.pq import TransactionStatus
+
+        return bool(self.conn.info.transaction_status == TransactionStatus.IDLE)
+
+    def restore(self) -> None:
+        """Once the block's transaction has ended: the connection out of autocommit again,
+        or, if it cannot be (its transaction not ended: a dead connection), not kept."""
+        if not self.conn.autocommit:
+            return
+        try:
+            if not self._idle():
+                self.conn.rollback()
+            self.profile.autocommit(self.conn, False)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.core.invalidate(exc)
+
+    def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
+        c = self._send(stmt, params)
+        rows = self.cursor.fetchall()
+        return rows if c.convert is None else c.convert(rows)
+
+    def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
+        self._send(stmt, params)
+        return self.cursor.rowcount  # type: ignore[no-any-return]
+
+    def commit_unless_lost(self, stmt: Executable, params: Mapping[str, Any], lost: str) -> bool:
+        """Send ``stmt``, which fails with an error naming ``lost`` when the block must not
+        commit, and ``COMMIT`` after it, together: True once committed. False when ``stmt``
+        failed so: the transaction is then as it was before ``stmt`` (its row locks held,
+        for the reason to be read in it) and must be rolled back. A connection lost on the
+        way leaves the outcome unknown (:class:`DatabaseError` says so)."""
+        c = self.compiled(stmt)
+        conn = self.conn
+        pipeline = self.profile.pipeline(conn)
+        assert pipeline is not None
+        try:
+            with pipeline:
+                conn.execute("SAVEPOINT fencing_end")
+                self.cursor.execute(c.sql, c.args(params))
+                conn.execute("RELEASE SAVEPOINT fencing_end")
+                conn.execute("COMMIT")
+            self.restore()
+            return True
+        except self.runner.errors as exc:
+            if lost in str(exc):
+                conn.execute("ROLLBACK TO SAVEPOINT fencing_end")
+                return False
+            if self.runner._disconnected(exc, conn):
+                with contextlib.suppress(Exception):
+                    self.core.invalidate(exc)
+                raise _unknown_outcome() from exc
+            raise
+
+
+def _after(prelude: Sequence[Executable], unit: Callable[[Executor], T]) -> Callable[[Executor], T]:
+    """``unit``, run after the ``prelude`` statements in the same transaction."""
+
+    def after(x: Executor) -> T:
+        for setup in prelude:
+            x.count(setup, {})
+        return unit(x)
+
+    return after
+
+
 class Runner:
     """Runs units of work on ``engine``'s pooled connections (see the module's docstring).
 
@@ -347,6 +503,7 @@ class Runner:
         write: bool = True,
         job: str | None = None,
         single: bool = False,
+        prelude: Sequence[Executable] = (),
     ) -> T:
         """Run ``unit`` in a transaction of its own, retrying lock races and a dead idle
         connection. ``write=False`` is for units that only read: on SQLite they take no
@@ -356,17 +513,29 @@ class Runner:
         ``single``: the unit's first statement is all it writes, and whatever it runs after
         that only reads (a refusal's reason), so where the database allows it
         (``statement_commits``: PostgreSQL) that statement is its own transaction, in
-        autocommit: one round trip instead of BEGIN, the statement and COMMIT."""
+        autocommit: one round trip instead of BEGIN, the statement and COMMIT.
+
+        ``prelude``: statements without parameters that set up the transaction (``SET
+        LOCAL``), run first in it. With ``single``, where the driver pipelines (psycopg),
+        BEGIN, the prelude, the unit's first statement and COMMIT are sent together: one
+        round trip still; elsewhere the unit runs in a transaction as without ``single``."""
         self._usable_here()
         verdict = _Verdict()
         single = single and self._profile.statement_commits
-        if self._fast and not self._observers:
+        fast = self._fast and not self._observers
+        if prelude and not (single and fast and self._profile.pipelines):
+            single = False
+            unit = _after(prelude, unit)
+            prelude = ()
+        if fast:
             try:  # the usual case: once, without the retry loop's own cost
-                return self._on_driver(unit, write, verdict, single)
+                return self._on_driver(unit, write, verdict, single, prelude)
             except self.errors as exc:
                 if verdict.again is None:
                     raise
-                return self._retrying(lambda v: self._on_driver(unit, write, v, single), verdict, exc, job)
+                return self._retrying(
+                    lambda v: self._on_driver(unit, write, v, single, prelude), verdict, exc, job
+                )
         try:
             return self._on_core(unit, write, verdict, single)
         except self.errors as exc:
@@ -406,12 +575,30 @@ class Runner:
         A block that ``fork()``-ed: the child never ends, returns or closes the parent's
         transaction (it raises :class:`ConfigurationError` instead); the parent's is untouched.
         """
+        with self._transaction(write, single, pipelined=False) as (conn, _):
+            yield conn
+
+    @contextlib.contextmanager
+    def block(self) -> Iterator[tuple[Connection, BlockExecutor | None]]:
+        """:meth:`transaction` for a block of the caller's statements between the store's
+        own, and the :class:`BlockExecutor` for the store's: where the driver pipelines
+        (psycopg) and nothing observes the engine (else the store's statements go through
+        Core, for them to be seen), else None."""
+        pipelined = self._profile.pipelines and self._fast and not self._observers
+        with self._transaction(True, False, pipelined=pipelined) as both:
+            yield both
+
+    @contextlib.contextmanager
+    def _transaction(
+        self, write: bool, single: bool, *, pipelined: bool
+    ) -> Iterator[tuple[Connection, BlockExecutor | None]]:
         self._usable_here()
         generation = forks.GENERATION[0]
         pool = self.engine.pool
         conn = self.engine.connect()
         fairy = conn.connection
         forks.in_use(fairy, self._root)
+        executor = None
         try:
             self._know_database(fairy)
             refuse_autocommit_connection(conn, self._autocommit)
@@ -424,8 +611,10 @@ class Runner:
             if options:
                 conn.execution_options(**options)
             trans = conn.begin()
+            if pipelined:
+                executor = BlockExecutor(conn, self)
             try:
-                yield conn
+                yield conn, executor
             except BaseException:
                 if forks.GENERATION[0] == generation:
                     with contextlib.suppress(Exception):  # a dead connection: the block's error matters
@@ -437,6 +626,8 @@ class Runner:
         finally:
             if forks.GENERATION[0] == generation:
                 forks.released(fairy)
+                if executor is not None:
+                    executor.restore()  # the driver's connection as the pool gave it
                 if self.engine.pool is not pool:  # disposed meanwhile: close, do not return
                     with contextlib.suppress(Exception):
                         conn.invalidate()
@@ -485,7 +676,14 @@ class Runner:
             if races and metrics is not None:
                 metrics.waited(time.monotonic() - started)
 
-    def _on_driver(self, unit: Callable[[Executor], T], write: bool, verdict: _Verdict, single: bool) -> T:
+    def _on_driver(
+        self,
+        unit: Callable[[Executor], T],
+        write: bool,
+        verdict: _Verdict,
+        single: bool,
+        prelude: Sequence[Executable] = (),
+    ) -> T:
         held, lean, pool = self._checkout()
         # closed while idle (a server restart closes them all): nothing was sent on it yet, so
         # the next one, until a live one (a new connection is); bounded all the same
@@ -506,7 +704,7 @@ class Runner:
             if cursor is None:  # one cursor per connection, made once
                 cursor = info[_CURSOR] = conn.cursor()
             if single:
-                result, ended = self._autocommitted(unit, cursor, conn)
+                result, ended = self._autocommitted(unit, cursor, conn, prelude)
                 return result
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
@@ -541,15 +739,28 @@ class Runner:
         finally:
             self._checkin(held, lean, pool, ended)
 
-    def _autocommitted(self, unit: Callable[[Executor], T], cursor: Any, conn: Any) -> tuple[T, bool]:
+    def _autocommitted(
+        self, unit: Callable[[Executor], T], cursor: Any, conn: Any, prelude: Sequence[Executable]
+    ) -> tuple[T, bool]:
         """Run ``unit`` with the driver in autocommit, then out of it again: its answer, and
         whether the connection is back out of autocommit (else the pool must not keep it as
-        it is; a unit's own error is the one raised)."""
+        it is; a unit's own error is the one raised). With a ``prelude``, its first statement
+        is pipelined in a transaction of its own (:class:`_PipelinedExecutor`)."""
         profile = self._profile
         profile.autocommit(conn, True)
         restored = False
+        executor: _DriverExecutor
+        if prelude:
+            executor = _PipelinedExecutor(cursor, self._compiled_for, conn, prelude, profile)
+        else:
+            executor = _DriverExecutor(cursor, self._compiled_for)
         try:
-            result = unit(_DriverExecutor(cursor, self._compiled_for))
+            result = unit(executor)
+        except BaseException:
+            if prelude:  # the pipeline's transaction, if it failed open: autocommit needs it ended
+                with contextlib.suppress(Exception):
+                    conn.rollback()
+            raise
         finally:
             with contextlib.suppress(Exception):
                 profile.autocommit(conn, False)

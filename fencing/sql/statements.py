@@ -25,9 +25,11 @@ from sqlalchemy import (
     all_,
     and_,
     bindparam,
+    case,
     cast,
     column,
     func,
+    literal,
     literal_column,
     null,
     select,
@@ -46,7 +48,7 @@ from ..core.checks import FENCE_MAX
 from ..core.clock import database_now
 from .schema import KEY_TYPE, as_text
 
-__all__ = ["COMPLETE_CHUNK", "TOMBSTONE", "Clock", "Statements", "batch_size"]
+__all__ = ["COMPLETE_CHUNK", "LOST_AT_THE_END", "TOMBSTONE", "Clock", "Statements", "batch_size"]
 
 # constants are written into the SQL, not bound: fewer parameters per call, and a
 # partial index on "done = 0" can match them
@@ -102,6 +104,22 @@ def _plus(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
 def _plus_zero(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
     # MariaDB's optimizer may drive a join through the ready index on these columns
     return "(" + compiler.process(element.clauses, **kw) + " + 0)"
+
+
+#: the text of the error a fenced block's end statement raises when the lease is not current
+#: and live (:attr:`Statements.still_held`): PostgreSQL says ``invalid input syntax for type
+#: integer: "<this> 0"``, and the transaction is aborted before its COMMIT
+LOST_AT_THE_END = "fencing: the lease is not current and live at the end of the fenced block, rows:"
+
+
+def _fails_unless_one(rows: Any) -> Select[Any]:
+    """A SELECT of 1 over ``rows`` (a statement returning rows, or a CTE) that fails with an
+    error naming :data:`LOST_AT_THE_END` unless ``rows`` holds exactly one row. The failing
+    branch depends on the count, so the planner cannot fold it into a constant and fail early."""
+    found = rows.subquery() if isinstance(rows, Select) else rows
+    n = func.count()
+    verdict = case((n == 1, literal("1")), else_=literal(LOST_AT_THE_END + " ") + cast(n, Text()))
+    return select(cast(verdict, Integer())).select_from(found)
 
 
 class Statements:
@@ -198,6 +216,17 @@ class Statements:
         #: a fenced transaction: the lease is current and live, and its row stays locked
         #: until commit, so no one can claim the job while the caller's writes are pending
         self.lock_lease: Executable = select(t.c.fence).where(current_holder, lease_live).with_for_update()
+        #: the end of a fenced block sent with its COMMIT (PostgreSQL, psycopg's pipeline): the
+        #: same check, or the completion, as a statement that fails when it matches no row, so
+        #: the COMMIT after it in the pipeline is never run (:data:`LOST_AT_THE_END`)
+        self.still_held: Executable = _fails_unless_one(select(t.c.id).where(current_holder, lease_live))
+        self.complete_or_fail: Executable = _fails_unless_one(
+            update(t)
+            .where(current_holder, lease_live)
+            .values(result=bindparam("new_result"), done=_ONE)
+            .returning(t.c.id)
+            .cte("completed")
+        )
         #: the same check as a write, for SQLite inside a transaction that did not begin
         #: IMMEDIATE (the caller's): it takes the database's write lock with the check, so
         #: the caller's writes that follow cannot lose a lock race
@@ -241,9 +270,11 @@ class Statements:
             .limit(bindparam("limit"))
             .with_for_update(skip_locked=True)
         )
-        #: for databases without RETURNING: the pick reads each fence too; it locks the rows,
-        #: so the ones claim_ids' UPDATE claimed are exactly those at the picked fence + 1
-        self.pick_ready = pick.add_columns(t.c.fence)
+        #: for databases without RETURNING: the pick reads each fence too, and the clock's
+        #: reading it judged them ready at (the database's: the claim is stored at that instant,
+        #: so the client knows each lease without reading it back); it locks the rows, so the
+        #: ones claim_ids' UPDATE claimed are exactly those at the picked fence + 1
+        self.pick_ready = pick.add_columns(t.c.fence, now)
         #: the picked rows, found by primary key; still ready (a re-check that costs nothing)
         self._ready_again = and_(
             unindexed(t.c.done) == _ZERO,
@@ -269,7 +300,9 @@ class Statements:
 
     def claim_ids(self, count: int) -> tuple[Executable, Executable]:
         """For databases without ``UPDATE ... RETURNING``: claim ``count`` picked ids
-        (binds ``id_0`` ...) and read them back, statements built once per count."""
+        (binds ``id_0`` ...) and read them back, statements built once per count. On the
+        caller's clock only: a claim on the database's is stored at the instant its pick
+        read (:attr:`pick_ready`), passed as ``now``."""
         try:
             return self._by_count[count]
         except KeyError:

@@ -16,7 +16,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..core.checks import FENCE_MAX, check_count, fence_can_match
+from sqlalchemy.sql import Executable
+
+from ..core.checks import FENCE_MAX, check_count, check_until, fence_can_match
 from ..core.errors import DatabaseError, InvalidArgumentType
 from ..core.values import JobState, Lease, Refusal
 from ..observe import events
@@ -24,7 +26,7 @@ from ..observe.refusals import judge, never_current
 from ..runtime.execution import CallerConnection, Executor
 from ..sql.statements import COMPLETE_CHUNK, Statements, batch_size
 from .context import JobsContext
-from .dialects import ARRAYS, EACH
+from .dialects import ARRAYS, EACH, LOCKING
 from .history import Outcome
 
 __all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
@@ -70,11 +72,13 @@ class WorkerBatches:
         ctx = self._ctx
         outcome = ctx.outcome()
         s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
-        unit = self._claim_next_unit(s, params, outcome, own=conn is None)
-        # one UPDATE ... RETURNING, unless the claim order is set first for a batch (SET LOCAL)
-        single = ctx.plan.returning and not (params["limit"] > 1 and ctx.plan.walks_claim_order)
+        unit = self._claim_next_unit(s, params, outcome)
         started = time.perf_counter()
-        leases = ctx.run_jobs(unit, conn, outcome=outcome, single=single)
+        # one UPDATE ... RETURNING (a batch's after the claim order is set: one round trip
+        # still where the driver pipelines)
+        leases = ctx.run_jobs(
+            unit, conn, outcome=outcome, single=ctx.plan.returning, prelude=self._claim_order(s, params)
+        )
         self._claimed(leases, max_attempts, started)
         return leases
 
@@ -96,38 +100,52 @@ class WorkerBatches:
         s, clock = ctx.clock(now, ttl)
         return s, {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
 
+    def _claim_order(self, s: Statements, params: dict[str, Any]) -> tuple[Executable, ...]:
+        """What a transaction of the store's own that claims ``params["limit"]`` jobs runs
+        first, so the pick walks the ready index in claim order (PostgreSQL, past one job)."""
+        if params["limit"] > 1 and self._ctx.plan.walks_claim_order:
+            return (s.walk_in_claim_order,)
+        return ()
+
     def _claim_next_unit(
-        self, s: Statements, params: dict[str, Any], outcome: Outcome, *, own: bool
+        self, s: Statements, params: dict[str, Any], outcome: Outcome
     ) -> Callable[[Executor], list[Lease]]:
-        """The unit of :meth:`claim_next` (``s`` and ``params`` from :meth:`_claim_params`);
-        ``own``: it runs in a transaction of the store's own; its claims noted in ``outcome``."""
+        """The unit of :meth:`claim_next` (``s`` and ``params`` from :meth:`_claim_params`),
+        its claims noted in ``outcome``."""
         ctx = self._ctx
         owner: str = params["holder"]
-        in_claim_order = own and params["limit"] > 1 and ctx.plan.walks_claim_order
 
         def returning(x: Executor) -> list[Lease]:
-            if in_claim_order:
-                x.count(s.walk_in_claim_order, {})
             rows = x.rows(s.claim_next_returning, params)
             leases = [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
             outcome.leases("claim", leases, params)
             return leases
 
+        by_caller = ctx.by_caller
+
         def picking(x: Executor) -> list[Lease]:
-            picked = {job_id: int(fence) for job_id, fence in x.rows(s.pick_ready, params)}
-            if not picked:
+            rows = x.rows(s.pick_ready, params)
+            if not rows:
                 return []
-            claim, read = s.claim_ids(len(picked))
-            both = {**params, **{f"id_{i}": job_id for i, job_id in enumerate(picked)}}
-            x.count(claim, both)
-            # the pick locked these rows: the UPDATE claimed those now one fence above the pick.
-            # Another (no longer ready at the UPDATE's own now) may still carry this owner from
-            # an earlier, expired lease: its old fence must not be handed out a second time
-            leases = [
-                Lease(job_id, owner, int(fence), float(until))
-                for job_id, fence, until in x.rows(read, both)
-                if int(fence) == picked[job_id] + 1
-            ]
+            picked = {job_id: int(fence) for job_id, fence, _ in rows}
+            # the claim is stored at the instant the pick judged its rows ready (on the
+            # database's clock: the pick's own reading), so its leases are known here
+            at = params["now"] if "now" in params else float(rows[0][2])
+            new_until = params["new_until"] if "now" in params else check_until(at, params["ttl"])
+            claim, read = by_caller.claim_ids(len(picked))
+            ids = {f"id_{i}": job_id for i, job_id in enumerate(picked)}
+            both = {**params, **ids, "now": at, "new_until": new_until}
+            if x.count(claim, both) == len(picked):
+                # the pick locked these rows, ready at ``at``: each is claimed one fence above
+                leases = [Lease(job_id, owner, fence + 1, new_until) for job_id, fence in picked.items()]
+            else:  # (not seen: rows locked since the pick and judged at the same instant)
+                # one no longer ready may still carry this owner from an earlier, expired
+                # lease: its old fence must not be handed out a second time
+                leases = [
+                    Lease(job_id, owner, int(fence), float(until))
+                    for job_id, fence, until in x.rows(read, both)
+                    if int(fence) == picked[job_id] + 1
+                ]
             outcome.leases("claim", leases, params)
             return leases
 
@@ -246,12 +264,10 @@ class WorkerBatches:
         ctx = self._ctx
         outcome = ctx.outcome()
         s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
-        claim = self._claim_next_unit(s, params, outcome, own=conn is None)
-        in_one = ctx.plan.batch_completion == ARRAYS and ctx.plan.returning
-        claims_alone = not (params["limit"] > 1 and ctx.plan.walks_claim_order)
+        claim = self._claim_next_unit(s, params, outcome)
         claimed: list[Lease] = []
         stored_by = None
-        if in_one and (conn is not None or claims_alone):
+        if ctx.plan.batch_completion == ARRAYS and ctx.plan.returning:
             # PostgreSQL: the completions and the claim in one statement, one round trip
             stored_by = self._step_in_one(params, outcome, claimed)
         size, complete, refused, single = self._completions_unit(completions, now, outcome, stored_by)
@@ -263,9 +279,10 @@ class WorkerBatches:
             return accepted, (list(claimed) if stored_by is not None else claim(x))
 
         # one statement: the step's own, or (nothing to complete) the claim's
-        single = stored_by is not None and (single or (complete is None and claims_alone))
+        single = stored_by is not None and (single or complete is None)
         started = time.perf_counter()
-        accepted, leases = ctx.run_jobs(step, conn, outcome=outcome, single=single)
+        prelude = self._claim_order(s, params)
+        accepted, leases = ctx.run_jobs(step, conn, outcome=outcome, single=single, prelude=prelude)
         self._claimed(leases, max_attempts, started)
         return self._judged(size, accepted, refused), leases
 
@@ -306,7 +323,9 @@ class WorkerBatches:
         """The unit that stores the completions at positions ``todo``: the accepted ones, the
         way the dialect's plan says."""
         how = self._ctx.plan.batch_completion
-        if how == EACH:
+        # one completion (a worker's step): its guarded UPDATE alone, one statement where a
+        # locking read and a joined UPDATE take two
+        if how == EACH or (how == LOCKING and len(todo) == 1):
 
             def each(x: Executor) -> set[int]:
                 stmt = s.complete

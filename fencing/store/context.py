@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
 from sqlalchemy import Connection, Engine, Table
+from sqlalchemy.sql import Executable
 
 from ..core.checks import (
     check_database_ttl,
@@ -107,15 +108,17 @@ class Context:
         write: bool = True,
         job: str | None = None,
         single: bool = False,
+        prelude: Sequence[Executable] = (),
     ) -> T:
         """Run ``unit`` in a transaction of the store's own (``conn=None``) or in the
         caller's; a database error comes out as the library's (``table`` named in it).
-        ``single``: the unit writes with its first statement alone (:meth:`Runner.run`)."""
+        ``single``: the unit writes with its first statement alone; ``prelude``: what sets up
+        a transaction of the store's own, never the caller's (:meth:`Runner.run`)."""
         try:
             try:
                 if conn is None:
                     self.before_own(write, job)
-                    answer = self.runner.run(unit, write=write, job=job, single=single)
+                    answer = self.runner.run(unit, write=write, job=job, single=single, prelude=prelude)
                     if write:
                         self.after_own()
                 else:
@@ -302,12 +305,22 @@ class JobsContext(Context):
         job: str | None = None,
         outcome: Outcome = NO_OUTCOME,
         single: bool = False,
+        prelude: Sequence[Executable] = (),
     ) -> T:
         """Run ``unit`` on the jobs table, what it notes in ``outcome`` recorded at its end.
         ``single``: the unit writes with its first statement alone, so without a history to
-        write in the same transaction it may be that statement's own (one round trip)."""
+        write in the same transaction it may be that statement's own (one round trip);
+        ``prelude``: what sets up a transaction of the store's own (:meth:`run`)."""
         single = single and outcome is NO_OUTCOME
-        return self.run(self.recorded(unit, outcome), conn, self.table, write=write, job=job, single=single)
+        return self.run(
+            self.recorded(unit, outcome),
+            conn,
+            self.table,
+            write=write,
+            job=job,
+            single=single,
+            prelude=prelude,
+        )
 
     @property
     def holds_key(self) -> holds.Key:

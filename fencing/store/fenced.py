@@ -25,9 +25,9 @@ from ..core.values import Lease
 from ..engine import forks
 from ..observe.refusals import never_current
 from ..runtime import holds
-from ..runtime.execution import CallerConnection, CoreExecutor, Executor, forked_away
+from ..runtime.execution import BlockExecutor, CallerConnection, CoreExecutor, Executor, forked_away
 from ..sql.dberrors import is_transient, sqlalchemy_error
-from ..sql.statements import Statements
+from ..sql.statements import LOST_AT_THE_END, Statements
 from .context import JobsContext
 
 __all__ = ["LONG_BLOCK_FRACTION", "FencedBlocks"]
@@ -117,16 +117,19 @@ class FencedBlocks:
         ending = False
         lost: LeaseLost | None = None
         try:
-            with runner.transaction() as own:
+            with runner.block() as (own, pipelined):
                 hold.runs_on(own)  # a block nested with conn=own joins this transaction
-                x = CoreExecutor(own)
+                # with psycopg, the first check goes with BEGIN and the end with COMMIT: two
+                # round trips around the block, not four (not with a history to write at the end)
+                ends = pipelined if ctx.recorder is None else None
+                x = CoreExecutor(own) if ends is None else ends
                 block = self._begin_block(x, s, params, joined=False)
                 ours = False
                 yield own
                 if runner.forked_since(generation):
                     raise forked_away()
                 ours = ending = True  # the block ran: the end check, then COMMIT
-                self._finish(x, s, params, complete, block, entered)
+                self._finish(x, s, params, complete, block, entered, ends)
             block.committed(complete)
             ctx.metrics.add("fenced.accepted")
         except LeaseLost as exc:
@@ -299,9 +302,11 @@ class FencedBlocks:
         complete: bool,
         block: _Block,
         entered: float,
+        ends: BlockExecutor | None = None,
     ) -> None:
         """The end of a fenced block: complete the job, or check the lease once more, at the
-        moment the block ends (the caller's ``now`` advanced by the block's duration)."""
+        moment the block ends (the caller's ``now`` advanced by the block's duration).
+        ``ends``: the block's own transaction ends here, the check sent with its COMMIT."""
         ctx = self._ctx
         # the block's history, recorded at its end in its transaction: the extension its
         # first check gave the lease (a renewal, at the block's start), then the block itself
@@ -313,8 +318,20 @@ class FencedBlocks:
             params = {**params, "now": params["now"] + (ended - entered)}
         if ctx.plan.locks_whole_database:
             self._warn_if_long(params, ended - block.sent)
-        if not complete:
-            self._hold(x, s, params, " at the end of the fenced block; rolled back", joined=False)
+        at_end = " at the end of the fenced block; rolled back"
+        if ends is not None:
+            if not ends.commit_unless_lost(
+                s.complete_or_fail if complete else s.still_held, params, LOST_AT_THE_END
+            ):
+                self._lost(
+                    x,
+                    s,
+                    "fenced",
+                    params,
+                    "was lost before completing" if complete else f"is not current{at_end}",
+                )
+        elif not complete:
+            self._hold(x, s, params, at_end, joined=False)
         elif x.count(s.complete, params) != 1:
             self._lost(x, s, "fenced", params, "was lost before completing")
         token = (params["job_id"], params["holder"], params["token"])
@@ -376,12 +393,13 @@ class FencedBlocks:
         s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         when = ""
-        if conn is None:
+        if conn is None:  # one locking read (then, if refused, its reason read): one round trip
             ctx.run_jobs(
                 lambda x: self._hold(x, s, params, when, joined=False, path="check"),
                 None,
                 write=False,
                 job=job_id,
+                single=True,
             )
             return
 
