@@ -329,14 +329,15 @@ def test_the_harness_and_the_demo_refuse_a_huge_number_by_name() -> None:
 
 
 @pytest.fixture
-def stepping_engine(target: str) -> Iterator[tuple[Engine, list[float]]]:
-    """An engine whose claim UPDATE (``UPDATE jobs SET owner``) runs with the session clock set
-    to ``step[0]`` (MariaDB's ``SET timestamp``, which ``UTC_TIMESTAMP`` follows), as a server
-    clock stepped back between claim_next's pick and its UPDATE; the clock is put back at once."""
+def stepping_engine(target: str) -> Iterator[tuple[Engine, list[str]]]:
+    """An engine that runs the SQL in ``inject`` on the claim's own connection (its
+    transaction) just before claim_next's UPDATE (``UPDATE jobs SET owner``) on MariaDB:
+    as a change between the pick and the UPDATE, or a server clock stepped back there
+    (``SET timestamp``, which ``UTC_TIMESTAMP`` follows; put back after the UPDATE)."""
     eng = backends.engine_for(target)
-    step: list[float] = []
+    inject: list[str] = []
 
-    def set_clock(sql: str, cursor: Any) -> None:
+    def run(sql: str, cursor: Any) -> None:
         extra = cursor.connection.cursor()
         try:
             extra.execute(sql)
@@ -345,16 +346,17 @@ def stepping_engine(target: str) -> Iterator[tuple[Engine, list[float]]]:
 
     @event.listens_for(eng, "before_cursor_execute")
     def before(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if step and statement.lstrip().upper().startswith("UPDATE JOBS SET OWNER"):
-            set_clock(f"SET timestamp = {step[0]!r}", cursor)
+        if inject and statement.lstrip().upper().startswith("UPDATE JOBS SET OWNER"):
+            for sql in inject:
+                run(sql, cursor)
 
     @event.listens_for(eng, "after_cursor_execute")
     def after(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if step and statement.lstrip().upper().startswith("UPDATE JOBS SET OWNER"):
-            set_clock("SET timestamp = DEFAULT", cursor)
+        if inject and statement.lstrip().upper().startswith("UPDATE JOBS SET OWNER"):
+            run("SET timestamp = DEFAULT", cursor)
 
     try:
-        yield eng, step
+        yield eng, inject
     finally:
         eng.dispose()
 
@@ -372,10 +374,39 @@ def test_mariadb_session_timestamp_steps_the_database_clock(engine: Engine) -> N
 
 
 @pytest.mark.backend("mariadb", "mysql")
-def test_mariadb_claim_next_never_returns_a_row_its_update_did_not_claim(
-    stepping_engine: tuple[Engine, list[float]],
+def test_mariadb_claim_next_judges_its_rows_at_the_instant_its_pick_read(
+    stepping_engine: tuple[Engine, list[str]],
 ) -> None:
-    engine, step = stepping_engine
+    # the pick reads the database's clock and the UPDATE claims at that instant: a server
+    # clock stepped back in between changes nothing, and every lease returned is the row stored
+    engine, inject = stepping_engine
+    store = JobStore(engine)
+    store.create_table()
+    assert store.enqueue("old", ready_at=0.0)
+    assert store.enqueue("new", ready_at=0.0)
+    now = time.time()
+    expired = store.claim("old", "w", ttl=10.0, now=now - 100.0)
+    assert expired is not None and expired.fence == 1
+    inject.append(f"SET timestamp = {now - 1000.0!r}")
+    got = store.claim_next("w", ttl=30.0, limit=2)
+    inject.clear()
+    assert sorted((lease.job_id, lease.fence) for lease in got) == [("new", 1), ("old", 2)]
+    for lease in got:
+        state = store.state(lease.job_id)
+        assert state is not None and (state.owner, state.fence, state.until) == (
+            "w",
+            lease.fence,
+            lease.until,
+        )
+        assert lease.until >= now + 30.0 - 1.0  # the pick's instant, not the stepped clock's
+    assert store.complete(expired, "late") is False  # the old token is stale
+
+
+@pytest.mark.backend("mariadb", "mysql")
+def test_mariadb_claim_next_never_returns_a_row_its_update_did_not_claim(
+    stepping_engine: tuple[Engine, list[str]],
+) -> None:
+    engine, inject = stepping_engine
     store = JobStore(engine)
     store.create_table()
     assert store.enqueue("old", ready_at=0.0)
@@ -384,15 +415,15 @@ def test_mariadb_claim_next_never_returns_a_row_its_update_did_not_claim(
     now = time.time()
     expired = store.claim("old", "w", ttl=10.0, now=now - 100.0)
     assert expired is not None and expired.fence == 1
-    before = store.state("old")
-    # between the pick and the UPDATE the server clock steps back before "old"'s until, so the
-    # UPDATE no longer finds "old" ready; "new" (until 0) is ready at any clock
-    step.append(now - 1000.0)
+    # between the pick and the UPDATE, "old" stops being ready (done, in the claim's own
+    # transaction, which holds its row lock): the UPDATE claims "new" alone, and "old", which
+    # still names this owner from its expired lease, must not come back with its old fence
+    inject.append("UPDATE jobs SET done = 1 WHERE id = 'old'")
     got = store.claim_next("w", ttl=30.0, limit=2)
-    step.clear()
+    inject.clear()
     assert [(lease.job_id, lease.fence) for lease in got] == [("new", 1)]
-    assert store.state("old") == before  # not claimed: fence, owner and until unchanged
-    # the old token stays stale for writes: its lease is over
+    state = store.state("old")
+    assert state is not None and (state.owner, state.fence) == ("w", 1)  # not claimed
     assert store.complete(expired, "late") is False
 
 
