@@ -16,7 +16,10 @@ Before each run the round trip through the proxy is measured (``SELECT 1`` on a 
 connection in autocommit, the median of 200), and the table shows **the limit of one round
 trip per job**, ``1 / rtt`` jobs/s for one worker: a one-at-a-time worker cannot go faster
 than that, however little it does, and fencing's ``step`` is one round trip per job on
-PostgreSQL (``tests/test_turns.py`` counts it).
+PostgreSQL (``tests/test_turns.py`` counts it). Beside it, the limit with the server's own
+work: **one durable commit per job**, the raw driver updating one row in autocommit (the
+median of 200), which is a round trip plus the server's WAL flush: no worker that stores a
+result per job goes faster.
 
 Reproduce (peers in a venv of their own, see ``benchmarks/requirements-peers.txt``)::
 
@@ -74,6 +77,31 @@ def round_trip(url: str, times: int = 200) -> float:
     return statistics.median(samples)
 
 
+def commit_trip(url: str, times: int = 200) -> float:
+    """The median seconds of the smallest durable write: one row's ``UPDATE`` in autocommit,
+    its own transaction, committed (the WAL flushed, at the server's ``synchronous_commit``),
+    on the raw driver. No worker that stores anything per job can go faster than one of these
+    per job; with ``fsync`` on, the flush is most of it on localhost."""
+    import psycopg
+
+    with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS fencing_latency_floor (id int PRIMARY KEY, n bigint NOT NULL)"
+        )
+        conn.execute("INSERT INTO fencing_latency_floor VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+        try:
+            for _ in range(10):
+                conn.execute("UPDATE fencing_latency_floor SET n = n + 1 WHERE id = 1")
+            samples = []
+            for _ in range(times):
+                started = time.perf_counter()
+                conn.execute("UPDATE fencing_latency_floor SET n = n + 1 WHERE id = 1")
+                samples.append(time.perf_counter() - started)
+        finally:
+            conn.execute("DROP TABLE fencing_latency_floor")
+    return statistics.median(samples)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -99,9 +127,12 @@ def main(argv: list[str] | None = None) -> int:
         with proxy(upstream, delay) as port:
             through = url.set(host="127.0.0.1", port=port).render_as_string(hide_password=False)
             rtt = round_trip(through)
+            commit = commit_trip(through)
             print(
                 f"\n=== one-way delay {delay:g} ms: round trip {rtt * 1000:.3f} ms; "
-                f"the limit of one round trip per job: {1 / rtt:,.0f} jobs/s per worker ===",
+                f"the limit of one round trip per job: {1 / rtt:,.0f} jobs/s per worker; "
+                f"one durable commit (a row's UPDATE, the raw driver): {commit * 1000:.3f} ms, "
+                f"{1 / commit:,.0f} jobs/s per worker ===",
                 flush=True,
             )
             subprocess.run(

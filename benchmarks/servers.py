@@ -8,11 +8,13 @@ Jobs per second through the whole life of a job: ``claim`` (one transaction) the
 ``raw``
     The driver itself -- ``psycopg.connect`` / ``pymysql.connect`` with the connect arguments
     SQLAlchemy's dialect derives from the URL (for pymysql that includes the ``FOUND_ROWS``
-    client flag the store's row counts rely on), autocommit off -- executing the SQL text the
-    library's Core statements compile to for the engine's dialect (``fencing.sql.statements``),
-    with the same bind parameters: PostgreSQL ``UPDATE ... RETURNING`` then ``COMMIT``;
-    MariaDB ``UPDATE``, (on a row count of 1) ``SELECT fence, until``, ``COMMIT``; then the
-    guarded ``UPDATE`` of ``complete`` and ``COMMIT``. One cursor, reused; job ids, owner and
+    client flag the store's row counts rely on) -- executing the SQL text the library's Core
+    statements compile to for the engine's dialect (``fencing.sql.statements``), with the same
+    bind parameters, in the same transactions: PostgreSQL in autocommit, as the store runs a
+    single statement there, ``UPDATE ... RETURNING`` (its own transaction, one round trip),
+    then the guarded ``UPDATE`` of ``complete``; MariaDB with autocommit off, ``UPDATE``, (on
+    a row count of 1) ``SELECT fence, until``, ``COMMIT``, then the guarded ``UPDATE`` and
+    ``COMMIT``. One cursor, reused; job ids, owner and
     result converted before the clock starts by the library's own bind processors (UTF-8
     bytes for MariaDB's id and owner columns). No argument checks, no result objects: it is
     the floor.
@@ -194,13 +196,14 @@ class RawPlan:
 
 
 def raw_connect(engine: Engine, kind: type[dbapi.Tap] | None = None) -> Any:
-    """A driver connection with the arguments the engine's dialect would use, autocommit off;
+    """A driver connection with the arguments the engine's dialect would use, in autocommit
+    on PostgreSQL (where the store runs one statement as its own transaction), else not;
     ``kind``: tapped for that kind of tap (:mod:`harness.dbapi`)."""
     _, params = engine.dialect.create_connect_args(engine.url)
     if engine.dialect.name == "postgresql":
         params.pop("context", None)  # SQLAlchemy's copy of psycopg's default adapters
     conn = dbapi.connect(engine.dialect.name, (), params, kind)
-    conn.autocommit = False
+    conn.autocommit = engine.dialect.name == "postgresql"
     return conn
 
 
@@ -210,7 +213,8 @@ def raw_cycles(conn: Any, plan: RawPlan, ids: Iterable[Any], *, owner: Any, resu
     ``ids``, ``owner`` and ``result`` are as the driver receives them (:meth:`RawPlan.values`).
     """
     cur = conn.cursor()
-    execute, fetchall, commit = cur.execute, cur.fetchall, conn.commit
+    execute, fetchall = cur.execute, cur.fetchall
+    commit = (lambda: None) if conn.autocommit else conn.commit  # in autocommit: committed
     claim_sql, lease_sql, complete_sql = plan.claim_sql, plan.lease_sql, plan.complete_sql
     claim_const, lease_const, complete_const = plan.claim_const, plan.lease_const, plan.complete_const
     returning, caller_clock = plan.returning, plan.caller_clock
