@@ -19,6 +19,7 @@ from .core.errors import (
     InvalidArgument,
     InvalidArgumentType,
     LeaseLost,
+    LockTimeout,
     PoolTimeout,
     SchemaMismatch,
     TableMissing,
@@ -27,6 +28,8 @@ from .core.values import JobState, Lease
 from .engine.sqlite import configure as configure_sqlite
 from .engine.sqlite import create_engine as create_sqlite_engine
 from .lease.thread import Heartbeat
+from .locks.election import Election
+from .locks.named import HeldLock, Locks, locks, locks_table
 from .sql.schema import jobs, jobs_table, metadata
 from .store.history import History, HistoryEntry, history_table, holder_at
 from .store.jobstore import JobStore
@@ -38,10 +41,12 @@ __all__ = [
     "DatabaseCorrupt",
     "DatabaseError",
     "DatabaseMissing",
+    "Election",
     "FenceMarks",
     "FencesExhausted",
     "FencingError",
     "Heartbeat",
+    "HeldLock",
     "History",
     "HistoryEntry",
     "InvalidArgument",
@@ -50,6 +55,8 @@ __all__ = [
     "JobStore",
     "Lease",
     "LeaseLost",
+    "LockTimeout",
+    "Locks",
     "PoolTimeout",
     "SchemaMismatch",
     "TableMissing",
@@ -61,6 +68,8 @@ __all__ = [
     "idempotency_keys_table",
     "jobs",
     "jobs_table",
+    "locks",
+    "locks_table",
     "metadata",
 ]
 

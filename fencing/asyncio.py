@@ -9,12 +9,16 @@ from .fronts.asyncio import (
     AsyncCallerConnection,
     AsyncFenceMarks,
     AsyncHeartbeat,
+    AsyncHeldLock,
     AsyncJobStore,
+    AsyncLocks,
 )
 
 __all__ = [
     "AsyncCallerConnection",
     "AsyncFenceMarks",
     "AsyncHeartbeat",
+    "AsyncHeldLock",
     "AsyncJobStore",
+    "AsyncLocks",
 ]

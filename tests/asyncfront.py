@@ -134,3 +134,17 @@ def run_in_bridge(loop: asyncio.AbstractEventLoop, fn: Any, kwargs: dict[str, An
 
 def dispose(engine: AsyncEngine, loop: asyncio.AbstractEventLoop) -> None:
     loop.run_until_complete(engine.dispose())
+
+
+class BlockingAsyncLocks(Blocking):
+    """``Locks``'s interface over an :class:`~fencing.asyncio.AsyncLocks`, for sync test
+    bodies: each coroutine awaited, ``fenced`` a sync context manager, ``store`` the
+    blocking store."""
+
+    def __init__(self, locks: Any, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(locks, loop)
+        self.store = BlockingAsyncStore(locks.store, loop)
+        self.table = locks.table
+
+    def fenced(self, lease: Any, **kwargs: Any) -> Any:
+        return self.store.fenced(lease, **kwargs)

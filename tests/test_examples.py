@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import multiprocessing
 import re
@@ -241,3 +242,37 @@ def test_orm_app_migrations_are_its_models_and_its_report_can_fail(target: str) 
         f"order {first}: invoiced by w (fence {lease.fence + 1}), completed by w (fence {lease.fence})",
         f"order {second}: 0 invoices",
     ]
+
+
+LEADER = Path(__file__).resolve().parents[1] / "examples" / "leader.py"
+
+
+@pytest.mark.slow
+def test_leader_example_refuses_the_woken_ex_leaders_write(target: str) -> None:
+    # the first leader freezes (SIGSTOP) past its ttl; another takes over with the next term;
+    # the woken one writes with its old lease and the database refuses it
+    proc = subprocess.run(
+        [sys.executable, str(LEADER), "--url", target, "--stall-leader"],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    frozen = re.search(r"^(candidate-\d+): frozen \(SIGSTOP\) with term (\d+)", proc.stdout, re.M)
+    assert frozen is not None, proc.stdout
+    who, term = frozen.groups()
+    assert f"{who}: write under term {term} REFUSED (stale fence)" in proc.stdout
+    assert re.search(r"^PASS: \d+ ticks under [2-9]\d* terms", proc.stdout, re.M), proc.stdout
+
+
+def test_leader_example_checks_can_fail() -> None:
+    leader = load_example(LEADER, "leader_example")
+    Tick = collections.namedtuple("Tick", "term candidate")  # a row as the example reads it
+    good = [Tick(1, "a"), Tick(1, "a"), Tick(2, "b")]
+    assert leader.check(good, [], stalled=False) == 0
+    assert leader.check([Tick(2, "b"), Tick(1, "a")], [], stalled=False) == 1  # a term went back
+    assert leader.check([Tick(1, "a"), Tick(1, "b")], [], stalled=False) == 1  # two leaders, one term
+    stall = [("stalling", "a", 1)]
+    assert leader.check(good, stall, stalled=True) == 1  # its write was not refused
+    assert leader.check(good, [*stall, ("refused", "a", 1)], stalled=True) == 0

@@ -20,11 +20,13 @@ __all__ = [
     "check_database_ttl",
     "check_fence",
     "check_interval",
+    "check_lock_name",
     "check_new_table",
     "check_now",
     "check_result",
     "check_text",
     "check_time",
+    "check_timeout",
     "check_ttl",
     "check_until",
     "fence_can_match",
@@ -202,3 +204,37 @@ def check_new_table(metadata: object, name: object, schema: object) -> None:
     if key in metadata.tables:
         # SQLAlchemy would raise its own InvalidRequestError; a second definition is a bug
         raise InvalidArgument(f"metadata already holds a table {key!r}; pass another name or MetaData")
+
+
+def check_timeout(value: object, *, name: str = "timeout") -> float | None:
+    """How long to wait (seconds): a finite number >= 0, or ``None`` (no bound)."""
+    if value is None:
+        return None
+    seconds = _number(name, value)
+    if seconds < 0:
+        raise InvalidArgument(f"{name} must be >= 0 or None, got {_show(value)}")
+    return seconds
+
+
+#: the longest lock name (bytes of UTF-8): what every backend's key column holds (MariaDB's
+#: is the smallest), so a name means the same lock on every database
+LOCK_NAME_MAX_BYTES = 1024
+
+
+def check_lock_name(value: object) -> str:
+    """A lock's name: a non-empty ``str`` of UTF-8 text without NUL, at most
+    :data:`LOCK_NAME_MAX_BYTES` bytes, the same rule on every database."""
+    name = check_text("name", value)
+    if not name:
+        raise InvalidArgument("name must not be empty")
+    if "\x00" in name:
+        raise InvalidArgument(
+            "name contains NUL (U+0000): a lock's name is the same on every database, and "
+            "PostgreSQL's text cannot store it"
+        )
+    size = len(name) if name.isascii() else len(name.encode("utf-8"))
+    if size > LOCK_NAME_MAX_BYTES:
+        raise InvalidArgument(
+            f"name is {size} bytes in UTF-8; a lock's name holds at most {LOCK_NAME_MAX_BYTES}"
+        )
+    return name

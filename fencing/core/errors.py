@@ -21,6 +21,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidArgumentType",
     "LeaseLost",
+    "LockTimeout",
     "PoolTimeout",
     "SchemaMismatch",
     "TableMissing",
@@ -90,3 +91,11 @@ class LeaseLost(FencingError):
     reason: str | None = None
     #: the refusal and the clock it was judged on, for the store's history (internal)
     _refusal: Any = None
+
+
+class LockTimeout(FencingError, TimeoutError):
+    """A named lock stayed held by another owner for the whole ``timeout`` of an acquisition
+    (``Locks.hold``): nothing was taken. ``holder``: the lease met at the last try, if one
+    was live then (its owner, fence and ``until``)."""
+
+    holder: Any = None

@@ -34,16 +34,26 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from sqlalchemy.util.concurrency import greenlet_spawn
 
 from ..core import bridge
-from ..core.errors import ConfigurationError, InvalidArgumentType
+from ..core.checks import check_lock_name, check_timeout
+from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost, LockTimeout
 from ..core.values import JobState, Lease
 from ..lease.task import AsyncHeartbeat
+from ..locks.named import DEFAULT_POLL, Locks, locks
+from ..locks.waiting import Backoff
 from ..observe.metrics import StoreMetrics
 from ..sql.schema import jobs
 from ..store.history import History, HistoryEntry
 from ..store.jobstore import JobStore
 from ..store.marks import FenceMarks, fence_marks, idempotency_keys
 
-__all__ = ["AsyncCallerConnection", "AsyncFenceMarks", "AsyncHeartbeat", "AsyncJobStore"]
+__all__ = [
+    "AsyncCallerConnection",
+    "AsyncFenceMarks",
+    "AsyncHeartbeat",
+    "AsyncHeldLock",
+    "AsyncJobStore",
+    "AsyncLocks",
+]
 
 T = TypeVar("T")
 
@@ -250,6 +260,11 @@ class AsyncJobStore:
     ) -> bool:
         return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
 
+    async def holder(
+        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await run(self.sync_store.holder, job_id, now=now, conn=caller_sync(conn))
+
     async def revoke(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
         return await run(self.sync_store.revoke, job_id, conn=caller_sync(conn))
 
@@ -417,3 +432,187 @@ class AsyncFenceMarks:
         self, key: str, *, fence: int | None = None, conn: AsyncCallerConnection | None = None
     ) -> bool:
         return await run(self.sync_marks.record_once, key, fence=fence, conn=caller_sync(conn))
+
+
+class AsyncLocks:
+    """:class:`fencing.Locks` for an ``AsyncEngine``: the same named locks, every operation
+    a coroutine, run by the sync rules through the bridge (as :class:`AsyncJobStore`).
+    A waiter pauses with ``asyncio.sleep``; :meth:`hold` keeps the lock with an
+    :class:`AsyncHeartbeat` task."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: Table = locks,
+        *,
+        history: History | None = None,
+        poll: float = DEFAULT_POLL,
+    ) -> None:
+        #: the async store the locks are rows of
+        self.store = AsyncJobStore(engine, table, history=history)
+        self.sync_locks = Locks.around(self.store.sync_store, poll=poll)
+        self.engine = engine
+        self.table = table
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<AsyncLocks table={self.table.name!r} engine={url!r}>"
+
+    @property
+    def poll(self) -> float:
+        return self.sync_locks.poll
+
+    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        await self.store.create_table(conn=conn)
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> Lease | None:
+        back = self.store._give_one if conn is None else None
+        return await run(
+            self.sync_locks.try_acquire, name, owner, ttl=ttl, now=now, conn=caller_sync(conn), give_back=back
+        )
+
+    async def acquire(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None = 0.0,
+        now: Callable[[], float] | None = None,
+    ) -> Lease | None:
+        """:meth:`fencing.Locks.acquire`, pausing with ``asyncio.sleep`` between tries."""
+        wait = check_timeout(timeout)
+        name = check_lock_name(name)
+        if now is not None and not callable(now):
+            raise InvalidArgumentType(f"now must be a callable clock or None, got {type(now).__name__}")
+        backoff = Backoff(wait, self.poll)
+        while True:
+            lease = await self.try_acquire(name, owner, ttl=ttl, now=None if now is None else now())
+            if lease is not None:
+                return lease
+            pause = backoff.pause()
+            if pause is None:
+                return None
+            await asyncio.sleep(pause)
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None = 0.0,
+        interval: float | None = None,
+        on_lost: Callable[[AsyncHeldLock], object] | None = None,
+    ) -> AsyncIterator[AsyncHeldLock]:
+        """:meth:`fencing.Locks.hold` on the loop: the lock kept by an :class:`AsyncHeartbeat`."""
+        lease = await self.acquire(name, owner, ttl=ttl, timeout=timeout)
+        if lease is None:
+            busy = LockTimeout(
+                f"lock {name!r} stayed held by another owner for the whole timeout ({timeout} s)"
+            )
+            busy.holder = await self.holder(name)
+            raise busy
+        held = AsyncHeldLock(self, lease)
+        heartbeat = AsyncHeartbeat(
+            self.store,
+            lease,
+            ttl,
+            interval=interval,
+            on_lost=None if on_lost is None else (lambda _: on_lost(held)),
+            release_on_exit=True,
+        )
+        held._heartbeat = heartbeat
+        try:
+            await heartbeat.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.store.release(lease)
+            raise
+        try:
+            yield held
+        except BaseException as exc:
+            await heartbeat.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await heartbeat.__aexit__(None, None, None)
+
+    async def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await self.store.renew(lease, ttl=ttl, now=now, conn=conn)
+
+    async def release(self, lease: Lease, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await self.store.release(lease, conn=conn)
+
+    async def check(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> None:
+        await self.store.check(lease, now=now, conn=conn)
+
+    def fenced(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.store.fenced(lease, now=now, conn=conn)
+
+    async def holder(
+        self, name: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await run(self.sync_locks.holder, name, now=now, conn=caller_sync(conn))
+
+    async def revoke(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_locks.revoke, name, conn=caller_sync(conn))
+
+    async def delete(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_locks.delete, name, conn=caller_sync(conn))
+
+
+class AsyncHeldLock:
+    """A lock held by :meth:`AsyncLocks.hold` for its block (as :class:`fencing.HeldLock`)."""
+
+    _heartbeat: AsyncHeartbeat
+
+    def __init__(self, locks: AsyncLocks, lease: Lease) -> None:
+        self._locks = locks
+        self._first = lease
+
+    def __repr__(self) -> str:
+        return f"<AsyncHeldLock {self.name!r} token={self.token} held={self.held}>"
+
+    @property
+    def lease(self) -> Lease:
+        heartbeat = getattr(self, "_heartbeat", None)
+        return self._first if heartbeat is None else heartbeat.lease
+
+    @property
+    def name(self) -> str:
+        return self._first.job_id
+
+    @property
+    def token(self) -> int:
+        return self._first.fence
+
+    @property
+    def held(self) -> bool:
+        return self._heartbeat.held
+
+    @property
+    def lost(self) -> asyncio.Event:
+        return self._heartbeat.lost
+
+    def check(self) -> None:
+        if not self.held:
+            raise LeaseLost(f"lock {self.name!r} (token {self.token}) is lost: {self._heartbeat.reason}")
+
+    def fenced(
+        self, *, conn: AsyncCallerConnection | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self._locks.fenced(self.lease, conn=conn)

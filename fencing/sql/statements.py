@@ -216,6 +216,10 @@ class Statements:
         #: a fenced transaction: the lease is current and live, and its row stays locked
         #: until commit, so no one can claim the job while the caller's writes are pending
         self.lock_lease: Executable = select(t.c.fence).where(current_holder, lease_live).with_for_update()
+        #: who holds a job now: its live lease's owner, fence and until (none when free)
+        self.live_lease: Executable = select(as_text(t.c.owner), t.c.fence, t.c.until).where(
+            job, t.c.done == _ZERO, t.c.owner.is_not(None), lease_live
+        )
         #: the end of a fenced block sent with its COMMIT (PostgreSQL, psycopg's pipeline): the
         #: same check, or the completion, as a statement that fails when it matches no row, so
         #: the COMMIT after it in the pipeline is never run (:data:`LOST_AT_THE_END`)

@@ -86,6 +86,12 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         url = self.engine.url.render_as_string(hide_password=True)
         return f"<JobStore table={self.table.name!r} engine={url!r}>"
 
+    def check_key(self, value: object, *, name: str, limited: bool = False) -> str:
+        """``value`` as this database stores a key exactly (an owner; with ``limited``, a
+        job id, within the id column's bytes), else the error an operation raises for it,
+        naming ``name`` (an election's ``candidate``, say)."""
+        return self._ctx.key(name, value, limited=limited)
+
     # -- the table -------------------------------------------------------------------------
 
     def create_table(self, *, conn: CallerConnection | None = None) -> None:

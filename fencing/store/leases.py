@@ -88,6 +88,28 @@ class LeaseOperations:
 
         return ctx.run_jobs(unit, conn)  # (the caller's transaction: conn is given)
 
+    def holder(
+        self, job_id: str, *, now: float | None = None, conn: CallerConnection | None = None
+    ) -> Lease | None:
+        """Who holds ``job_id`` now: its live lease (owner, fence, ``until``), read from the
+        database, or ``None`` when no lease on it is live at ``now`` (the database's clock by
+        default): free, expired, done or missing. A read: it locks nothing, so the answer
+        may be out of date the moment it arrives; a write must still present its lease."""
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
+        params = {"job_id": job_id, **clock}
+        stmt = s.live_lease
+
+        def unit(x: Executor) -> Lease | None:
+            rows = x.rows(stmt, params)
+            if not rows:
+                return None
+            owner, fence, until = rows[0]
+            return Lease(job_id, owner, int(fence), float(until))
+
+        return ctx.run_jobs(unit, conn, write=False, single=True)
+
     def claim(
         self,
         job_id: str,

@@ -1,0 +1,267 @@
+"""Leader election on a named lock: the leader holds a term, and every write under it is fenced.
+
+Each candidate runs an :class:`Election` on the same name. A background thread campaigns:
+while another candidate leads, it reads who leads once per ``retry`` seconds (the only load
+a follower puts on the database); when no live lease holds the name it tries to take it.
+The candidate that takes it is the leader, for a **term**: the lock's token, one above every
+term the name ever had. A heartbeat renews the lease every ``interval``; the leader is told
+it lost the term the moment a renewal is refused or fails past its local deadline, and then
+campaigns again (a new term, if it wins).
+
+Why a term and not only a lease: a leader that stalls (a GC pause, ``SIGSTOP``, a network
+partition) past its ``ttl`` is replaced, and when it wakes it still believes it leads until
+its next renewal fails. Every write it makes through :meth:`Election.fenced` checks the term
+in the database, in the transaction that stores it, so those writes are refused: two leaders
+may exist in their own minds for a moment, never in the data. (An advisory-lock election has
+no such check: a leader whose session the server ended keeps writing.)
+
+Anchors: client-go's ``leaderelection`` (lease duration, retry period, started/stopped
+leading, new leader, release on cancel), etcd's ``concurrency.Election`` (campaign, resign,
+leader, observe).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
+
+from ..core.checks import check_interval, check_lock_name, check_ttl
+from ..core.errors import InvalidArgumentType, LeaseLost
+from ..core.values import Lease
+from ..lease.thread import Heartbeat
+from ..runtime.execution import CallerConnection
+from .named import Locks
+
+__all__ = ["DEFAULT_RETRY", "DEFAULT_TTL", "Election"]
+
+logger = logging.getLogger("fencing.election")
+
+#: a term's lease (seconds): how long a stalled leader keeps the others waiting
+DEFAULT_TTL = 15.0
+#: how often a follower reads who leads, and tries when no one does (seconds)
+DEFAULT_RETRY = 2.0
+
+
+class Election:
+    """``candidate``'s part in the election of a leader for ``name`` among the holders of
+    ``locks`` (:class:`~fencing.locks.named.Locks`).
+
+    :meth:`start` (or ``with``) runs the campaign on a daemon thread; :meth:`stop` ends it
+    and, if leading, steps down at once (``resign=True``) so the next leader does not wait a
+    ``ttl``; so does interpreter exit. Callbacks, each called on the election's thread (an
+    exception is logged, never raised): ``on_elected(lease)`` when this candidate becomes
+    leader (``lease.fence`` is the term), ``on_deposed(lease, reason)`` when it stops being
+    leader for any reason but :meth:`stop` (a refused or failed renewal: another term may
+    have begun), ``on_new_leader(lease_or_none)`` whenever the leader it last read changes.
+
+    ``ttl``: a term's lease; ``interval``: how often the leader renews it (default
+    ``ttl / 3``); ``retry``: how often a follower reads and tries (default 2 s or ``ttl /
+    3``, whichever is shorter; less than ``ttl``). A stalled leader is replaced ``ttl``
+    after its last renewal, plus at most one ``retry``.
+    """
+
+    def __init__(
+        self,
+        locks: Locks,
+        name: str,
+        candidate: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        interval: float | None = None,
+        retry: float | None = None,
+        on_elected: Callable[[Lease], object] | None = None,
+        on_deposed: Callable[[Lease, str | None], object] | None = None,
+        on_new_leader: Callable[[Lease | None], object] | None = None,
+    ) -> None:
+        if not isinstance(locks, Locks):
+            raise InvalidArgumentType(f"locks must be a fencing.Locks, got {type(locks).__name__}")
+        self._ttl = check_ttl(ttl)
+        self._interval = check_interval(interval, self._ttl)
+        self._retry = min(DEFAULT_RETRY, self._ttl / 3) if retry is None else check_interval(retry, self._ttl)
+        self.name = check_lock_name(name)
+        self.candidate = locks.store.check_key(candidate, name="candidate")
+        for callback, what in (
+            (on_elected, "on_elected"),
+            (on_deposed, "on_deposed"),
+            (on_new_leader, "on_new_leader"),
+        ):
+            if callback is not None and not callable(callback):
+                raise InvalidArgumentType(f"{what} must be callable or None, got {type(callback).__name__}")
+        self.locks = locks
+        self._on_elected = on_elected
+        self._on_deposed = on_deposed
+        self._on_new_leader = on_new_leader
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        #: set by stop() and by the heartbeat's loss: the leader's wait ends at once
+        self._wake = threading.Event()
+        self._resign = True
+        self._thread: threading.Thread | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._leader: Lease | None = None
+        #: set while this candidate leads
+        self.elected = threading.Event()
+
+    def __repr__(self) -> str:
+        return f"<Election {self.name!r} candidate={self.candidate!r} leading={self.is_leader}>"
+
+    # -- what the application reads --------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this candidate leads and can still vouch for its term (no round trip)."""
+        heartbeat = self._heartbeat
+        return heartbeat is not None and heartbeat.held
+
+    @property
+    def lease(self) -> Lease | None:
+        """This candidate's lease while it leads (``fence`` is the term), else ``None``."""
+        heartbeat = self._heartbeat
+        return heartbeat.lease if heartbeat is not None and heartbeat.held else None
+
+    @property
+    def term(self) -> int | None:
+        lease = self.lease
+        return None if lease is None else lease.fence
+
+    @property
+    def leader(self) -> Lease | None:
+        """The leader as this candidate last knew it (itself while it leads; else read at
+        most once per ``retry``), or ``None`` when no one led then."""
+        own = self.lease
+        return own if own is not None else self._leader
+
+    def fenced(self, *, conn: CallerConnection | None = None) -> contextlib.AbstractContextManager[Any]:
+        """A transaction for writes under this candidate's term (:meth:`Locks.fenced`):
+        :class:`~fencing.LeaseLost` at once if it does not lead, and the block rolled back
+        if its term ended meanwhile (a newer term exists, or the lease expired)."""
+        lease = self.lease
+        if lease is None:
+            raise LeaseLost(f"{self.candidate!r} does not lead {self.name!r}")
+        return self.locks.fenced(lease, conn=conn)
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    def start(self) -> Election:
+        """Campaign on a daemon thread; a second start is an error."""
+        with self._lock:
+            if self._thread is not None:
+                raise RuntimeError("this election was started already")
+            self._thread = threading.Thread(
+                target=self._campaign, name=f"fencing-election-{self.name:.40}", daemon=True
+            )
+        _RUNNING.add(self)
+        self._thread.start()
+        return self
+
+    def stop(self, *, resign: bool = True) -> None:
+        """Stop campaigning and join the thread; if leading, step down now (``resign``:
+        release the term's lease, so another candidate takes over at its next try) or let
+        the lease run out. Idempotent."""
+        self._resign = resign
+        self._stop.set()
+        self._wake.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        _RUNNING.discard(self)
+
+    def resign(self) -> None:
+        """Step down now and stop campaigning (:meth:`stop` with ``resign=True``)."""
+        self.stop(resign=True)
+
+    def __enter__(self) -> Election:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    # -- the campaign thread -----------------------------------------------------------------
+
+    def _campaign(self) -> None:
+        locks, name, candidate = self.locks, self.name, self.candidate
+        while not self._stop.is_set():
+            try:
+                current = locks.holder(name)
+                lease = None if current is not None else locks.try_acquire(name, candidate, ttl=self._ttl)
+            except Exception:
+                logger.warning("election %r: could not read or take the lock", name, exc_info=True)
+                current = lease = None
+            if lease is not None:
+                self._lead(lease)
+                continue
+            self._saw(current)
+            self._stop.wait(self._retry)
+
+    def _lead(self, lease: Lease) -> None:
+        """Hold the term until it is lost or the election stops."""
+        heartbeat = Heartbeat(
+            self.locks.store, lease, self._ttl, interval=self._interval, on_lost=lambda _: self._wake.set()
+        )
+        try:
+            heartbeat.start()
+        except Exception as exc:  # lost before it began, or the database failed: campaign on
+            self._call(self._on_deposed, lease, getattr(exc, "reason", None))
+            return
+        self._heartbeat = heartbeat
+        self.elected.set()
+        self._saw(lease)
+        self._call(self._on_elected, lease)
+        while not self._stop.is_set() and heartbeat.held:
+            self._wake.wait(self._retry)  # (the local deadline may pass unreported: look again)
+            self._wake.clear()
+        self.elected.clear()
+        if heartbeat.held:  # stopped while leading
+            heartbeat.stop()
+            if self._resign:
+                try:
+                    self.locks.release(heartbeat.lease)
+                except Exception:
+                    logger.warning(
+                        "election %r: could not resign; the term runs out", self.name, exc_info=True
+                    )
+        else:
+            heartbeat.stop()
+            logger.warning(
+                "election %r: %r lost term %d (%s)", self.name, self.candidate, lease.fence, heartbeat.reason
+            )
+            self._call(self._on_deposed, heartbeat.lease, heartbeat.reason)
+        self._heartbeat = None
+
+    def _saw(self, leader: Lease | None) -> None:
+        last = self._leader
+        self._leader = leader
+        changed = (last is None) != (leader is None) or (
+            last is not None
+            and leader is not None
+            and (last.owner, last.fence) != (leader.owner, leader.fence)
+        )
+        if changed:
+            self._call(self._on_new_leader, leader)
+
+    def _call(self, callback: Callable[..., object] | None, *args: Any) -> None:
+        if callback is None:
+            return
+        try:
+            callback(*args)
+        except Exception:
+            logger.exception("election %r: a callback raised", self.name)
+
+
+#: elections whose thread runs: stepped down at interpreter exit
+_RUNNING: weakref.WeakSet[Election] = weakref.WeakSet()
+
+
+@atexit.register
+def _resign_all() -> None:
+    for election in list(_RUNNING):
+        with contextlib.suppress(Exception):
+            election.stop(resign=True)

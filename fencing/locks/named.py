@@ -1,0 +1,303 @@
+"""Named locks whose token every write can be checked against.
+
+A named lock is a row of a locks table with the jobs table's columns: its ``id`` is the
+lock's name, and holding the lock is holding a lease on that row. So everything the library
+guarantees of a job's lease holds of a lock, by the same statements: the token (the lease's
+``fence``) only ever goes up, per name, and is never handed out twice, also after the name
+is deleted (its row stays as a tombstone that keeps its fence); a lock held past its
+``ttl`` without renewal is free for the next owner; and every write made under a token
+(:meth:`Locks.fenced`, in the application's own transaction) is refused once the lock has
+moved on, in the statement that stores it.
+
+What a PostgreSQL advisory lock or a Redis lock cannot give: an advisory lock dies with the
+holder's session while the holder's process still believes it holds it; here the holder
+learns it lost the lock (its :class:`HeldLock` says so) and, more to the point, a write it
+makes anyway is refused by the database.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from sqlalchemy import Engine, MetaData, Table
+
+from ..core.checks import check_lock_name, check_timeout, check_ttl
+from ..core.errors import InvalidArgumentType, LeaseLost, LockTimeout
+from ..core.values import Lease
+from ..lease.thread import Heartbeat
+from ..runtime.execution import CallerConnection
+from ..sql.schema import jobs_table
+from ..store.history import History
+from ..store.jobstore import JobStore
+from .waiting import Backoff
+
+__all__ = ["DEFAULT_POLL", "HeldLock", "Locks", "locks", "locks_table"]
+
+#: the longest pause between two tries of a waiter for a held lock (seconds)
+DEFAULT_POLL = 0.5
+
+
+def locks_table(metadata: MetaData, name: str = "fencing_locks", *, schema: str | None = None) -> Table:
+    """The named locks' table in ``metadata`` (for Alembic, as :func:`fencing.jobs_table`):
+    the jobs table's columns, one row per name that was ever taken."""
+    return jobs_table(metadata, name, schema=schema)
+
+
+#: the default locks table, in a ``MetaData`` of its own (``fencing.metadata`` holds the jobs
+#: table alone, so ``create_all`` there is unchanged)
+locks_metadata = MetaData()
+locks = locks_table(locks_metadata)
+
+
+class Locks:
+    """Named locks in ``table`` (default ``fencing_locks``), through ``engine``.
+
+    The store's rules apply as they are (it is a :class:`~fencing.JobStore` on that table,
+    :attr:`store`): the engine is used as a guest, every operation takes ``now=`` (your
+    clock) or reads the database's, and ``conn=`` runs it in your transaction. ``poll``: the
+    longest pause of a waiter between two tries (:mod:`fencing.locks.waiting`).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table = locks,
+        *,
+        history: History | None = None,
+        poll: float = DEFAULT_POLL,
+    ) -> None:
+        self._setup(JobStore(engine, table, history=history), poll)
+
+    def _setup(self, store: JobStore, poll: float) -> None:
+        #: the store the locks are rows of
+        self.store = store
+        self.engine = store.engine
+        self.table = store.table
+        self.poll = check_ttl(poll, name="poll")
+
+    @classmethod
+    def around(cls, store: JobStore, *, poll: float = DEFAULT_POLL) -> Locks:
+        """Locks on an existing ``store`` (the async front's: :class:`fencing.asyncio.AsyncLocks`)."""
+        if not isinstance(store, JobStore):
+            raise InvalidArgumentType(f"store must be a fencing.JobStore, got {type(store).__name__}")
+        locks = cls.__new__(cls)
+        locks._setup(store, poll)
+        return locks
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<Locks table={self.table.name!r} engine={url!r}>"
+
+    def create_table(self, *, conn: CallerConnection | None = None) -> None:
+        """Create the locks table if missing (idempotent); raise if an existing one differs."""
+        self.store.create_table(conn=conn)
+
+    # -- taking a lock ----------------------------------------------------------------------
+
+    def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> Lease | None:
+        """Take ``name`` for ``owner`` for ``ttl`` seconds if no live lease holds it: its
+        :class:`~fencing.Lease` (``job_id`` is the name, ``fence`` the token, one above every
+        token the name ever had), or ``None`` if it is held. One try, no waiting. A name never
+        taken (or deleted) is created first. The same owner holding it still gets ``None``:
+        a lock is not re-entrant (renew the lease you hold)."""
+        store = self.store
+        name = check_lock_name(name)
+        lease = store.claim(name, owner, ttl=ttl, now=now, conn=conn)
+        if lease is None and store.enqueue(name, ready_at=0.0, conn=conn):
+            # a name never taken (or a tombstone, its fence kept): created free, take it now
+            lease = store.claim(name, owner, ttl=ttl, now=now, conn=conn)
+        return lease
+
+    def acquire(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None = 0.0,
+        now: Callable[[], float] | None = None,
+    ) -> Lease | None:
+        """:meth:`try_acquire`, tried again while the lock is held, for at most ``timeout``
+        seconds (``None``: until it is free): the lease, or ``None`` if the time ran out.
+
+        Between tries the waiter pauses with jittered backoff, at most :attr:`poll` seconds
+        (:mod:`fencing.locks.waiting`), so waiting costs about one read per ``poll``. ``now``:
+        your clock, read at each try (default: the database's). There is no queue: when the
+        lock comes free, whichever waiter tries first takes it.
+        """
+        wait = check_timeout(timeout)
+        name = check_lock_name(name)
+        if now is not None and not callable(now):
+            raise InvalidArgumentType(f"now must be a callable clock or None, got {type(now).__name__}")
+        backoff = Backoff(wait, self.poll)
+        while True:
+            lease = self.try_acquire(name, owner, ttl=ttl, now=None if now is None else now())
+            if lease is not None:
+                return lease
+            pause = backoff.pause()
+            if pause is None:
+                return None
+            time.sleep(pause)
+
+    @contextlib.contextmanager
+    def hold(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None = 0.0,
+        interval: float | None = None,
+        on_lost: Callable[[HeldLock], object] | None = None,
+    ) -> Iterator[HeldLock]:
+        """Hold ``name`` for the block: acquire it (waiting up to ``timeout``, else
+        :class:`~fencing.LockTimeout`), keep it with a :class:`~fencing.Heartbeat` renewing
+        every ``interval`` (default ``ttl / 3``), release it when the block ends.
+
+        The block learns the moment the lock is lost (a renewal refused or failing past the
+        local deadline): :attr:`HeldLock.held` turns ``False``, :attr:`HeldLock.lost` is set
+        and ``on_lost`` is called once, from the heartbeat's thread. :meth:`HeldLock.check`
+        raises :class:`~fencing.LeaseLost` then; :meth:`HeldLock.fenced` is the transaction
+        for writes that must not happen once the lock has moved on::
+
+            with locks.hold("nightly-billing", "host-a", ttl=30) as lock:
+                for invoice in due():
+                    with lock.fenced() as conn:  # refused (LeaseLost) once another holds it
+                        conn.execute(bill(invoice, token=lock.token))
+        """
+        lease = self.acquire(name, owner, ttl=ttl, timeout=timeout)
+        if lease is None:
+            busy = LockTimeout(
+                f"lock {name!r} stayed held by another owner for the whole timeout ({timeout} s)"
+            )
+            busy.holder = self.store.holder(name)
+            raise busy
+        held = HeldLock(self, lease)
+        heartbeat = Heartbeat(
+            self.store,
+            lease,
+            ttl,
+            interval=interval,
+            on_lost=None if on_lost is None else (lambda _: on_lost(held)),
+            release_on_exit=True,
+        )
+        held._heartbeat = heartbeat
+        try:
+            heartbeat.start()  # renews once now: LeaseLost if the lock is already gone
+        except BaseException:
+            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
+                self.store.release(lease)
+            raise
+        try:
+            yield held
+        except BaseException as exc:
+            heartbeat.__exit__(type(exc), exc, exc.__traceback__)  # stopped, then released
+            raise
+        heartbeat.__exit__(None, None, None)
+
+    # -- holding one ------------------------------------------------------------------------
+
+    def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: CallerConnection | None = None
+    ) -> Lease | None:
+        """Extend a live lease on a lock to ``now + ttl``: the new lease, or ``None`` (lost)."""
+        return self.store.renew(lease, ttl=ttl, now=now, conn=conn)
+
+    def release(self, lease: Lease, *, conn: CallerConnection | None = None) -> bool:
+        """Free the lock at once if ``lease`` still holds it (its token stays: the next
+        holder gets a higher one). ``False``: it did not hold it any more."""
+        return self.store.release(lease, conn=conn)
+
+    def check(self, lease: Lease, *, now: float | None = None, conn: CallerConnection | None = None) -> None:
+        """Raise :class:`~fencing.LeaseLost` unless ``lease`` holds the lock now; with
+        ``conn=`` the lock's row stays locked until your transaction ends."""
+        self.store.check(lease, now=now, conn=conn)
+
+    def fenced(
+        self, lease: Lease, *, now: float | None = None, conn: CallerConnection | None = None
+    ) -> contextlib.AbstractContextManager[Any]:
+        """A transaction for your writes under the lock (:meth:`fencing.JobStore.fenced`):
+        the lease is checked and the lock's row locked at its start, checked again at its
+        end, and a lease that no longer holds the lock rolls everything back with
+        :class:`~fencing.LeaseLost`. With ``conn=`` it joins your transaction."""
+        return self.store.fenced(lease, now=now, conn=conn)
+
+    # -- reading and operating --------------------------------------------------------------
+
+    def holder(
+        self, name: str, *, now: float | None = None, conn: CallerConnection | None = None
+    ) -> Lease | None:
+        """Who holds ``name`` now: the live lease (owner, token, ``until``), or ``None``."""
+        return self.store.holder(check_lock_name(name), now=now, conn=conn)
+
+    def revoke(self, name: str, *, conn: CallerConnection | None = None) -> bool:
+        """Take ``name`` from whoever holds it (an operator's act): the token moves on, so
+        the holder's writes are refused from now on, and the lock is free. ``False``: no
+        such lock."""
+        return self.store.revoke(check_lock_name(name), conn=conn)
+
+    def delete(self, name: str, *, conn: CallerConnection | None = None) -> bool:
+        """Forget ``name`` (a holder's token is refused from now on). Its tokens are never
+        handed out again: taken anew, the name goes on above every token it ever had."""
+        return self.store.delete(check_lock_name(name), conn=conn)
+
+
+class HeldLock:
+    """A lock held by :meth:`Locks.hold` for its block, kept by a heartbeat."""
+
+    _heartbeat: Heartbeat
+
+    def __init__(self, locks: Locks, lease: Lease) -> None:
+        self._locks = locks
+        self._first = lease
+
+    def __repr__(self) -> str:
+        lease = self.lease
+        return f"<HeldLock {lease.job_id!r} owner={lease.owner!r} token={lease.fence} held={self.held}>"
+
+    @property
+    def lease(self) -> Lease:
+        """The lease, as its last renewal left it (``until`` moves on; the token does not)."""
+        heartbeat = getattr(self, "_heartbeat", None)
+        return self._first if heartbeat is None else heartbeat.lease
+
+    @property
+    def name(self) -> str:
+        return self._first.job_id
+
+    @property
+    def token(self) -> int:
+        """The lock's fencing token: pass it to whatever you write outside the database
+        (:class:`~fencing.FenceMarks`), which must refuse a lower one."""
+        return self._first.fence
+
+    @property
+    def held(self) -> bool:
+        """Whether the lock can still be vouched for; once ``False``, never ``True`` again."""
+        return self._heartbeat.held
+
+    @property
+    def lost(self) -> threading.Event:
+        """Set the moment the lock is lost."""
+        return self._heartbeat.lost
+
+    def check(self) -> None:
+        """Raise :class:`~fencing.LeaseLost` if the lock is lost (no round trip)."""
+        if not self.held:
+            raise LeaseLost(f"lock {self.name!r} (token {self.token}) is lost: {self._heartbeat.reason}")
+
+    def fenced(self, *, conn: CallerConnection | None = None) -> contextlib.AbstractContextManager[Any]:
+        """:meth:`Locks.fenced` with this lock's lease."""
+        return self._locks.fenced(self.lease, conn=conn)
