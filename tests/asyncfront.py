@@ -148,3 +148,15 @@ class BlockingAsyncLocks(Blocking):
 
     def fenced(self, lease: Any, **kwargs: Any) -> Any:
         return self.store.fenced(lease, **kwargs)
+
+    @contextlib.contextmanager
+    def hold(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        block = self.target.hold(*args, **kwargs)
+        entered = wait(self.loop, block.__aenter__())
+        try:
+            yield entered
+        except BaseException as exc:
+            if not wait(self.loop, block.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            wait(self.loop, block.__aexit__(None, None, None))

@@ -343,7 +343,7 @@ def test_an_election_refuses_bad_arguments(sync_locks: Locks) -> None:
         Election(sync_locks, "", "a")
     with pytest.raises(InvalidArgumentType, match="candidate"):
         Election(sync_locks, "x", None)  # type: ignore[arg-type]
-    with pytest.raises(InvalidArgument, match="interval"):
+    with pytest.raises(InvalidArgument, match="retry"):
         Election(sync_locks, "x", "a", ttl=1.0, retry=5.0)
     with pytest.raises(InvalidArgumentType, match="locks"):
         Election(object(), "x", "a")  # type: ignore[arg-type]

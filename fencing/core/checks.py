@@ -109,7 +109,7 @@ def check_database_ttl(value: object, *, name: str = "ttl") -> float:
     return ttl
 
 
-def check_interval(value: object, ttl: float) -> float:
+def check_interval(value: object, ttl: float, *, name: str = "interval") -> float:
     """A heartbeat's ``interval``: ``None`` (``ttl / 3``), or a real number > 0 and < ``ttl``
     (the ``ttl`` already checked)."""
     if value is None:
@@ -117,14 +117,14 @@ def check_interval(value: object, ttl: float) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         kind = type(value).__name__
         raise InvalidArgumentType(
-            f"interval must be a real number (int or float) or None, got {kind} {_show(value)}"
+            f"{name} must be a real number (int or float) or None, got {kind} {_show(value)}"
         )
     try:
         interval = float(value)
     except OverflowError:  # beyond a float either way: not between 0 and a finite ttl
         interval = math.nan
     if not 0 < interval < ttl:  # also false for nan
-        raise InvalidArgument(f"interval must be > 0 and < ttl ({ttl!r}), got {_show(value)}")
+        raise InvalidArgument(f"{name} must be > 0 and < ttl ({ttl!r}), got {_show(value)}")
     return interval
 
 

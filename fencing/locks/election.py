@@ -83,7 +83,10 @@ class Election:
             raise InvalidArgumentType(f"locks must be a fencing.Locks, got {type(locks).__name__}")
         self._ttl = check_ttl(ttl)
         self._interval = check_interval(interval, self._ttl)
-        self._retry = min(DEFAULT_RETRY, self._ttl / 3) if retry is None else check_interval(retry, self._ttl)
+        if retry is None:
+            self._retry = min(DEFAULT_RETRY, self._ttl / 3)
+        else:
+            self._retry = check_interval(retry, self._ttl, name="retry")
         self.name = check_lock_name(name)
         self.candidate = locks.store.check_key(candidate, name="candidate")
         for callback, what in (
