@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from .fronts.asyncio import (
     AsyncCallerConnection,
+    AsyncElection,
     AsyncFenceMarks,
     AsyncHeartbeat,
     AsyncHeldLock,
@@ -16,6 +17,7 @@ from .fronts.asyncio import (
 
 __all__ = [
     "AsyncCallerConnection",
+    "AsyncElection",
     "AsyncFenceMarks",
     "AsyncHeartbeat",
     "AsyncHeldLock",

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeAlias, TypeVar
 
@@ -37,7 +39,9 @@ from ..core import bridge
 from ..core.checks import check_lock_name, check_timeout
 from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost, LockTimeout
 from ..core.values import JobState, Lease
+from ..lease.rules import Send, Steps
 from ..lease.task import AsyncHeartbeat
+from ..locks.election import DEFAULT_TTL, ElectionRules
 from ..locks.named import DEFAULT_POLL, Locks, locks
 from ..locks.waiting import Backoff
 from ..observe.metrics import StoreMetrics
@@ -48,6 +52,7 @@ from ..store.marks import FenceMarks, fence_marks, idempotency_keys
 
 __all__ = [
     "AsyncCallerConnection",
+    "AsyncElection",
     "AsyncFenceMarks",
     "AsyncHeartbeat",
     "AsyncHeldLock",
@@ -616,3 +621,112 @@ class AsyncHeldLock:
         self, *, conn: AsyncCallerConnection | None = None
     ) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._locks.fenced(self.lease, conn=conn)
+
+
+class AsyncElection(ElectionRules):
+    """:class:`fencing.Election` for :class:`AsyncLocks`: the same campaign (its rules are
+    :class:`~fencing.locks.election.ElectionRules`), carried out in an asyncio task, its term
+    kept by an :class:`AsyncHeartbeat`. Callbacks may be plain functions or coroutine
+    functions (awaited in the task). ``await start()`` / ``await stop()`` or ``async with``."""
+
+    _locks_kind = "a fencing.asyncio.AsyncLocks"
+
+    def __init__(
+        self,
+        locks: AsyncLocks,
+        name: str,
+        candidate: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        interval: float | None = None,
+        retry: float | None = None,
+        on_elected: Callable[[Lease], object] | None = None,
+        on_deposed: Callable[[Lease, str | None], object] | None = None,
+        on_new_leader: Callable[[Lease | None], object] | None = None,
+    ) -> None:
+        super().__init__(
+            locks,
+            name,
+            candidate,
+            ttl=ttl,
+            interval=interval,
+            retry=retry,
+            on_elected=on_elected,
+            on_deposed=on_deposed,
+            on_new_leader=on_new_leader,
+        )
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: set while this candidate leads
+        self.elected = asyncio.Event()
+
+    def _sync_store(self, locks: Any) -> JobStore:
+        if not isinstance(locks, AsyncLocks):
+            raise InvalidArgumentType(
+                f"locks must be a fencing.asyncio.AsyncLocks, got {type(locks).__name__}"
+            )
+        return locks.sync_locks.store
+
+    def _new_heartbeat(self, lease: Lease) -> AsyncHeartbeat:
+        return AsyncHeartbeat(
+            self.locks.store, lease, self._ttl, interval=self._interval, on_lost=lambda _: self._wake.set()
+        )
+
+    def _set_elected(self, elected: bool) -> None:
+        if elected:
+            self.elected.set()
+        else:
+            self.elected.clear()
+
+    def fenced(
+        self, *, conn: AsyncCallerConnection | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """:meth:`AsyncLocks.fenced` under this candidate's term (``LeaseLost`` at once if it
+        does not lead)."""
+        return self.locks.fenced(self._leading(), conn=conn)  # type: ignore[no-any-return]
+
+    async def start(self) -> AsyncElection:
+        """Campaign in a task of the running loop; a second start is an error."""
+        if self._task is not None:
+            raise RuntimeError("this election was started already")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"fencing-election-{self.name:.40}"
+        )
+        return self
+
+    async def stop(self, *, resign: bool = True) -> None:
+        """Stop campaigning and wait for the task; if leading, step down now (``resign``)."""
+        self._resign = resign
+        self._stopping = True
+        self._wake.set()
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            await asyncio.wait({task})
+
+    async def resign(self) -> None:
+        await self.stop(resign=True)
+
+    async def __aenter__(self) -> AsyncElection:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        steps = Steps(self._campaign_rules())
+        while steps.step is not None:
+            step = steps.step
+            try:
+                if isinstance(step, Send):
+                    answer = step.call()
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                else:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), max(0.0, step.until - time.monotonic()))
+                    self._wake.clear()
+                    answer = self._stopping
+            except BaseException as exc:  # the rules decide (a cancellation among them)
+                steps.fail(exc)
+            else:
+                steps.answer(answer)

@@ -15,6 +15,12 @@ in the database, in the transaction that stores it, so those writes are refused:
 may exist in their own minds for a moment, never in the data. (An advisory-lock election has
 no such check: a leader whose session the server ended keeps writing.)
 
+**One set of rules.** :class:`ElectionRules` holds the campaign as a generator of steps
+(:class:`~fencing.lease.rules.Send` a call, :class:`~fencing.lease.rules.Wait` a while), as
+the heartbeat's rules are written: :class:`Election` carries them out on a thread with a
+:class:`~fencing.Heartbeat`, :class:`fencing.asyncio.AsyncElection` in an asyncio task with an
+:class:`~fencing.asyncio.AsyncHeartbeat`.
+
 Anchors: client-go's ``leaderelection`` (lease duration, retry period, started/stopped
 leading, new leader, release on cancel), etcd's ``concurrency.Election`` (campaign, resign,
 leader, observe).
@@ -22,35 +28,201 @@ leader, observe).
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
+import functools
 import logging
 import threading
+import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from types import TracebackType
 from typing import Any
 
 from ..core.checks import check_interval, check_lock_name, check_ttl
 from ..core.errors import InvalidArgumentType, LeaseLost
 from ..core.values import Lease
+from ..lease.rules import Rules, Send, Steps, Wait
 from ..lease.thread import Heartbeat
 from ..runtime.execution import CallerConnection
+from ..store.jobstore import JobStore
 from .named import Locks
 
-__all__ = ["DEFAULT_RETRY", "DEFAULT_TTL", "Election"]
+__all__ = ["DEFAULT_RETRY", "DEFAULT_TTL", "Election", "ElectionRules"]
 
 logger = logging.getLogger("fencing.election")
 
 #: a term's lease (seconds): how long a stalled leader keeps the others waiting
 DEFAULT_TTL = 15.0
-#: how often a follower reads who leads, and tries when no one does (seconds)
+#: how often a follower reads who leads, and tries when no one does (seconds; at most ttl / 3)
 DEFAULT_RETRY = 2.0
 
 
-class Election:
+class ElectionRules(abc.ABC):
+    """The campaign of ``candidate`` for ``name``, shared by the thread and the task.
+
+    A subclass says what its locks are (:meth:`_sync_store`), makes the heartbeat that keeps
+    a term (:meth:`_new_heartbeat`) and carries the steps out."""
+
+    _locks_kind = "a fencing.Locks"
+
+    def __init__(
+        self,
+        locks: Any,
+        name: str,
+        candidate: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        interval: float | None = None,
+        retry: float | None = None,
+        on_elected: Callable[[Lease], object] | None = None,
+        on_deposed: Callable[[Lease, str | None], object] | None = None,
+        on_new_leader: Callable[[Lease | None], object] | None = None,
+    ) -> None:
+        store = self._sync_store(locks)
+        self._ttl = check_ttl(ttl)
+        self._interval = check_interval(interval, self._ttl)
+        if retry is None:
+            self._retry = min(DEFAULT_RETRY, self._ttl / 3)
+        else:
+            self._retry = check_interval(retry, self._ttl, name="retry")
+        self.name = check_lock_name(name)
+        self.candidate = store.check_key(candidate, name="candidate")
+        callbacks = {"on_elected": on_elected, "on_deposed": on_deposed, "on_new_leader": on_new_leader}
+        for what, callback in callbacks.items():
+            if callback is not None and not callable(callback):
+                raise InvalidArgumentType(f"{what} must be callable or None, got {type(callback).__name__}")
+        self.locks = locks
+        self._on_elected = on_elected
+        self._on_deposed = on_deposed
+        self._on_new_leader = on_new_leader
+        #: the campaign ends at its next step; ``_resign``: releasing the term as it does
+        self._stopping = False
+        self._resign = True
+        self._heartbeat: Any = None
+        self._leader: Lease | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} candidate={self.candidate!r} leading={self.is_leader}>"
+
+    @abc.abstractmethod
+    def _sync_store(self, locks: Any) -> JobStore:
+        """The sync store behind ``locks``, or the error for what ``locks`` may not be."""
+
+    @abc.abstractmethod
+    def _new_heartbeat(self, lease: Lease) -> Any:
+        """What keeps a term: a heartbeat on ``lease`` that wakes the campaign when lost."""
+
+    @abc.abstractmethod
+    def _set_elected(self, elected: bool) -> None:
+        """Set or clear the ``elected`` event."""
+
+    # -- what the application reads --------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this candidate leads and can still vouch for its term (no round trip)."""
+        heartbeat = self._heartbeat
+        return heartbeat is not None and bool(heartbeat.held)
+
+    @property
+    def lease(self) -> Lease | None:
+        """This candidate's lease while it leads (``fence`` is the term), else ``None``."""
+        heartbeat = self._heartbeat
+        return heartbeat.lease if heartbeat is not None and heartbeat.held else None
+
+    @property
+    def term(self) -> int | None:
+        lease = self.lease
+        return None if lease is None else lease.fence
+
+    @property
+    def leader(self) -> Lease | None:
+        """The leader as this candidate last knew it (itself while it leads; else read at
+        most once per ``retry``), or ``None`` when no one led then."""
+        own = self.lease
+        return own if own is not None else self._leader
+
+    def _leading(self) -> Lease:
+        lease = self.lease
+        if lease is None:
+            raise LeaseLost(f"{self.candidate!r} does not lead {self.name!r}")
+        return lease
+
+    # -- the rules ---------------------------------------------------------------------------
+
+    def _campaign_rules(self) -> Rules:
+        locks, name, candidate = self.locks, self.name, self.candidate
+        while not self._stopping:
+            lease = current = None
+            try:
+                current = yield Send(functools.partial(locks.holder, name))
+                if current is None:
+                    lease = yield Send(functools.partial(locks.try_acquire, name, candidate, ttl=self._ttl))
+            except Exception:
+                logger.warning("election %r: could not read or take the lock", name, exc_info=True)
+            if lease is not None:
+                yield from self._lead_rules(lease)
+                continue
+            yield from self._saw(current)
+            yield Wait(time.monotonic() + self._retry)
+
+    def _lead_rules(self, lease: Lease) -> Generator[Send | Wait, Any, None]:
+        """Hold the term until it is lost or the campaign stops."""
+        heartbeat = self._new_heartbeat(lease)
+        try:
+            yield Send(heartbeat.start)  # renews once now
+        except Exception as exc:  # lost before it began, or the database failed: campaign on
+            yield from self._notify(self._on_deposed, lease, getattr(exc, "reason", None))
+            return
+        self._heartbeat = heartbeat
+        self._set_elected(True)
+        yield from self._saw(lease)
+        yield from self._notify(self._on_elected, lease)
+        while not self._stopping and heartbeat.held:
+            # woken by the heartbeat's loss or a stop; the local deadline may pass unreported
+            yield Wait(time.monotonic() + self._retry)
+        self._set_elected(False)
+        kept = heartbeat.held
+        yield Send(heartbeat.stop)
+        if kept:  # stopped while leading
+            if self._resign:
+                try:
+                    yield Send(functools.partial(self.locks.release, heartbeat.lease))
+                except Exception:
+                    logger.warning(
+                        "election %r: could not resign; the term runs out", self.name, exc_info=True
+                    )
+        else:
+            logger.warning(
+                "election %r: %r lost term %d (%s)", self.name, self.candidate, lease.fence, heartbeat.reason
+            )
+            yield from self._notify(self._on_deposed, heartbeat.lease, heartbeat.reason)
+        self._heartbeat = None
+
+    def _saw(self, leader: Lease | None) -> Generator[Send | Wait, Any, None]:
+        last = self._leader
+        self._leader = leader
+        before = None if last is None else (last.owner, last.fence)
+        now = None if leader is None else (leader.owner, leader.fence)
+        if before != now:
+            yield from self._notify(self._on_new_leader, leader)
+
+    def _notify(
+        self, callback: Callable[..., object] | None, *args: Any
+    ) -> Generator[Send | Wait, Any, None]:
+        if callback is None:
+            return
+        try:
+            yield Send(functools.partial(callback, *args), local=True)
+        except Exception:
+            logger.exception("election %r: a callback raised", self.name)
+
+
+class Election(ElectionRules):
     """``candidate``'s part in the election of a leader for ``name`` among the holders of
-    ``locks`` (:class:`~fencing.locks.named.Locks`).
+    ``locks`` (:class:`~fencing.Locks`).
 
     :meth:`start` (or ``with``) runs the campaign on a daemon thread; :meth:`stop` ends it
     and, if leading, steps down at once (``resign=True``) so the next leader does not wait a
@@ -79,75 +251,45 @@ class Election:
         on_deposed: Callable[[Lease, str | None], object] | None = None,
         on_new_leader: Callable[[Lease | None], object] | None = None,
     ) -> None:
-        if not isinstance(locks, Locks):
-            raise InvalidArgumentType(f"locks must be a fencing.Locks, got {type(locks).__name__}")
-        self._ttl = check_ttl(ttl)
-        self._interval = check_interval(interval, self._ttl)
-        if retry is None:
-            self._retry = min(DEFAULT_RETRY, self._ttl / 3)
-        else:
-            self._retry = check_interval(retry, self._ttl, name="retry")
-        self.name = check_lock_name(name)
-        self.candidate = locks.store.check_key(candidate, name="candidate")
-        for callback, what in (
-            (on_elected, "on_elected"),
-            (on_deposed, "on_deposed"),
-            (on_new_leader, "on_new_leader"),
-        ):
-            if callback is not None and not callable(callback):
-                raise InvalidArgumentType(f"{what} must be callable or None, got {type(callback).__name__}")
-        self.locks = locks
-        self._on_elected = on_elected
-        self._on_deposed = on_deposed
-        self._on_new_leader = on_new_leader
+        super().__init__(
+            locks,
+            name,
+            candidate,
+            ttl=ttl,
+            interval=interval,
+            retry=retry,
+            on_elected=on_elected,
+            on_deposed=on_deposed,
+            on_new_leader=on_new_leader,
+        )
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        #: set by stop() and by the heartbeat's loss: the leader's wait ends at once
+        #: set by stop() and by the heartbeat's loss: a wait of the campaign ends at once
         self._wake = threading.Event()
-        self._resign = True
         self._thread: threading.Thread | None = None
-        self._heartbeat: Heartbeat | None = None
-        self._leader: Lease | None = None
         #: set while this candidate leads
         self.elected = threading.Event()
 
-    def __repr__(self) -> str:
-        return f"<Election {self.name!r} candidate={self.candidate!r} leading={self.is_leader}>"
+    def _sync_store(self, locks: Any) -> JobStore:
+        if not isinstance(locks, Locks):
+            raise InvalidArgumentType(f"locks must be a fencing.Locks, got {type(locks).__name__}")
+        return locks.store
 
-    # -- what the application reads --------------------------------------------------------
+    def _new_heartbeat(self, lease: Lease) -> Heartbeat:
+        return Heartbeat(
+            self.locks.store, lease, self._ttl, interval=self._interval, on_lost=lambda _: self._wake.set()
+        )
 
-    @property
-    def is_leader(self) -> bool:
-        """Whether this candidate leads and can still vouch for its term (no round trip)."""
-        heartbeat = self._heartbeat
-        return heartbeat is not None and heartbeat.held
-
-    @property
-    def lease(self) -> Lease | None:
-        """This candidate's lease while it leads (``fence`` is the term), else ``None``."""
-        heartbeat = self._heartbeat
-        return heartbeat.lease if heartbeat is not None and heartbeat.held else None
-
-    @property
-    def term(self) -> int | None:
-        lease = self.lease
-        return None if lease is None else lease.fence
-
-    @property
-    def leader(self) -> Lease | None:
-        """The leader as this candidate last knew it (itself while it leads; else read at
-        most once per ``retry``), or ``None`` when no one led then."""
-        own = self.lease
-        return own if own is not None else self._leader
+    def _set_elected(self, elected: bool) -> None:
+        if elected:
+            self.elected.set()
+        else:
+            self.elected.clear()
 
     def fenced(self, *, conn: CallerConnection | None = None) -> contextlib.AbstractContextManager[Any]:
         """A transaction for writes under this candidate's term (:meth:`Locks.fenced`):
         :class:`~fencing.LeaseLost` at once if it does not lead, and the block rolled back
         if its term ended meanwhile (a newer term exists, or the lease expired)."""
-        lease = self.lease
-        if lease is None:
-            raise LeaseLost(f"{self.candidate!r} does not lead {self.name!r}")
-        return self.locks.fenced(lease, conn=conn)
+        return self.locks.fenced(self._leading(), conn=conn)  # type: ignore[no-any-return]
 
     # -- life cycle -----------------------------------------------------------------------
 
@@ -157,7 +299,7 @@ class Election:
             if self._thread is not None:
                 raise RuntimeError("this election was started already")
             self._thread = threading.Thread(
-                target=self._campaign, name=f"fencing-election-{self.name:.40}", daemon=True
+                target=self._run, name=f"fencing-election-{self.name:.40}", daemon=True
             )
         _RUNNING.add(self)
         self._thread.start()
@@ -168,7 +310,7 @@ class Election:
         release the term's lease, so another candidate takes over at its next try) or let
         the lease run out. Idempotent."""
         self._resign = resign
-        self._stop.set()
+        self._stopping = True
         self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
@@ -189,74 +331,21 @@ class Election:
 
     # -- the campaign thread -----------------------------------------------------------------
 
-    def _campaign(self) -> None:
-        locks, name, candidate = self.locks, self.name, self.candidate
-        while not self._stop.is_set():
+    def _run(self) -> None:
+        steps = Steps(self._campaign_rules())
+        while steps.step is not None:
+            step = steps.step
             try:
-                current = locks.holder(name)
-                lease = None if current is not None else locks.try_acquire(name, candidate, ttl=self._ttl)
-            except Exception:
-                logger.warning("election %r: could not read or take the lock", name, exc_info=True)
-                current = lease = None
-            if lease is not None:
-                self._lead(lease)
-                continue
-            self._saw(current)
-            self._stop.wait(self._retry)
-
-    def _lead(self, lease: Lease) -> None:
-        """Hold the term until it is lost or the election stops."""
-        heartbeat = Heartbeat(
-            self.locks.store, lease, self._ttl, interval=self._interval, on_lost=lambda _: self._wake.set()
-        )
-        try:
-            heartbeat.start()
-        except Exception as exc:  # lost before it began, or the database failed: campaign on
-            self._call(self._on_deposed, lease, getattr(exc, "reason", None))
-            return
-        self._heartbeat = heartbeat
-        self.elected.set()
-        self._saw(lease)
-        self._call(self._on_elected, lease)
-        while not self._stop.is_set() and heartbeat.held:
-            self._wake.wait(self._retry)  # (the local deadline may pass unreported: look again)
-            self._wake.clear()
-        self.elected.clear()
-        if heartbeat.held:  # stopped while leading
-            heartbeat.stop()
-            if self._resign:
-                try:
-                    self.locks.release(heartbeat.lease)
-                except Exception:
-                    logger.warning(
-                        "election %r: could not resign; the term runs out", self.name, exc_info=True
-                    )
-        else:
-            heartbeat.stop()
-            logger.warning(
-                "election %r: %r lost term %d (%s)", self.name, self.candidate, lease.fence, heartbeat.reason
-            )
-            self._call(self._on_deposed, heartbeat.lease, heartbeat.reason)
-        self._heartbeat = None
-
-    def _saw(self, leader: Lease | None) -> None:
-        last = self._leader
-        self._leader = leader
-        changed = (last is None) != (leader is None) or (
-            last is not None
-            and leader is not None
-            and (last.owner, last.fence) != (leader.owner, leader.fence)
-        )
-        if changed:
-            self._call(self._on_new_leader, leader)
-
-    def _call(self, callback: Callable[..., object] | None, *args: Any) -> None:
-        if callback is None:
-            return
-        try:
-            callback(*args)
-        except Exception:
-            logger.exception("election %r: a callback raised", self.name)
+                if isinstance(step, Send):
+                    answer = step.call()
+                else:
+                    self._wake.wait(max(0.0, step.until - time.monotonic()))
+                    self._wake.clear()
+                    answer = self._stopping
+            except BaseException as exc:  # the rules decide
+                steps.fail(exc)
+            else:
+                steps.answer(answer)
 
 
 #: elections whose thread runs: stepped down at interpreter exit
