@@ -787,3 +787,58 @@ def test_torture_shows_one_progress_line_on_a_terminal_then_clears_it() -> None:
     ]
     assert summary.splitlines()[-1].split() == ["violations", "0"]
     assert "\r" not in summary and "\x1b" not in summary
+
+
+@pytest.fixture
+def named_locks(engine: Engine) -> fencing.Locks:
+    made = fencing.Locks(engine)
+    made.create_table()
+    return made
+
+
+def test_locks_lists_holders_tokens_and_time_left(cli: Any, named_locks: fencing.Locks) -> None:
+    assert named_locks.try_acquire("nightly-billing", "host-a", ttl=300) is not None
+    first = named_locks.try_acquire("scheduler", "pod-1", ttl=300)
+    assert first is not None and named_locks.release(first)
+    ran = cli("locks")
+    assert ran.code == 0, ran.err
+    lines = ran.out.splitlines()
+    assert lines[0].split() == ["NAME", "STATE", "HOLDER", "TOKEN", "LEFT"]
+    assert "scheduler" in lines[1] and "free" in lines[1]  # free first: the claim order
+    assert re.match(r"nightly-billing\s+held\s+host-a\s+1\s+4m \d\ds left$", lines[2]), lines[2]
+    records = cli("locks", "--json").records
+    assert [(r["name"], r["state"], r["holder"], r["token"]) for r in records] == [
+        ("scheduler", "free", None, 1),
+        ("nightly-billing", "held", "host-a", 1),
+    ]
+    one = cli("locks", "nightly-billing")
+    assert (
+        one.code == 0
+        and re.search(r"^holder\s+host-a$", one.out, re.M)
+        and re.search(r"^token\s+1$", one.out, re.M)
+    )
+    assert cli("locks", "--revoke").code == 1  # which one?
+    missing = cli("locks", "nope")
+    assert missing.code == 1 and "no lock 'nope' in table 'fencing_locks'" in missing.err
+    bad = cli("locks", "")
+    assert bad.code == 1 and "name must not be empty" in bad.err
+
+
+def test_leader_shows_the_term_and_revoke_deposes_it(cli: Any, named_locks: fencing.Locks) -> None:
+    term = named_locks.try_acquire("scheduler", "pod-2", ttl=300)
+    assert term is not None
+    ran = cli("leader", "scheduler")
+    assert (
+        ran.code == 0
+        and re.search(r"^leader\s+pod-2$", ran.out, re.M)
+        and re.search(r"^term\s+1$", ran.out, re.M)
+    )
+    deposed = cli("leader", "scheduler", "--revoke", "--json")
+    assert deposed.code == 0 and deposed.records == [
+        {"name": "scheduler", "revoked": True, "holder": "pod-2", "token": 2}
+    ]
+    with pytest.raises(fencing.LeaseLost):
+        named_locks.check(term)  # the deposed leader's term is refused
+    after = cli("leader", "scheduler")
+    assert after.code == 0 and re.search(r"^state\s+nobody leads$", after.out, re.M)
+    assert cli("leader", "nobody-ran-this", "--revoke").code == 1

@@ -36,12 +36,13 @@ import sqlalchemy
 from sqlalchemy import Connection, Engine, MetaData, Table, make_url
 from sqlalchemy.exc import ArgumentError
 
-from ..core.checks import FENCE_MAX
+from ..core.checks import FENCE_MAX, check_lock_name
 from ..core.errors import DatabaseBusy, DatabaseMissing, FencingError, InvalidArgument, TableMissing
 from ..core.values import Lease
 from ..engine.sqlite import BEGIN_OPTION
 from ..engine.sqlite import create_engine as create_sqlite_engine
 from ..fronts import cache
+from ..locks.named import Locks
 from ..sql.dberrors import DB_ERRORS, database_errors, wrap_database_error
 from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
@@ -144,6 +145,8 @@ class Command:
     #: a SQLite file is created if it is missing (else: an error)
     creates: bool = False
     check: Check = _no_check
+    #: the default of ``--table``: the jobs table, or the named locks' table
+    table: str = "jobs"
 
 
 # -- argument types --------------------------------------------------------------------------
@@ -198,8 +201,9 @@ def _finite(text: str) -> float:
 # -- the database commands: what every one of them shares ----------------------------------
 
 
-def _database_options() -> argparse.ArgumentParser:
-    """``--url``, ``--table`` and ``--json``: the parent of every database command."""
+def _database_options(table: str = "jobs") -> argparse.ArgumentParser:
+    """``--url``, ``--table`` (default ``table``) and ``--json``: the parent of every
+    database command."""
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_argument_group("database")
     default = os.environ.get(URL_VARIABLE)
@@ -210,7 +214,8 @@ def _database_options() -> argparse.ArgumentParser:
         metavar="URL_OR_PATH",
         help=f"a SQLite file path or a database URL (default: ${URL_VARIABLE})",
     )
-    where.add_argument("--table", default="jobs", metavar="NAME", help="the jobs table (%(default)s)")
+    what = "the named locks' table" if table != "jobs" else "the jobs table"
+    where.add_argument("--table", default=table, metavar="NAME", help=f"{what} (%(default)s)")
     common.add_argument("--json", action="store_true", help="one JSON object per line, for scripts")
     return common
 
@@ -895,6 +900,95 @@ def _torture(call: Call) -> int:
 _TORTURE = TortureConfig(url="-")
 
 
+# -- named locks and elections (fencing.Locks: the locks table has the jobs table's columns) -----
+
+
+def _lock_record(job: JobView) -> dict[str, Any]:
+    held = job.state == "held"
+    return {
+        "name": job.job_id,
+        "state": "held" if held else "free",
+        "holder": job.owner if held else None,
+        "token": job.fence,
+        "until": job.until if held else None,
+        "until_in": job.until_in if held else None,
+        "now": job.now,
+    }
+
+
+def _locks(call: Call) -> int:
+    args, db, out = call.args, call.db, call.out
+    if args.name is not None:
+        return _one_lock(call, args.name, args.revoke, "lock")
+    if args.revoke:
+        return call.fail("--revoke needs the NAME of the lock")
+    found = db.overview.jobs(None, limit=args.limit + 1)
+    shown = [job for job in found[: args.limit] if job.state != "done"]
+    if out.json:
+        for job in shown:
+            out.record(**_lock_record(job))
+        return 0
+    if not shown:
+        out.lines([f"no locks in table {db.table.name!r}"])
+        return 0
+    rows = []
+    for job in shown:
+        lock = _lock_record(job)
+        left = _when(job) if lock["state"] == "held" else "-"
+        rows.append([_shown(job.job_id), lock["state"], _shown(lock["holder"]), str(job.fence), left])
+    out.lines(_table(["NAME", "STATE", "HOLDER", "TOKEN", "LEFT"], rows, numeric=[3]))
+    if len(found) > args.limit:
+        print(f"(more not shown: --limit {args.limit})", file=sys.stderr)
+    return 0
+
+
+def _leader(call: Call) -> int:
+    return _one_lock(call, call.args.name, call.args.revoke, "leader")
+
+
+def _one_lock(call: Call, name: str, revoke: bool, kind: str) -> int:
+    """One lock (``kind`` "lock") or election ("leader"): who holds it, with which token
+    (term), until when; with ``revoke``, taken from its holder (the token moves on)."""
+    db, out = call.db, call.out
+    locks = Locks.around(db.store)
+    name = check_lock_name(name)
+    if revoke:
+        holder = locks.holder(name)
+        if not locks.revoke(name):
+            return call.fail(f"no lock {name!r} in table {db.table.name!r}; nothing changed")
+        after = db.overview.job(name)
+        token = None if after is None else after.fence
+        who = "nobody held it" if holder is None else f"{holder.owner!r} held it with token {holder.fence}"
+        out.result(
+            {
+                "name": name,
+                "revoked": True,
+                "holder": None if holder is None else holder.owner,
+                "token": token,
+            },
+            [f"revoked {name!r} ({who}); its token is now {token}: writes under an older one are refused"],
+        )
+        return 0
+    job = db.overview.job(name)
+    if job is None or job.state == "done":
+        return call.fail(f"no lock {name!r} in table {db.table.name!r}")
+    lock = _lock_record(job)
+    if out.json:
+        out.record(**lock)
+        return 0
+    word = "term" if kind == "leader" else "token"
+    if lock["state"] == "held":
+        who = "leader" if kind == "leader" else "holder"
+        until = f"{_instant(job.until)} ({_when(job)})"
+        rows = [["name", _shown(name)], [who, _shown(job.owner)], [word, str(job.fence)], ["until", until]]
+    else:
+        free = "nobody leads" if kind == "leader" else "free"
+        rows = [["name", _shown(name)], ["state", free], [f"last {word}", str(job.fence)]]
+    rows.append(["now", f"{_instant(job.now)} (the database's clock)"])
+    out.lines(_table(["", ""], rows)[1:])
+    return 0
+
+
 # -- the table -------------------------------------------------------------------------------
 
 #: every command, in the order ``fencing --help`` lists them
@@ -1028,6 +1122,36 @@ COMMANDS: tuple[Command, ...] = (
         held_only=False,
         change=lambda args, store, conn, job: store.delete(job.job_id, conn=conn),
         told=_deleted,
+    ),
+    Command(
+        "locks",
+        help="named locks: who holds each, with which token, until when; revoke one",
+        description="List the named locks (fencing.Locks) of the locks table: held or free, the "
+        "holder, the token (it only goes up) and the time left on the database's clock. With "
+        "NAME, that lock alone; with --revoke, take it from its holder: the token moves on, so "
+        "every write under the holder's token is refused from now on, and the lock is free. "
+        "Exit code 1, nothing changed, if there is no such lock.",
+        arguments=(
+            arg("name", nargs="?", metavar="NAME", help="one lock (default: list them)"),
+            arg("--revoke", action="store_true", help="take NAME from its holder"),
+            _limit("locks"),
+        ),
+        run=_locks,
+        table="fencing_locks",
+    ),
+    Command(
+        "leader",
+        help="who leads an election: the leader, its term, its lease's time left; depose it",
+        description="Show who leads the election NAME (fencing.Election): the leader, its term "
+        "(the lock's token: every write under an older term is refused) and its lease's time "
+        "left on the database's clock. With --revoke, depose it at once: its term is refused "
+        "from now on, and the next candidate to try is elected with a higher one.",
+        arguments=(
+            arg("name", metavar="NAME", help="the election's name"),
+            arg("--revoke", action="store_true", help="depose the leader"),
+        ),
+        run=_leader,
+        table="fencing_locks",
     ),
     Command(
         "marks",
@@ -1225,11 +1349,13 @@ def build_parser(prog: str = "fencing") -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
-    database = _database_options()
+    # one parent per default table (a parent's actions are shared by its children: a default
+    # set on one child's would be every child's)
+    databases = {table: _database_options(table) for table in {c.table for c in COMMANDS}}
     for command in COMMANDS:
         sub = subparsers.add_parser(
             command.name,
-            parents=[database] if command.needs_database else [],
+            parents=[databases[command.table]] if command.needs_database else [],
             help=command.help,
             description=command.description,
         )
