@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 import sqlalchemy
 from sqlalchemy import Engine, make_url
+from sqlalchemy import create_engine as create_server_engine
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import NullPool
 
 import fencing
 import fencing.sqlite
@@ -168,6 +170,29 @@ def _probe(name: str) -> int:
         return 0
     print(f"{backend.describe()} is not reachable ({problem}); {ENABLE_HINT}")
     return 1
+
+
+def end_other_sessions(target: str) -> int:
+    """End, from a connection of its own, every other session on the test's own database
+    (as a server restart or an idle-connection cull would): how many."""
+    admin = create_server_engine(target, poolclass=NullPool)
+    try:
+        with admin.connect() as conn:
+            if admin.dialect.name == "postgresql":
+                ended = conn.exec_driver_sql(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).all()
+                return len(ended)
+            ids = conn.exec_driver_sql(
+                "SELECT id FROM information_schema.processlist "
+                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+            ).all()
+            for (session,) in ids:
+                conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
+            return len(ids)
+    finally:
+        admin.dispose()
 
 
 if __name__ == "__main__":

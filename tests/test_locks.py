@@ -524,3 +524,21 @@ def test_an_async_election_refuses_sync_locks(sync_locks: Locks) -> None:
         AsyncElection(sync_locks, "scheduler", "a")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentType, match=r"fencing\.Locks"):
         Election(object(), "scheduler", "a")  # type: ignore[arg-type]
+
+
+def test_a_lock_outlives_its_holders_session_ended_by_the_server(sync_locks: Locks, target: str) -> None:
+    # what breaks advisory-lock elections: the server ends the holder's session (an idle cull,
+    # pg_terminate_backend, a failover) and with it the lock, while the holder's process still
+    # believes it holds it. Here the lock is a row: the holder's heartbeat renews it on a fresh
+    # connection, nobody else can take it meanwhile, and its writes go on under its token
+    if "://" not in target:
+        pytest.skip("SQLite has no sessions a server could end")
+    with sync_locks.hold("nightly", "a", ttl=3.0, interval=0.1) as lock:
+        assert backends.end_other_sessions(target) >= 1  # the heartbeat's pooled connection too
+        time.sleep(0.6)  # renewals after it, on new connections
+        assert lock.held, lock
+        assert sync_locks.try_acquire("nightly", "b", ttl=3.0) is None
+        with lock.fenced():
+            pass
+        holder = sync_locks.holder("nightly")
+        assert holder is not None and (holder.owner, holder.fence) == ("a", 1)

@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 
 import pytest
 from sqlalchemy import Engine, MetaData, create_engine, event, make_url
-from sqlalchemy.pool import NullPool
 
 from fencing import JobStore, Lease, jobs_table
 from fencing.asyncio import AsyncJobStore
@@ -321,29 +320,6 @@ def test_a_connection_lost_during_the_trip_that_commits_is_an_unknown_outcome(
         engine.dispose()
 
 
-def _end_sessions_of_this_database(target: str) -> int:
-    """End, from a connection of its own, every other session on the test's own database
-    (as a server restart or an idle-connection cull would): how many."""
-    admin = create_engine(target, poolclass=NullPool)
-    try:
-        with admin.connect() as conn:
-            if admin.dialect.name == "postgresql":
-                ended = conn.exec_driver_sql(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                ).all()
-                return len(ended)
-            ids = conn.exec_driver_sql(
-                "SELECT id FROM information_schema.processlist "
-                "WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-            ).all()
-            for (session,) in ids:
-                conn.exec_driver_sql(f"KILL CONNECTION {int(session)}")
-            return len(ids)
-    finally:
-        admin.dispose()
-
-
 @pytest.mark.parametrize("observed", [False, True], ids=["driver", "observed"])
 def test_pooled_connections_the_server_closed_are_replaced_before_a_write_is_sent(
     target: str, proxy: TurnsProxy, observed: bool
@@ -362,7 +338,7 @@ def test_pooled_connections_the_server_closed_are_replaced_before_a_write_is_sen
         assert lease is not None
         with engine.connect(), engine.connect(), engine.connect():
             pass  # three connections in the pool, all idle now
-        assert _end_sessions_of_this_database(target) >= 3
+        assert backends.end_other_sessions(target) >= 3
         time.sleep(0.2)  # the server's goodbye reaches the clients
         assert store.complete(lease, "r")
         assert [lease.job_id for lease in store.claim_next("w", ttl=60.0)] == ["b"]
