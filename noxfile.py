@@ -213,6 +213,27 @@ def torture(session: nox.Session, db: str) -> None:
         session.run("python", "-m", "fencing", "torture", *url, *args)
 
 
+@nox.session(python=NEWEST, tags=["soak"])
+@nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
+def election_soak(session: nox.Session, db: str) -> None:
+    """The election torture (tests/test_election_torture.py: leaders frozen, killed, revoked,
+    cut off) with a long fault phase, both fronts: ``nox -s election_soak -- SECONDS``
+    (default 120). Outside CI: CI runs it for 8 s per database and front."""
+    _install(session, "test", *filter(None, DATABASES.values()))
+    _require_server(session, db)
+    seconds = session.posargs[0] if session.posargs else "120"
+    session.run(
+        "pytest",
+        "tests/test_election_torture.py",
+        "--db",
+        db,
+        "-p",
+        "no:randomly",
+        "-s",
+        env={"FENCING_ELECTION_TORTURE_SECONDS": seconds},
+    )
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
