@@ -966,12 +966,14 @@ def test_release_with_delay_on_the_database_clock(store: JobStore) -> None:
     lease = store.claim("j", "a", ttl=30.0)
     assert lease is not None
     released_at = time.time()
-    assert store.release(lease, delay=0.5) is True
+    # a delay long enough that the reads below come before it ends on a loaded machine too
+    # (CI saw more than 0.5 s pass between the release and the next claim)
+    assert store.release(lease, delay=2.0) is True
     until = state(store, "j").until
-    assert released_at + 0.5 - 1.0 <= until <= released_at + 0.5 + 1.0
+    assert released_at + 2.0 - 1.0 <= until <= released_at + 2.0 + 1.0
     assert store.claim_next("b", ttl=30.0) == []
     assert store.claim("j", "b", ttl=30.0) is None
-    time.sleep(0.6)
+    time.sleep(2.2)
     [again] = store.claim_next("b", ttl=30.0)
     assert again.fence == lease.fence + 1
 
