@@ -41,7 +41,7 @@ POSTGRESQL = {
     "claim": 1,
     "claim_next": 1,
     # BEGIN, SET LOCAL (walk the ready index in claim order), UPDATE, COMMIT: sent together
-    # in psycopg's pipeline; the async drivers have none, each is a round trip
+    # in psycopg's pipeline (sync or async); asyncpg has none, each is a round trip
     "claim_next(5)": 1,
     "step(5)": 1,
     "renew": 1,
@@ -75,9 +75,8 @@ MARIADB = {
 }
 
 
-#: PostgreSQL's async drivers (asyncpg, psycopg's async mode), and the sync store through
-#: Core: no pipeline, so a batched claim sends its BEGIN, SET LOCAL, statement and COMMIT one
-#: by one
+#: asyncpg, and the store through Core: no pipeline, so a batched claim sends its BEGIN,
+#: SET LOCAL, statement and COMMIT one by one, and a fenced block its BEGIN and COMMIT apart
 POSTGRESQL_UNPIPELINED = {**POSTGRESQL, "claim_next(5)": 4, "step(5)": 4, "fenced": 4}
 
 #: through Core (the async front on asyncmy; the sync store when something observes the
@@ -232,7 +231,8 @@ def test_turns_per_operation_on_the_async_store(target: str, proxy: TurnsProxy, 
     dialect = make_url(target).get_backend_name()
     if (dialect == "postgresql") != (driver != "asyncmy"):
         pytest.skip(f"{driver} is not a {dialect} driver")
-    want = MARIADB_ASYNCMY if driver == "asyncmy" else POSTGRESQL_UNPIPELINED
+    # psycopg's async mode pipelines as its sync mode does; asyncpg has no pipeline
+    want = {"asyncmy": MARIADB_ASYNCMY, "asyncpg": POSTGRESQL_UNPIPELINED}.get(driver, POSTGRESQL)
 
     async def main() -> dict[str, float]:
         from sqlalchemy.ext.asyncio import create_async_engine
@@ -473,3 +473,62 @@ def test_a_connection_lost_at_a_pipelined_fenced_blocks_end_is_an_unknown_outcom
             assert state.done == (state.result == "r")
     finally:
         engine.dispose()
+
+
+def test_a_pipelined_fenced_block_on_psycopgs_async_mode_commits_in_two_trips_or_keeps_nothing(
+    target: str, proxy: TurnsProxy
+) -> None:
+    # the same pipeline as the sync driver's, on psycopg's AsyncConnection under SQLAlchemy's
+    # adapter (inside the bridge): a block in time commits in two round trips around it, a
+    # block lost at its end keeps nothing, and the connection goes back as it came
+    if make_url(target).get_backend_name() != "postgresql":
+        pytest.skip("the pipeline is psycopg's")
+    import psycopg
+    from sqlalchemy import Column, Integer, Table, insert, select
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from fencing import LeaseLost
+
+    metadata = MetaData()
+    writes = Table("pipelined_async_writes", metadata, Column("n", Integer))
+    url = through(target, proxy, "postgresql+psycopg_async")
+
+    async def main() -> None:
+        engine = create_async_engine(url, pool_size=1, max_overflow=0)
+        try:
+            store = AsyncJobStore(engine, jobs_table(metadata, "pipelined_async_jobs"))
+            await store.create_table()
+            async with engine.begin() as conn:
+                await conn.run_sync(lambda sync: metadata.create_all(sync, tables=[writes]))
+            assert await store.enqueue("a", ready_at=0.0)
+            lease = await store.claim("a", "w", ttl=0.3)
+            assert lease is not None
+
+            async def late_block(lease: Lease) -> None:
+                async with store.fenced(lease, complete=True, result="r") as conn:
+                    await conn.execute(insert(writes).values(n=1))
+                    await asyncio.sleep(0.5)  # the lease runs out inside the block
+
+            with pytest.raises(LeaseLost) as lost:
+                await late_block(lease)
+            assert lost.value.reason == "expired"
+            async with engine.connect() as conn:
+                raw = await conn.get_raw_connection()
+                adapted: Any = raw.dbapi_connection
+                assert adapted.autocommit is False
+                assert adapted._connection.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                assert (await conn.execute(select(writes.c.n))).all() == []
+            lease = await store.claim("a", "w", ttl=60.0)
+            assert lease is not None
+            proxy.reset()
+            async with store.fenced(lease, complete=True, result="r") as conn:
+                await conn.execute(insert(writes).values(n=2))
+            assert proxy.reset() == 3  # the first check, the block's INSERT, the end with COMMIT
+            state = await store.state("a")
+            assert state is not None and state.done and state.result == "r"
+            async with engine.begin() as conn:
+                await conn.run_sync(lambda sync: metadata.drop_all(sync, tables=[writes]))
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())

@@ -167,11 +167,11 @@ def autocommit_probe(engine: Engine) -> Callable[[Any], bool] | None:
     driver = engine.dialect.driver
     if engine.dialect.name == "sqlite":
         return None
-    if driver == "psycopg" and not getattr(engine.dialect, "is_async", False):
+    if driver == "psycopg":  # (sync, or SQLAlchemy's async adapter, which has info too)
         # in autocommit with a transaction open on the server (an explicit BEGIN: a fenced
         # block's, see fencing.runtime.execution.BlockExecutor), every statement joins it
         return lambda dbapi: bool(dbapi.autocommit) and dbapi.info.transaction_status == _PG_IDLE
-    if driver in ("psycopg", "asyncpg"):  # async: SQLAlchemy's adapter says it
+    if driver == "asyncpg":  # SQLAlchemy's adapter says it
         return lambda dbapi: bool(dbapi.autocommit)
     if driver == "pymysql":
         return lambda dbapi: bool(dbapi.get_autocommit())

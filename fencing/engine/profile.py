@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import select
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Engine
@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 from . import sqlite
 from .writelock import WriteLock
 
-__all__ = ["STATEMENT_COMMITS", "EngineProfile", "PostgreSQLProfile", "profile_of"]
+__all__ = ["STATEMENT_COMMITS", "AsyncPipe", "EngineProfile", "Pipe", "PostgreSQLProfile", "profile_of"]
 
 #: PostgreSQL drivers whose autocommit is set on the client alone (no round trip)
 STATEMENT_COMMITS = frozenset({"psycopg", "psycopg_async", "asyncpg"})
@@ -61,10 +61,9 @@ class EngineProfile:
         alone (no round trip): a statement sent on it would fail without having run."""
         return False
 
-    def pipeline(self, dbapi_connection: Any) -> contextlib.AbstractContextManager[Any] | None:
-        """The driver's pipeline on ``dbapi_connection`` (statements sent together, their
-        answers awaited once, at its end), or None where the driver has none."""
-        return None
+    def pipe(self, dbapi_connection: Any) -> Pipe:
+        """The driver's pipeline on ``dbapi_connection`` (``pipelines``)."""
+        raise TypeError("this engine's driver has no pipeline")
 
 
 class PostgreSQLProfile(EngineProfile):
@@ -76,16 +75,18 @@ class PostgreSQLProfile(EngineProfile):
     statement_commits = True
 
     def __init__(self, dialect: Any) -> None:
-        #: psycopg's pipeline mode, sync (SQLAlchemy's async adapter has none), where its
-        #: libpq has one (14 and later)
-        sync = not getattr(dialect, "is_async", False)
-        self.pipelines = dialect.driver == "psycopg" and sync and _psycopg_pipelines()
+        #: psycopg's pipeline mode (sync, or async inside the bridge), where its libpq has
+        #: one (14 and later)
+        self.pipelines = dialect.driver == "psycopg" and _psycopg_pipelines()
+        self._awaits = bool(getattr(dialect, "is_async", False))
 
     def autocommit(self, dbapi_connection: Any, on: bool) -> None:
         dbapi_connection.autocommit = on
 
-    def pipeline(self, dbapi_connection: Any) -> contextlib.AbstractContextManager[Any] | None:
-        return dbapi_connection.pipeline() if self.pipelines else None
+    def pipe(self, dbapi_connection: Any) -> Pipe:
+        if not self.pipelines:
+            raise TypeError("this engine's driver has no pipeline")
+        return AsyncPipe(dbapi_connection) if self._awaits else Pipe(dbapi_connection)
 
     def closed_by_server(self, dbapi_connection: Any) -> bool:
         inner = getattr(dbapi_connection, "_connection", dbapi_connection)  # SQLAlchemy's async adapters
@@ -144,3 +145,74 @@ def _psycopg_pipelines() -> bool:
     except ImportError:  # pragma: no cover - the engine's driver is psycopg
         return False
     return bool(Pipeline.is_supported())
+
+
+class Pipe:
+    """psycopg's pipeline mode on one driver connection: statements sent together, their
+    answers awaited once, when :meth:`pipeline` ends (or a result is fetched). The calls
+    the runner makes on it, the same for the sync driver and (:class:`AsyncPipe`) the
+    async one."""
+
+    def __init__(self, dbapi_connection: Any) -> None:
+        self.conn = dbapi_connection
+        #: the psycopg connection itself (SQLAlchemy's async adapter wraps it)
+        self.raw: Any = dbapi_connection
+
+    def pipeline(self) -> contextlib.AbstractContextManager[Any]:
+        return self.raw.pipeline()  # type: ignore[no-any-return]
+
+    def cursor(self) -> Any:
+        return self.raw.cursor()
+
+    def send(self, cursor: Any, sql: str, args: Any = None) -> None:
+        cursor.execute(sql, args)
+
+    def command(self, sql: str) -> None:
+        self.raw.execute(sql)
+
+    def fetchall(self, cursor: Any) -> list[Any]:
+        return cursor.fetchall()  # type: ignore[no-any-return]
+
+    def idle(self) -> bool:
+        """No transaction open on the server (libpq's PQTRANS_IDLE)."""
+        return bool(self.raw.info.transaction_status == 0)
+
+
+class AsyncPipe(Pipe):
+    """:class:`Pipe` on psycopg's async connection under SQLAlchemy's adapter, run inside
+    the bridge (each call awaited with ``await_only``): the adapter's own cursor fetches a
+    statement's rows as it runs it, which a pipeline defers, so the pipe works on the
+    psycopg connection the adapter wraps."""
+
+    def __init__(self, dbapi_connection: Any) -> None:
+        super().__init__(dbapi_connection)
+        self.raw = dbapi_connection._connection
+
+    @contextlib.contextmanager
+    def pipeline(self) -> Iterator[Any]:
+        from sqlalchemy.util import await_only
+
+        manager = self.raw.pipeline()
+        entered = await_only(manager.__aenter__())
+        try:
+            yield entered
+        except BaseException as exc:
+            if not await_only(manager.__aexit__(type(exc), exc, exc.__traceback__)):
+                raise
+        else:
+            await_only(manager.__aexit__(None, None, None))
+
+    def send(self, cursor: Any, sql: str, args: Any = None) -> None:
+        from sqlalchemy.util import await_only
+
+        await_only(cursor.execute(sql, args))
+
+    def command(self, sql: str) -> None:
+        from sqlalchemy.util import await_only
+
+        await_only(self.raw.execute(sql))
+
+    def fetchall(self, cursor: Any) -> list[Any]:
+        from sqlalchemy.util import await_only
+
+        return await_only(cursor.fetchall())

@@ -266,7 +266,7 @@ class _PipelinedExecutor(_DriverExecutor):
     pipeline with ``BEGIN``, the ``prelude`` and ``COMMIT``: one transaction, one round trip.
     The statements after it (reads) run as a driver executor's, each its own."""
 
-    __slots__ = ("conn", "prelude", "profile")
+    __slots__ = ("pipe", "prelude", "sent")
 
     def __init__(
         self,
@@ -277,9 +277,10 @@ class _PipelinedExecutor(_DriverExecutor):
         profile: EngineProfile,
     ) -> None:
         super().__init__(cursor, compiled)
-        self.conn = conn
+        self.pipe = profile.pipe(conn)
         self.prelude: Sequence[Executable] | None = prelude
-        self.profile = profile
+        #: the cursor the first statement's answer is read from
+        self.sent: Any = None
 
     def _first(self, stmt: Executable, params: Mapping[str, Any]) -> _Compiled | None:
         prelude = self.prelude
@@ -287,32 +288,30 @@ class _PipelinedExecutor(_DriverExecutor):
             return None
         self.prelude = None
         c = self.compiled(stmt)
-        conn = self.conn
-        pipeline = self.profile.pipeline(conn)
-        assert pipeline is not None  # (Runner.run pipelines only where the profile does)
-        with pipeline:
-            conn.execute("BEGIN")
+        pipe = self.pipe
+        self.sent = cursor = pipe.cursor()
+        with pipe.pipeline():
+            pipe.command("BEGIN")
             for setup in prelude:
-                s = self.compiled(setup)
-                conn.execute(s.sql, s.args({}))
-            self.cursor.execute(c.sql, c.args(params))
-            conn.execute("COMMIT")
+                pipe.send(pipe.cursor(), self.compiled(setup).sql)
+            pipe.send(cursor, c.sql, c.args(params))
+            pipe.command("COMMIT")
         return c
 
     def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
         c = self._first(stmt, params)
         if c is None:
             return super().rows(stmt, params)
-        rows = self.cursor.fetchall()
+        rows = self.pipe.fetchall(self.sent)
         return rows if c.convert is None else c.convert(rows)
 
     def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
         if self._first(stmt, params) is None:
             return super().count(stmt, params)
-        return self.cursor.rowcount  # type: ignore[no-any-return]
+        return self.sent.rowcount  # type: ignore[no-any-return]
 
 
-class BlockExecutor(_DriverExecutor):
+class BlockExecutor:
     """The store's own statements in a block of the caller's (a fenced block), on the driver
     connection under the block's Core ``Connection``, each sent in the driver's pipeline: the
     first goes with ``BEGIN`` (one round trip), and :meth:`commit_unless_lost` sends the
@@ -323,36 +322,30 @@ class BlockExecutor(_DriverExecutor):
     connection stays in autocommit (inside that transaction, which every statement of the
     block joins) until it ends: :meth:`restore` puts it back as the pool gave it."""
 
-    __slots__ = ("begun", "conn", "core", "profile", "runner")
+    __slots__ = ("begun", "compiled", "conn", "core", "pipe", "profile", "runner")
 
     def __init__(self, core: Connection, runner: Runner) -> None:
-        dbapi: Any = core.connection.dbapi_connection
-        super().__init__(dbapi.cursor(), runner._compiled_for)
+        self.conn: Any = core.connection.dbapi_connection
+        self.compiled = runner._compiled_for
         self.begun = False
         self.core = core
-        self.conn = dbapi
         self.runner = runner
         self.profile = runner._profile
+        self.pipe = self.profile.pipe(self.conn)
 
-    def _send(self, stmt: Executable, params: Mapping[str, Any]) -> _Compiled:
+    def _send(self, stmt: Executable, params: Mapping[str, Any]) -> tuple[_Compiled, Any]:
         c = self.compiled(stmt)
-        conn = self.conn
-        begin = not self.begun and not conn.autocommit and self._idle()
+        pipe = self.pipe
+        begin = not self.begun and not self.conn.autocommit and pipe.idle()
         self.begun = True
-        pipeline = self.profile.pipeline(conn)
-        assert pipeline is not None  # (Runner.block is for a driver that pipelines)
         if begin:
-            self.profile.autocommit(conn, True)
-        with pipeline:
+            self.profile.autocommit(self.conn, True)
+        cursor = pipe.cursor()
+        with pipe.pipeline():
             if begin:
-                conn.execute("BEGIN")
-            self.cursor.execute(c.sql, c.args(params))
-        return c
-
-    def _idle(self) -> bool:
-        from psycopg.pq import TransactionStatus
-
-        return bool(self.conn.info.transaction_status == TransactionStatus.IDLE)
+                pipe.command("BEGIN")
+            pipe.send(cursor, c.sql, c.args(params))
+        return c, cursor
 
     def restore(self) -> None:
         """Once the block's transaction has ended: the connection out of autocommit again,
@@ -360,7 +353,7 @@ class BlockExecutor(_DriverExecutor):
         if not self.conn.autocommit:
             return
         try:
-            if not self._idle():
+            if not self.pipe.idle():
                 self.conn.rollback()
             self.profile.autocommit(self.conn, False)
         except Exception as exc:
@@ -368,13 +361,13 @@ class BlockExecutor(_DriverExecutor):
                 self.core.invalidate(exc)
 
     def rows(self, stmt: Executable, params: Mapping[str, Any]) -> Sequence[Sequence[Any]]:
-        c = self._send(stmt, params)
-        rows = self.cursor.fetchall()
+        c, cursor = self._send(stmt, params)
+        rows = self.pipe.fetchall(cursor)
         return rows if c.convert is None else c.convert(rows)
 
     def count(self, stmt: Executable, params: Mapping[str, Any]) -> int:
-        self._send(stmt, params)
-        return self.cursor.rowcount  # type: ignore[no-any-return]
+        _, cursor = self._send(stmt, params)
+        return cursor.rowcount  # type: ignore[no-any-return]
 
     def commit_unless_lost(self, stmt: Executable, params: Mapping[str, Any], lost: str) -> bool:
         """Send ``stmt``, which fails with an error naming ``lost`` when the block must not
@@ -383,22 +376,20 @@ class BlockExecutor(_DriverExecutor):
         for the reason to be read in it) and must be rolled back. A connection lost on the
         way leaves the outcome unknown (:class:`DatabaseError` says so)."""
         c = self.compiled(stmt)
-        conn = self.conn
-        pipeline = self.profile.pipeline(conn)
-        assert pipeline is not None
+        pipe = self.pipe
         try:
-            with pipeline:
-                conn.execute("SAVEPOINT fencing_end")
-                self.cursor.execute(c.sql, c.args(params))
-                conn.execute("RELEASE SAVEPOINT fencing_end")
-                conn.execute("COMMIT")
+            with pipe.pipeline():
+                pipe.command("SAVEPOINT fencing_end")
+                pipe.send(pipe.cursor(), c.sql, c.args(params))
+                pipe.command("RELEASE SAVEPOINT fencing_end")
+                pipe.command("COMMIT")
             self.restore()
             return True
         except self.runner.errors as exc:
             if lost in str(exc):
-                conn.execute("ROLLBACK TO SAVEPOINT fencing_end")
+                pipe.command("ROLLBACK TO SAVEPOINT fencing_end")
                 return False
-            if self.runner._disconnected(exc, conn):
+            if self.runner._disconnected(exc, self.conn):
                 with contextlib.suppress(Exception):
                     self.core.invalidate(exc)
                 raise _unknown_outcome() from exc
