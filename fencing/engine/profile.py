@@ -10,6 +10,7 @@ SQLite's comes from the settings :func:`fencing.sqlite.configure` installed.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import select
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -140,11 +141,11 @@ def profile_of(engine: Engine) -> EngineProfile:
 
 
 def _psycopg_pipelines() -> bool:
-    try:
-        from psycopg import Pipeline
+    try:  # (by name: psycopg is an extra, and the type checker may run without it)
+        psycopg = importlib.import_module("psycopg")
     except ImportError:  # pragma: no cover - the engine's driver is psycopg
         return False
-    return bool(Pipeline.is_supported())
+    return bool(psycopg.Pipeline.is_supported())
 
 
 class Pipe:
