@@ -416,6 +416,150 @@ def test_processes_contending_for_a_lock_never_hold_it_together(engine: Engine, 
             held = None
 
 
+# -- the waiters' queue: no waiter starves ------------------------------------------------------
+
+
+def sync_of(locks: Any) -> Locks:
+    """The sync locks behind a fixture's (the async front's rules are these)."""
+    if isinstance(locks, Locks):
+        return locks
+    target = getattr(locks, "target", locks)  # a BlockingAsyncLocks wraps the AsyncLocks
+    return target.sync_locks  # type: ignore[no-any-return]
+
+
+def waiters_of(engine: Engine, locks: Any) -> int:
+    return rows_of(engine, sync_of(locks).store.waiters)
+
+
+def test_a_waiter_is_not_starved_by_an_owner_that_takes_the_lock_again_at_once(engine: Engine) -> None:
+    """The classic starvation: a loop of short critical sections re-takes the lock the
+    instant it releases it, while the waiter pauses between tries. Without the queue the
+    loop goes on taking it (the waiter's looks nearly always meet a held lock); with it the
+    loop's claims are refused once the waiter is queued, and the waiter takes the next turn."""
+    sync_locks = Locks(engine, poll=0.5)
+    sync_locks.create_table()
+    stop = threading.Event()
+    taken_by_loop: list[int] = []
+    got: list[Lease | None] = []
+
+    def greedy() -> None:
+        while not stop.is_set():
+            lease = sync_locks.try_acquire("hot", "greedy", ttl=TTL)
+            if lease is not None:
+                taken_by_loop.append(lease.fence)
+                time.sleep(0.05)  # the critical section
+                sync_locks.release(lease)  # ... and at once the next try
+
+    loop = threading.Thread(target=greedy, daemon=True)
+    patient = threading.Thread(
+        target=lambda: got.append(sync_locks.acquire("hot", "patient", ttl=TTL, timeout=20.0)), daemon=True
+    )
+    loop.start()
+    try:
+        while not taken_by_loop:
+            time.sleep(0.01)
+        patient.start()
+        deadline = time.monotonic() + 30
+        while waiters_of(engine, sync_locks) == 0:
+            assert time.monotonic() < deadline, "the waiter never queued"
+            time.sleep(0.005)
+        before_queued = len(taken_by_loop)
+        patient.join(30)
+    finally:
+        stop.set()
+        loop.join(10)
+    lease = got[0]
+    assert lease is not None, "the waiter starved while the loop took the lock again and again"
+    claims_while_queued = lease.fence - 1 - before_queued
+    assert claims_while_queued <= 2, (
+        f"the loop cut in {claims_while_queued} times while the waiter was queued"
+    )
+    assert waiters_of(engine, sync_locks) == 0  # it left the queue
+
+
+def test_waiters_take_the_lock_in_the_order_they_came(sync_locks: Locks) -> None:
+    first = sync_locks.try_acquire("queue", "holder", ttl=TTL)
+    assert first is not None
+    order: list[str] = []
+    problems: list[str] = []
+
+    def wait(name: str) -> None:
+        try:
+            lease = sync_locks.acquire("queue", name, ttl=TTL, timeout=60.0)
+            assert lease is not None
+            order.append(name)
+            time.sleep(0.05)
+            sync_locks.release(lease)
+        except BaseException:
+            problems.append(traceback.format_exc())
+
+    threads = []
+    for i in range(4):
+        thread = threading.Thread(target=wait, args=(f"w{i}",), daemon=True)
+        thread.start()
+        threads.append(thread)
+        deadline = time.monotonic() + 30
+        while waiters_of(sync_locks.engine, sync_locks) < i + 1:  # queued before the next starts
+            assert time.monotonic() < deadline, "a waiter never queued"
+            time.sleep(0.01)
+    sync_locks.release(first)
+    for thread in threads:
+        thread.join(60)
+    assert not problems, "\n".join(problems)
+    assert order == ["w0", "w1", "w2", "w3"]
+    assert waiters_of(sync_locks.engine, sync_locks) == 0
+
+
+def test_a_queued_waiter_keeps_out_a_newcomer_until_its_ticket_lapses(locks: Any, engine: Engine) -> None:
+    """A waiter that died leaves a ticket that blocks claims only until it lapses: at its
+    ``until`` exactly it no longer counts (the boundary, on the caller's clock)."""
+    sync = sync_of(locks)
+    sync.store.enqueue("gate", ready_at=0.0)
+    sync.queue.enter("gate", "ghost", keep=1.0, now=100.0)
+    assert locks.try_acquire("gate", "newcomer", ttl=TTL, now=100.5) is None
+    assert locks.try_acquire("gate", "newcomer", ttl=TTL, now=100.999) is None
+    lease = locks.try_acquire("gate", "newcomer", ttl=TTL, now=101.0)
+    assert lease is not None and lease.fence == 1
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(locks: Any, engine: Engine) -> None:
+    held = locks.try_acquire("busy", "holder", ttl=TTL)
+    assert held is not None
+    assert locks.acquire("busy", "waiter", ttl=TTL, timeout=0.2) is None
+    assert waiters_of(engine, locks) == 0
+    assert locks.release(held)
+    after = locks.try_acquire("busy", "newcomer", ttl=TTL)  # nobody queued: no one to wait for
+    assert after is not None and after.fence == 2
+
+
+@pytest.mark.sync_only("drives the async locks from asyncio code of its own")
+def test_a_cancelled_async_waiter_leaves_the_queue(target: str, engine: Engine) -> None:
+    from fencing.asyncio import AsyncLocks
+
+    async def main() -> None:
+        async_engine = backends.async_engine_for(target)
+        try:
+            locks = AsyncLocks(async_engine, poll=0.05)
+            await locks.create_table()
+            held = await locks.try_acquire("busy", "holder", ttl=TTL)
+            assert held is not None
+            waiter = asyncio.create_task(locks.acquire("busy", "waiter", ttl=TTL, timeout=None))
+            deadline = time.monotonic() + 30
+            while waiters_of(engine, locks) == 0:
+                assert time.monotonic() < deadline, "the waiter never queued"
+                await asyncio.sleep(0.02)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert waiters_of(engine, locks) == 0
+            await locks.release(held)
+            assert await locks.try_acquire("busy", "newcomer", ttl=TTL) is not None
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(main())
+
+
 # -- the async front, on the loop ----------------------------------------------------------------
 
 

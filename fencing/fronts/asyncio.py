@@ -28,7 +28,7 @@ import contextlib
 import inspect
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
 from typing import Any, TypeAlias, TypeVar
 
 from sqlalchemy import Table
@@ -36,14 +36,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from sqlalchemy.util.concurrency import greenlet_spawn
 
 from ..core import bridge
-from ..core.checks import check_lock_name, check_timeout
 from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost, LockTimeout
 from ..core.values import JobState, Lease
-from ..lease.rules import Send, Steps
+from ..lease.rules import Send, Steps, Wait
 from ..lease.task import AsyncHeartbeat
 from ..locks.election import DEFAULT_TTL, ElectionRules
 from ..locks.named import DEFAULT_POLL, Locks, locks
-from ..locks.waiting import Backoff
+from ..locks.queue import LockStore
 from ..observe.metrics import StoreMetrics
 from ..sql.schema import jobs
 from ..store.history import History, HistoryEntry
@@ -159,6 +158,10 @@ class _BridgedJobStore(JobStore):
     async_front = True
 
 
+class _BridgedLockStore(LockStore):
+    async_front = True
+
+
 class _BridgedFenceMarks(FenceMarks):
     async_front = True
 
@@ -174,8 +177,11 @@ class AsyncJobStore:
     refuses them (:class:`~fencing.ConfigurationError`).
     """
 
+    #: the sync store it bridges to
+    _bridged: type[JobStore] = _BridgedJobStore
+
     def __init__(self, engine: AsyncEngine, table: Table = jobs, *, history: History | None = None) -> None:
-        self.sync_store: JobStore = _BridgedJobStore(
+        self.sync_store: JobStore = self._bridged(
             sync_engine(engine, "AsyncJobStore"), table, history=history
         )
         self.engine = engine
@@ -454,8 +460,8 @@ class AsyncLocks:
         poll: float = DEFAULT_POLL,
     ) -> None:
         #: the async store the locks are rows of
-        self.store = AsyncJobStore(engine, table, history=history)
-        self.sync_locks = Locks.around(self.store.sync_store, poll=poll)
+        self.store = _AsyncLockStore(engine, table, history=history)
+        self.sync_locks = Locks.around(self.store.sync_store, poll=poll)  # type: ignore[arg-type]
         self.engine = engine
         self.table = table
 
@@ -493,20 +499,9 @@ class AsyncLocks:
         timeout: float | None = 0.0,
         now: Callable[[], float] | None = None,
     ) -> Lease | None:
-        """:meth:`fencing.Locks.acquire`, pausing with ``asyncio.sleep`` between tries."""
-        wait = check_timeout(timeout)
-        name = check_lock_name(name)
-        if now is not None and not callable(now):
-            raise InvalidArgumentType(f"now must be a callable clock or None, got {type(now).__name__}")
-        backoff = Backoff(wait, self.poll)
-        while True:
-            lease = await self.try_acquire(name, owner, ttl=ttl, now=None if now is None else now())
-            if lease is not None:
-                return lease
-            pause = backoff.pause()
-            if pause is None:
-                return None
-            await asyncio.sleep(pause)
+        """:meth:`fencing.Locks.acquire` (its queue, its rules), pausing with ``asyncio.sleep``."""
+        rules = self.sync_locks._acquire_rules(name, owner, ttl=ttl, timeout=timeout, now=now)
+        return await _drive(rules, self.store._give_one)
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -578,6 +573,35 @@ class AsyncLocks:
 
     async def delete(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
         return await run(self.sync_locks.delete, name, conn=caller_sync(conn))
+
+
+class _AsyncLockStore(AsyncJobStore):
+    _bridged = _BridgedLockStore
+
+
+async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any], Any]) -> T:
+    """Carry out ``rules`` in this task: each call through the bridge (a lease it took for a
+    task cancelled meanwhile given back), each wait an ``asyncio.sleep``."""
+
+    async def give_back_lease(answer: object) -> None:
+        if isinstance(answer, Lease):
+            await give_back(answer)
+
+    try:
+        step = next(rules)
+        while True:
+            try:
+                if isinstance(step, Wait):
+                    await asyncio.sleep(max(0.0, step.until - time.monotonic()))
+                    answer = None
+                else:
+                    answer = await run(step.call, give_back=give_back_lease)
+            except BaseException as exc:  # the rules leave the queue, then it goes on up
+                step = rules.throw(exc)
+            else:
+                step = rules.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 class AsyncHeldLock:

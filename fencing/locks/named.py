@@ -18,24 +18,29 @@ makes anyway is refused by the database.
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Generator, Iterator
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, MetaData, Table
 
 from ..core.checks import check_lock_name, check_timeout, check_ttl
 from ..core.errors import InvalidArgumentType, LeaseLost, LockTimeout
 from ..core.values import Lease
+from ..lease.rules import Send, Wait
 from ..lease.thread import Heartbeat
 from ..runtime.execution import CallerConnection
 from ..sql.schema import jobs_table
 from ..store.history import History
-from ..store.jobstore import JobStore
+from .queue import LockStore, WaitQueue, keep_for, waiters_of
 from .waiting import Backoff
 
-__all__ = ["DEFAULT_POLL", "HeldLock", "Locks", "locks", "locks_table"]
+__all__ = ["DEFAULT_POLL", "HeldLock", "Locks", "drive", "locks", "locks_table"]
+
+logger = logging.getLogger("fencing.locks")
 
 #: the longest pause between two tries of a waiter for a held lock (seconds)
 DEFAULT_POLL = 0.5
@@ -43,8 +48,11 @@ DEFAULT_POLL = 0.5
 
 def locks_table(metadata: MetaData, name: str = "fencing_locks", *, schema: str | None = None) -> Table:
     """The named locks' table in ``metadata`` (for Alembic, as :func:`fencing.jobs_table`):
-    the jobs table's columns, one row per name that was ever taken."""
-    return jobs_table(metadata, name, schema=schema)
+    the jobs table's columns, one row per name that was ever taken. Its waiters' queue,
+    ``<name>_waiters`` (:mod:`fencing.locks.queue`), is put in ``metadata`` with it."""
+    table = jobs_table(metadata, name, schema=schema)
+    waiters_of(table)
+    return table
 
 
 #: the default locks table, in a ``MetaData`` of its own (``fencing.metadata`` holds the jobs
@@ -70,20 +78,25 @@ class Locks:
         history: History | None = None,
         poll: float = DEFAULT_POLL,
     ) -> None:
-        self._setup(JobStore(engine, table, history=history), poll)
+        self._setup(LockStore(engine, table, history=history), poll)
 
-    def _setup(self, store: JobStore, poll: float) -> None:
+    def _setup(self, store: LockStore, poll: float) -> None:
         #: the store the locks are rows of
         self.store = store
         self.engine = store.engine
         self.table = store.table
         self.poll = check_ttl(poll, name="poll")
+        #: the waiters' queue (:mod:`fencing.locks.queue`) and how long a ticket lives unrefreshed
+        self.queue = WaitQueue(store, store.waiters)
+        self.keep = keep_for(self.poll)
 
     @classmethod
-    def around(cls, store: JobStore, *, poll: float = DEFAULT_POLL) -> Locks:
+    def around(cls, store: LockStore, *, poll: float = DEFAULT_POLL) -> Locks:
         """Locks on an existing ``store`` (the async front's: :class:`fencing.asyncio.AsyncLocks`)."""
-        if not isinstance(store, JobStore):
-            raise InvalidArgumentType(f"store must be a fencing.JobStore, got {type(store).__name__}")
+        if not isinstance(store, LockStore):
+            raise InvalidArgumentType(
+                f"store must be a fencing.locks.queue.LockStore, got {type(store).__name__}"
+            )
         locks = cls.__new__(cls)
         locks._setup(store, poll)
         return locks
@@ -93,7 +106,8 @@ class Locks:
         return f"<Locks table={self.table.name!r} engine={url!r}>"
 
     def create_table(self, *, conn: CallerConnection | None = None) -> None:
-        """Create the locks table if missing (idempotent); raise if an existing one differs."""
+        """Create the locks table and its waiters' queue if missing (idempotent); raise if
+        an existing locks table differs."""
         self.store.create_table(conn=conn)
 
     # -- taking a lock ----------------------------------------------------------------------
@@ -109,8 +123,9 @@ class Locks:
     ) -> Lease | None:
         """Take ``name`` for ``owner`` for ``ttl`` seconds if no live lease holds it: its
         :class:`~fencing.Lease` (``job_id`` is the name, ``fence`` the token, one above every
-        token the name ever had), or ``None`` if it is held. One try, no waiting. A name never
-        taken (or deleted) is created first. The same owner holding it still gets ``None``:
+        token the name ever had), or ``None`` if it is held, or if owners wait for it in its
+        queue (:meth:`acquire`: no one cuts in). One try, no waiting. A name never taken (or
+        deleted) is created first. The same owner holding it still gets ``None``:
         a lock is not re-entrant (renew the lease you hold)."""
         store = self.store
         name = check_lock_name(name)
@@ -132,24 +147,72 @@ class Locks:
         """:meth:`try_acquire`, tried again while the lock is held, for at most ``timeout``
         seconds (``None``: until it is free): the lease, or ``None`` if the time ran out.
 
-        Between tries the waiter pauses with jittered backoff, at most :attr:`poll` seconds
-        (:mod:`fencing.locks.waiting`), so waiting costs about one read per ``poll``. ``now``:
-        your clock, read at each try (default: the database's). There is no queue: when the
-        lock comes free, whichever waiter tries first takes it.
+        A waiter takes its place in the lock's queue (:mod:`fencing.locks.queue`): the lock
+        goes to the waiters in the order they came, and no newcomer cuts in, so no waiter
+        starves. Between tries it pauses with jittered backoff, at most :attr:`poll` seconds
+        (:mod:`fencing.locks.waiting`), and reads whether its turn has come: about one read
+        per ``poll``, and a claim only when it can succeed. ``now``: your clock, read at each
+        try (default: the database's).
         """
+        return drive(self._acquire_rules(name, owner, ttl=ttl, timeout=timeout, now=now))
+
+    def _acquire_rules(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None,
+        now: Callable[[], float] | None,
+        try_acquire: Callable[..., Any] | None = None,
+    ) -> Generator[Send | Wait, Any, Lease | None]:
+        """The rules of a wait for ``name``, shared by the sync and the async fronts: steps
+        (:class:`~fencing.lease.rules.Send`, :class:`~fencing.lease.rules.Wait`) that do no
+        I/O of their own; the lease, or ``None``, is what they return."""
         wait = check_timeout(timeout)
         name = check_lock_name(name)
         if now is not None and not callable(now):
             raise InvalidArgumentType(f"now must be a callable clock or None, got {type(now).__name__}")
+        owner = self.store.check_key(owner, name="owner")
+        check_ttl(ttl)
+        take = self.try_acquire if try_acquire is None else try_acquire
+
+        def read() -> float | None:
+            return None if now is None else now()
+
+        def attempt() -> Any:
+            return take(name, owner, ttl=ttl, now=read())
+
+        lease = yield Send(attempt)
+        if lease is not None or wait == 0.0:
+            return lease  # type: ignore[no-any-return]
+        queue, keep = self.queue, self.keep
         backoff = Backoff(wait, self.poll)
-        while True:
-            lease = self.try_acquire(name, owner, ttl=ttl, now=None if now is None else now())
-            if lease is not None:
-                return lease
-            pause = backoff.pause()
-            if pause is None:
-                return None
-            time.sleep(pause)
+        ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()))
+        refreshed = time.monotonic()
+        try:
+            while True:
+                pause = backoff.pause()
+                if pause is None:
+                    lease = None
+                    break
+                yield Wait(time.monotonic() + pause)
+                if time.monotonic() - refreshed > keep / 3:
+                    if not (yield Send(functools.partial(queue.refresh, ticket, keep=keep, now=read()))):
+                        # stalled past keep: its place lapsed; back of the queue
+                        ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()))
+                    refreshed = time.monotonic()
+                if (yield Send(functools.partial(queue.look, name, owner, ticket, now=read()))):
+                    lease = yield Send(attempt)
+                    if lease is not None:
+                        break
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from _leave(queue, ticket)
+            raise
+        yield from _leave(queue, ticket)
+        return lease  # type: ignore[no-any-return]
 
     @contextlib.contextmanager
     def hold(
@@ -301,3 +364,33 @@ class HeldLock:
     def fenced(self, *, conn: CallerConnection | None = None) -> contextlib.AbstractContextManager[Any]:
         """:meth:`Locks.fenced` with this lock's lease."""
         return self._locks.fenced(self.lease, conn=conn)
+
+
+def _leave(queue: WaitQueue, ticket: int) -> Generator[Send | Wait, Any, None]:
+    """Leave the queue; a failure only delays the others until the ticket lapses."""
+    try:
+        yield Send(lambda: queue.leave(ticket))
+    except Exception:
+        logger.warning("could not leave the queue of a lock; the ticket lapses", exc_info=True)
+
+
+T = TypeVar("T")
+
+
+def drive(rules: Generator[Send | Wait, Any, T]) -> T:
+    """Carry out ``rules`` on this thread (sleeping through each wait): what they return."""
+    try:
+        step = next(rules)
+        while True:
+            try:
+                if isinstance(step, Wait):
+                    time.sleep(max(0.0, step.until - time.monotonic()))
+                    answer = None
+                else:
+                    answer = step.call()
+            except BaseException as exc:  # the rules leave the queue, then it goes on up
+                step = rules.throw(exc)
+            else:
+                step = rules.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]

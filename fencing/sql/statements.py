@@ -48,6 +48,10 @@ from ..core.checks import FENCE_MAX
 from ..core.clock import database_now
 from .schema import KEY_TYPE, as_text
 
+#: a condition a claim of one job must also meet, given the clock's ``now`` (bind parameters
+#: ``job_id`` and ``holder`` are the claim's)
+ClaimGuard = Callable[[ColumnElement[float]], ColumnElement[bool]]
+
 __all__ = ["COMPLETE_CHUNK", "LOST_AT_THE_END", "TOMBSTONE", "Clock", "Statements", "batch_size"]
 
 # constants are written into the SQL, not bound: fewer parameters per call, and a
@@ -140,7 +144,9 @@ class Statements:
     #: any backlog with or without statistics; nothing the store runs after it sorts
     walk_in_claim_order: Executable = text("SET LOCAL enable_sort = off")
 
-    def __init__(self, table: Table, clock: Clock = "caller") -> None:
+    def __init__(
+        self, table: Table, clock: Clock = "caller", *, claim_guard: ClaimGuard | None = None
+    ) -> None:
         t = table
         self.table = table
         self.clock = clock
@@ -196,10 +202,13 @@ class Statements:
         #: claimable: not done and the lease (if any) has expired; the fence only goes up
         claimable = and_(job, t.c.done == _ZERO, t.c.until <= now, fence_left)
         claim_values = {"owner": _key("holder"), "until": new_until, "fence": t.c.fence + _ONE}
+        #: a claim of one job by id, with what a caller adds to its WHERE (named locks: no
+        #: waiter queued ahead of the claimer, :mod:`fencing.locks.queue`)
+        claim_one = claimable if claim_guard is None else and_(claimable, claim_guard(now))
         self.claim_returning: Executable = (
-            update(t).where(claimable).values(claim_values).returning(t.c.fence, t.c.until)
+            update(t).where(claim_one).values(claim_values).returning(t.c.fence, t.c.until)
         )
-        self.claim_counting: Executable = update(t).where(claimable).values(claim_values)
+        self.claim_counting: Executable = update(t).where(claim_one).values(claim_values)
         #: why a claim or revoke matched nothing, asked only then: the job's fences are used up
         self.exhausted: Executable = select(t.c.fence).where(job, t.c.done == _ZERO, t.c.fence >= _FENCE_MAX)
         #: read back a claim or renewal under the row lock its UPDATE took, same transaction

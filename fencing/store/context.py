@@ -45,7 +45,7 @@ from ..observe.refusals import judge, report
 from ..runtime import holds
 from ..runtime.execution import CallerConnection, CoreExecutor, Executor, Runner
 from ..sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
-from ..sql.statements import Statements
+from ..sql.statements import ClaimGuard, Statements
 from .background import Background
 from .dialects import DialectPlan, plan_for
 from .history import NO_OUTCOME, PRUNE_BATCH, History, Outcome, Recorder
@@ -201,11 +201,19 @@ class JobsContext(Context):
     """The context of one jobs ``table``: its statements on both clocks, this process's
     holds on it, and its ownership history (``history``), if it records one."""
 
-    def __init__(self, engine: Engine, table: Table, *, bridged: bool, history: History | None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table,
+        *,
+        bridged: bool,
+        history: History | None,
+        claim_guard: ClaimGuard | None = None,
+    ) -> None:
         super().__init__(engine, bridged=bridged)
         self.table = table
-        self.by_caller = Statements(table, "caller")
-        self.by_database = Statements(table, "database")
+        self.by_caller = Statements(table, "caller", claim_guard=claim_guard)
+        self.by_database = Statements(table, "database", claim_guard=claim_guard)
         #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
         #: fraction of it is logged)
         self.shortest_ttl = float("inf")

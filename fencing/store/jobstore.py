@@ -16,6 +16,7 @@ from ..core.errors import InvalidArgumentType
 from ..observe.metrics import StoreMetrics
 from ..runtime.execution import CallerConnection
 from ..sql.schema import ensure_jobs_table, jobs
+from ..sql.statements import ClaimGuard
 from .batches import WorkerBatches
 from .context import JobsContext
 from .fenced import FencedBlocks
@@ -54,11 +55,18 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             )
         #: what every part of the store shares: the runner, the dialect's plan, the checks,
         #: the statements on both clocks, the holds and the history's hook
-        self._ctx = JobsContext(engine, table, bridged=self.async_front, history=history)
+        self._ctx = JobsContext(
+            engine, table, bridged=self.async_front, history=history, claim_guard=self._claim_guard()
+        )
         self.engine = engine
         self.table = table
         #: how this store records ownership history (fencing.store.history), if it does
         self.history_config = history
+
+    def _claim_guard(self) -> ClaimGuard | None:
+        """What a claim of one job must also meet, in its WHERE (a subclass's rule: named
+        locks refuse a claimer with a waiter queued ahead of it)."""
+        return None
 
     @property
     def holds_key(self) -> tuple[str, str]:

@@ -950,7 +950,7 @@ def _one_lock(call: Call, name: str, revoke: bool, kind: str) -> int:
     """One lock (``kind`` "lock") or election ("leader"): who holds it, with which token
     (term), until when; with ``revoke``, taken from its holder (the token moves on)."""
     db, out = call.db, call.out
-    locks = Locks.around(db.store)
+    locks = Locks(db.store.engine, db.store.table)
     name = check_lock_name(name)
     if revoke:
         holder = locks.holder(name)
