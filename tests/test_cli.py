@@ -842,3 +842,51 @@ def test_leader_shows_the_term_and_revoke_deposes_it(cli: Any, named_locks: fenc
     after = cli("leader", "scheduler")
     assert after.code == 0 and re.search(r"^state\s+nobody leads$", after.out, re.M)
     assert cli("leader", "nobody-ran-this", "--revoke").code == 1
+
+
+def test_locks_and_leader_show_the_history_when_the_table_exists(
+    cli: Any, named_locks: fencing.Locks, engine: Engine
+) -> None:
+    assert named_locks.try_acquire("scheduler", "pod-1", ttl=300) is not None
+    assert "history" not in cli("leader", "scheduler").out  # no history table: the holder alone
+    assert cli("locks", "scheduler", "--json").records[0]["history"] is None
+    recorded = fencing.Locks(engine, history=History(history_table(MetaData()), retention=None))
+    recorded.create_table()  # the history table too
+    first = recorded.try_acquire("other", "pod-1", ttl=300)
+    assert first is not None
+    revoked = cli("leader", "other", "--revoke")  # recorded in the history, in its transaction
+    assert revoked.code == 0, revoked.err
+    assert recorded.renew(first, ttl=300) is None  # the deposed leader's renewal: refused
+    assert recorded.try_acquire("other", "pod-2", ttl=300) is not None
+    expected = [
+        ["claim", "pod-1", "1"],
+        ["revoke", "-", "2"],
+        ["refused", "pod-1", "1"],
+        ["claim", "pod-2", "3"],
+    ]
+    for command in ("leader", "locks"):
+        ran = cli(command, "other")
+        assert ran.code == 0, ran.err
+        lines = ran.out.splitlines()
+        who = "leader" if command == "leader" else "holder"
+        assert re.search(rf"^{who}\s+pod-2$", ran.out, re.M)  # the holder first, as before
+        start = lines.index("history (fencing_history, oldest first)")
+        assert lines[start - 1] == "" and lines[start - 2].startswith("now ")
+        header, *rows = lines[start + 1 :]
+        assert header.split() == ["SEQ", "AT", "EVENT", "OWNER", "FENCE", "DETAIL"]
+        assert [row.split()[4:7] for row in rows] == expected
+        assert rows[2].endswith("renew: stale fence; holder -, fence 2")
+    [record] = cli("leader", "other", "--json").records
+    assert (record["holder"], record["token"]) == ("pod-2", 3)
+    assert [(e["event"], e["owner"], e["fence"], e["reason"]) for e in record["history"]] == [
+        ("claim", "pod-1", 1, None),
+        ("revoke", None, 2, None),
+        ("refused", "pod-1", 1, "stale fence"),
+        ("claim", "pod-2", 3, None),
+    ]
+    elsewhere = cli("locks", "other", "--history-table", "elsewhere")
+    assert elsewhere.code == 0 and "history" not in elsewhere.out
+    assert cli("leader", "other", "--history-table", "elsewhere", "--json").records[0]["history"] is None
+    # a revoke with another table's name is made, and recorded nowhere
+    assert cli("locks", "other", "--revoke", "--history-table", "elsewhere").code == 0
+    assert [e.event for e in recorded.store.history("other")][-1] == "claim"

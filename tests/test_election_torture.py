@@ -1,21 +1,28 @@
-"""Elections under faults: candidates in processes, leaders frozen, killed, revoked, cut off.
+"""Locks and elections under faults: holders in processes, frozen, killed, revoked, cut off.
 
-Four candidate processes run a :class:`fencing.Election` on one name, with the ownership
-history on. The leader writes a row under its term every 10 ms through ``Locks.fenced``,
-stamped with the database's clock inside the transaction. Meanwhile the test injects, at
-random (seeded): ``SIGSTOP`` of the leader past its ttl then ``SIGCONT`` (it wakes believing
-it leads), ``SIGKILL`` of a candidate (restarted), an operator's revoke of the name, and on
-the servers the end of every session of the database (``pg_terminate_backend``, ``KILL``):
-what splits an advisory-lock election.
+Four candidate processes contend for one name, with the ownership history on, in one of two
+modes: ``election`` (each runs a :class:`fencing.Election`; the leader writes under its term)
+or ``lock`` (each loops on :meth:`fencing.Locks.hold`, waiting in the name's queue, writes a
+few times under the lock's token, and lets go). A holder writes a row every 10 ms through a
+fenced block, stamped with the database's clock inside the transaction, and keeps the block
+open 20 ms after its INSERT. Meanwhile the test injects, at random (seeded): ``SIGSTOP`` of
+the holder past its ttl then ``SIGCONT`` (it wakes believing it holds), ``SIGKILL`` of a
+candidate (restarted), ``SIGKILL`` of the holder *inside* its fenced transaction (after its
+INSERT, before its COMMIT), an operator's revoke of the name, and on the servers the end of
+every session of the database (``pg_terminate_backend``, ``KILL``): what splits an
+advisory-lock election.
 
 The verdict, from the database alone:
 
-1. no term is issued twice: the history's claims of the name have strictly increasing fences;
+1. no term (token) is issued twice: the history's claims of the name have strictly
+   increasing fences;
 2. no write under a term is stored after a newer term's write: the rows, in the order they
    were stored, never go back in term;
-3. the intervals of leadership never overlap: every write under term ``t`` was made before
-   any term above ``t`` was claimed (on the database's clock), and while ``t`` was the
-   holder's lease, live.
+3. the intervals of holding never overlap: every write under term ``t`` was made by its
+   holder, after ``t`` was claimed and before any term above ``t`` was claimed (on the
+   database's clock);
+4. nothing of a transaction killed before its commit is stored;
+5. (``lock`` mode) no candidate starves: every one of them held the lock.
 """
 
 from __future__ import annotations
@@ -44,9 +51,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.sync_only("candidates are processes 
 CANDIDATES = 4
 TTL = 0.6
 RETRY = 0.05
+#: a lock's waiters pause at most this long between looks at the lock
+POLL = 0.1
+#: the writes a lock holder makes before it lets go
+WRITES_PER_HOLD = 5
+#: how long a holder keeps its fenced transaction open after its INSERT
+IN_BLOCK = 0.02
 #: the fault phase; the ``election_soak`` nox session runs it longer (outside CI)
 SECONDS = float(os.environ.get("FENCING_ELECTION_TORTURE_SECONDS", "8"))
 NAME = "torture-leader"
+#: what a candidate's fenced block raises when it is deposed or its session was ended (the
+#: store's statement or the block's own INSERT): nothing of the block was kept; it goes on
+REFUSED = (LeaseLost, fencing.DatabaseError, DBAPIError)
 
 
 def tables() -> tuple[MetaData, Table, Table, Table]:
@@ -57,6 +73,7 @@ def tables() -> tuple[MetaData, Table, Table, Table]:
         Column("id", Integer, primary_key=True, autoincrement=True),
         Column("term", BigInteger, nullable=False),
         Column("owner", String(32), nullable=False),
+        Column("tag", String(64), nullable=False),
         Column("at", Double, nullable=False),
     )
     return (
@@ -67,77 +84,162 @@ def tables() -> tuple[MetaData, Table, Table, Table]:
     )
 
 
-def candidate(target: str, me: str, front: str, problems: Any) -> None:
-    """One candidate: campaign, and while leading write under the term every 10 ms."""
+class Shared:
+    """What the controller shares with one candidate (across its restarts): whether it is
+    inside its fenced block, past its INSERT (``inside``), and that INSERT's tag."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.inside = ctx.Value("i", 0)
+        self.tag = ctx.Array("c", 64)
+
+
+class Writer:
+    """A holder's fenced write: a tagged row under the term, the transaction kept open
+    :data:`IN_BLOCK` seconds after the INSERT with ``inside`` set, so that the controller's
+    kill lands between the INSERT and the COMMIT (it kills only while holding ``inside``'s
+    lock and seeing it set; the block clears it, under that lock, before it commits)."""
+
+    def __init__(self, writes: Table, me: str, shared: Shared) -> None:
+        self.writes, self.me, self.shared, self.n = writes, me, shared, 0
+
+    def row(self, term: int) -> Any:
+        self.n += 1
+        tag = f"{self.me}-{os.getpid()}-{self.n}"
+        self._tag = tag
+        return self.writes.insert().values(term=term, owner=self.me, tag=tag, at=database_now())
+
+    def enter(self) -> None:
+        with self.shared.inside.get_lock():
+            self.shared.tag.value = self._tag.encode()
+            self.shared.inside.value = 1
+
+    def leave(self) -> None:
+        with self.shared.inside.get_lock():
+            self.shared.inside.value = 0
+
+
+def candidate(target: str, me: str, front: str, mode: str, shared: Shared, problems: Any) -> None:
+    """One candidate: campaign (or wait for the lock), and while holding write every 10 ms."""
     try:
         if front == "async":
-            asyncio.run(async_candidate(target, me))
+            asyncio.run(async_candidate(target, me, mode, shared))
             return
         _, writes, locks_t, history_t = tables()
         engine = backends.engine_for(target)
-        locks = Locks(engine, locks_t, history=History(history_t, retention=None))
+        locks = Locks(engine, locks_t, history=History(history_t, retention=None), poll=POLL)
+        writer = Writer(writes, me, shared)
+
+        def write(lease: fencing.Lease) -> None:
+            try:
+                with locks.fenced(lease) as conn:
+                    conn.execute(writer.row(lease.fence))
+                    writer.enter()
+                    time.sleep(IN_BLOCK)
+                    writer.leave()
+            except REFUSED:
+                pass
+
+        if mode == "lock":
+            while True:
+                try:
+                    with locks.hold(NAME, me, ttl=TTL, timeout=None, interval=TTL / 4) as held:
+                        for _ in range(WRITES_PER_HOLD):
+                            if not held.held:
+                                break
+                            write(held.lease)
+                            time.sleep(0.01)
+                except (fencing.DatabaseError, DBAPIError):
+                    pass  # its session was ended while it waited or let go: it waits anew
         with Election(locks, NAME, me, ttl=TTL, retry=RETRY, interval=TTL / 4) as election:
             while True:
                 lease = election.lease
                 if lease is not None:
-                    try:
-                        with locks.fenced(lease) as conn:
-                            conn.execute(
-                                writes.insert().values(term=lease.fence, owner=me, at=database_now())
-                            )
-                    except (LeaseLost, fencing.DatabaseError, DBAPIError):
-                        # deposed, or its session was ended (the store's statement or the
-                        # block's own INSERT): nothing of the block was kept; it goes on
-                        pass
+                    write(lease)
                 time.sleep(0.01)
     except BaseException:
         problems.put(f"{me}: {traceback.format_exc()}")
         raise
 
 
-async def async_candidate(target: str, me: str) -> None:
-    """The same candidate on the async front: AsyncLocks, AsyncElection, an asyncio task."""
+async def async_candidate(target: str, me: str, mode: str, shared: Shared) -> None:
+    """The same candidate on the async front: AsyncLocks, AsyncElection, asyncio tasks."""
     from fencing.asyncio import AsyncElection, AsyncLocks
 
     _, writes, locks_t, history_t = tables()
     engine = backends.async_engine_for(target)
-    locks = AsyncLocks(engine, locks_t, history=History(history_t, retention=None))
+    locks = AsyncLocks(engine, locks_t, history=History(history_t, retention=None), poll=POLL)
+    writer = Writer(writes, me, shared)
+
+    async def write(lease: fencing.Lease) -> None:
+        try:
+            async with locks.fenced(lease) as conn:
+                await conn.execute(writer.row(lease.fence))
+                writer.enter()
+                await asyncio.sleep(IN_BLOCK)
+                writer.leave()
+        except REFUSED:
+            pass
+
+    if mode == "lock":
+        while True:
+            try:
+                async with locks.hold(NAME, me, ttl=TTL, timeout=None, interval=TTL / 4) as held:
+                    for _ in range(WRITES_PER_HOLD):
+                        if not held.held:
+                            break
+                        await write(held.lease)
+                        await asyncio.sleep(0.01)
+            except (fencing.DatabaseError, DBAPIError):
+                pass  # its session was ended while it waited or let go: it waits anew
     async with AsyncElection(locks, NAME, me, ttl=TTL, retry=RETRY, interval=TTL / 4) as election:
         while True:
             lease = election.lease
             if lease is not None:
-                try:
-                    async with locks.fenced(lease) as conn:
-                        await conn.execute(
-                            writes.insert().values(term=lease.fence, owner=me, at=database_now())
-                        )
-                except (LeaseLost, fencing.DatabaseError, DBAPIError):
-                    pass
+                await write(lease)
             await asyncio.sleep(0.01)
 
 
+def kill_inside_transaction(proc: Any, shared: Shared, timeout: float) -> str | None:
+    """SIGKILL ``proc`` between its INSERT and its COMMIT: the tag of the write that must not
+    be stored, or ``None`` if it did not enter a block within ``timeout``."""
+    ends = time.monotonic() + timeout
+    while time.monotonic() < ends:
+        with shared.inside.get_lock():
+            if shared.inside.value:
+                os.kill(proc.pid, signal.SIGKILL)
+                shared.inside.value = 0
+                return str(shared.tag.value.decode())
+        time.sleep(0.001)
+    return None
+
+
 @pytest.mark.parametrize("front", ["sync", "async"])
-def test_elections_under_faults_never_have_two_leaders_in_the_data(
-    engine: Engine, target: str, front: str
+@pytest.mark.parametrize("mode", ["election", "lock"])
+def test_holders_under_faults_never_overlap_in_the_data(
+    engine: Engine, target: str, front: str, mode: str
 ) -> None:
     metadata, writes, locks_t, history_t = tables()
     metadata.create_all(engine)
     locks = Locks(engine, locks_t, history=History(history_t, retention=None))
+    locks.create_table()  # and its waiters' queue
     ctx = multiprocessing.get_context("spawn")
     problems = ctx.Queue()
     names = [f"c{i}" for i in range(CANDIDATES)]
+    shared = {name: Shared(ctx) for name in names}
 
     def spawn(name: str) -> Any:
-        proc = ctx.Process(target=candidate, args=(target, name, front, problems), daemon=True)
+        args = (target, name, front, mode, shared[name], problems)
+        proc = ctx.Process(target=candidate, args=args, daemon=True)
         proc.start()
         return proc
 
     procs = {name: spawn(name) for name in names}
     rng = random.Random(int(os.environ.get("FENCING_TORTURE_SEED", "7")))
-    done: dict[str, int] = {"stop": 0, "kill": 0, "revoke": 0, "sessions": 0}
-    kinds = ["stop", "kill", "revoke"] + (["sessions"] if "://" in target else [])
+    done: dict[str, int] = {"stop": 0, "kill": 0, "kill-in-transaction": 0, "revoke": 0, "sessions": 0}
+    kinds = ["stop", "kill", "kill-in-transaction", "revoke"] + (["sessions"] if "://" in target else [])
+    killed_tags: list[str] = []
     try:
-        _wait_for_a_write(engine, writes, 60.0)  # every candidate up, a leader elected
+        _wait_for_a_write(engine, writes, 60.0)  # every candidate up, a holder writing
         ends = time.monotonic() + SECONDS
         schedule: list[str] = []
         while time.monotonic() < ends:
@@ -148,7 +250,7 @@ def test_elections_under_faults_never_have_two_leaders_in_the_data(
             holder = locks.holder(NAME)
             if kind == "stop" and holder is not None:
                 proc = procs[holder.owner]
-                os.kill(proc.pid, signal.SIGSTOP)  # frozen past its ttl: it wakes believing it leads
+                os.kill(proc.pid, signal.SIGSTOP)  # frozen past its ttl: it wakes believing it holds
                 time.sleep(TTL * rng.uniform(1.2, 1.6))
                 os.kill(proc.pid, signal.SIGCONT)
             elif kind == "kill":
@@ -156,6 +258,13 @@ def test_elections_under_faults_never_have_two_leaders_in_the_data(
                 procs[victim].kill()
                 procs[victim].join(10)
                 procs[victim] = spawn(victim)
+            elif kind == "kill-in-transaction" and holder is not None:
+                tag = kill_inside_transaction(procs[holder.owner], shared[holder.owner], 2.0)
+                if tag is None:
+                    continue  # it did not write within 2 s (lost, or not started yet)
+                killed_tags.append(tag)
+                procs[holder.owner].join(10)
+                procs[holder.owner] = spawn(holder.owner)
             elif kind == "revoke":
                 locks.revoke(NAME)
             elif kind == "sessions":
@@ -182,8 +291,10 @@ def test_elections_under_faults_never_have_two_leaders_in_the_data(
     # 1. no term issued twice
     assert fences == sorted(set(fences)), f"a term was issued twice or out of order: {fences}"
     with engine.connect() as conn:
-        rows = conn.execute(select(writes.c.term, writes.c.owner, writes.c.at).order_by(writes.c.id)).all()
-    assert rows, "no leader wrote anything"
+        rows = conn.execute(
+            select(writes.c.term, writes.c.owner, writes.c.tag, writes.c.at).order_by(writes.c.id)
+        ).all()
+    assert rows, "no holder wrote anything"
     # 2. never back in term, in the order the writes were stored
     terms = [row.term for row in rows]
     assert terms == sorted(terms), "a write under an older term was stored after a newer term's"
@@ -195,7 +306,17 @@ def test_elections_under_faults_never_have_two_leaders_in_the_data(
         assert claim.at <= row.at, f"{row} before its term was claimed {claim}"
         later = [e for e in claims if e.fence > row.term]
         assert all(e.at >= row.at for e in later), f"{row} after a newer term was claimed"
-    print(f"{front}: faults {done}; {len(claims)} terms; {len(rows)} writes; 0 violations")
+    # 4. a transaction killed between its INSERT and its COMMIT left nothing
+    stored = {row.tag for row in rows}
+    assert not stored & set(killed_tags), f"killed before commit, yet stored: {stored & set(killed_tags)}"
+    # 5. no candidate starved (a lock's waiters take their turns)
+    holders = {e.owner for e in claims}
+    if mode == "lock":
+        assert holders == set(names), f"only {sorted(holders)} ever held the lock"
+    print(
+        f"{mode}/{front}: faults {done}; {len(claims)} terms by {len(holders)} holders; "
+        f"{len(rows)} writes; 0 violations"
+    )
 
 
 def _wait_for_a_write(engine: Engine, writes: Table, timeout: float) -> None:

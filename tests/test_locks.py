@@ -522,6 +522,37 @@ def test_a_queued_waiter_keeps_out_a_newcomer_until_its_ticket_lapses(locks: Any
     assert lease is not None and lease.fence == 1
 
 
+def test_a_refreshed_ticket_lives_on_and_a_lapsed_one_is_gone(locks: Any) -> None:
+    sync = sync_of(locks)
+    sync.store.enqueue("gate", ready_at=0.0)
+    ticket = sync.queue.enter("gate", "waiter", keep=1.0, now=100.0)
+    assert sync.queue.refresh(ticket, keep=1.0, now=100.9)  # now until 101.9
+    assert locks.try_acquire("gate", "newcomer", ttl=TTL, now=101.5) is None
+    assert not sync.queue.refresh(ticket, keep=1.0, now=101.9)  # lapsed at its until exactly
+    assert locks.try_acquire("gate", "newcomer", ttl=TTL, now=101.9) is not None
+
+
+def test_a_waiter_keeps_its_place_while_it_waits_longer_than_a_ticket_lives(engine: Engine) -> None:
+    """A ticket lives ``keep`` seconds unrefreshed (1 s here); the waiter refreshes it while
+    it waits, so 2.5 s on it is still ahead of a newcomer that tries the instant the lock
+    is released."""
+    sync_locks = Locks(engine, poll=0.05)
+    sync_locks.create_table()
+    assert sync_locks.keep == 1.0
+    held = sync_locks.try_acquire("long", "holder", ttl=30.0)
+    assert held is not None
+    got: list[Lease | None] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(sync_locks.acquire("long", "waiter", ttl=TTL, timeout=30.0)), daemon=True
+    )
+    waiter.start()
+    time.sleep(2.5)
+    assert sync_locks.release(held)
+    assert sync_locks.try_acquire("long", "newcomer", ttl=TTL) is None
+    waiter.join(30)
+    assert got and got[0] is not None and got[0].owner == "waiter"
+
+
 def test_a_waiter_that_gives_up_leaves_the_queue(locks: Any, engine: Engine) -> None:
     held = locks.try_acquire("busy", "holder", ttl=TTL)
     assert held is not None

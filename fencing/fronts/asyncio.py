@@ -41,7 +41,7 @@ from ..core.values import JobState, Lease
 from ..lease.rules import Send, Steps, Wait
 from ..lease.task import AsyncHeartbeat
 from ..locks.election import DEFAULT_TTL, ElectionRules
-from ..locks.named import DEFAULT_POLL, Locks, locks
+from ..locks.named import DEFAULT_POLL, Locks, locks, lost_reporter, report_lost
 from ..locks.queue import LockStore
 from ..observe.metrics import StoreMetrics
 from ..sql.schema import jobs
@@ -473,6 +473,12 @@ class AsyncLocks:
     def poll(self) -> float:
         return self.sync_locks.poll
 
+    @property
+    def metrics(self) -> StoreMetrics:
+        """The store's metrics, with the locks' and elections' own counters (as
+        :attr:`fencing.Locks.metrics`)."""
+        return self.store.metrics
+
     async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
         await self.store.create_table(conn=conn)
 
@@ -528,13 +534,15 @@ class AsyncLocks:
             lease,
             ttl,
             interval=interval,
-            on_lost=None if on_lost is None else (lambda _: on_lost(held)),
+            on_lost=lost_reporter(self.metrics, held, on_lost),
             release_on_exit=True,
         )
         held._heartbeat = heartbeat
         try:
             await heartbeat.start()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, LeaseLost):
+                report_lost(self.metrics, lease, heartbeat.reason)
             with contextlib.suppress(Exception):
                 await self.store.release(lease)
             raise

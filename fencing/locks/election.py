@@ -15,6 +15,12 @@ in the database, in the transaction that stores it, so those writes are refused:
 may exist in their own minds for a moment, never in the data. (An advisory-lock election has
 no such check: a leader whose session the server ended keeps writing.)
 
+**Watched** on the locks' metrics (``election.elected``, ``election.deposed``,
+``election.resigned``, ``election.stopped``, the timing ``election.term``:
+:mod:`fencing.observe.metrics`) and on the logger ``fencing.election`` (elected, stepped
+down, deposed and why: :mod:`fencing.observe.events`), counted by the shared rules, so both
+fronts alike.
+
 **One set of rules.** :class:`ElectionRules` holds the campaign as a generator of steps
 (:class:`~fencing.lease.rules.Send` a call, :class:`~fencing.lease.rules.Wait` a while), as
 the heartbeat's rules are written: :class:`Election` carries them out on a thread with a
@@ -94,6 +100,8 @@ class ElectionRules(abc.ABC):
             if callback is not None and not callable(callback):
                 raise InvalidArgumentType(f"{what} must be callable or None, got {type(callback).__name__}")
         self.locks = locks
+        #: where the campaign counts (the store's metrics: ``locks.metrics``)
+        self._metrics = store.metrics
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._on_new_leader = on_new_leader
@@ -174,10 +182,27 @@ class ElectionRules(abc.ABC):
         try:
             yield Send(heartbeat.start)  # renews once now
         except Exception as exc:  # lost before it began, or the database failed: campaign on
+            logger.warning(
+                "election %r: %r took term %d but could not begin it: %s",
+                self.name,
+                self.candidate,
+                lease.fence,
+                exc,
+                extra=self._fields("not begun", lease.fence, reason=str(exc)),
+            )
             yield from self._notify(self._on_deposed, lease, getattr(exc, "reason", None))
             return
+        began = time.perf_counter()
         self._heartbeat = heartbeat
         self._set_elected(True)
+        self._metrics.add("election.elected")
+        logger.info(
+            "election %r: %r elected, term %d",
+            self.name,
+            self.candidate,
+            lease.fence,
+            extra=self._fields("elected", lease.fence),
+        )
         yield from self._saw(lease)
         yield from self._notify(self._on_elected, lease)
         while not self._stopping and heartbeat.held:
@@ -186,6 +211,7 @@ class ElectionRules(abc.ABC):
         self._set_elected(False)
         kept = heartbeat.held
         yield Send(heartbeat.stop)
+        held = time.perf_counter() - began
         if kept:  # stopped while leading
             if self._resign:
                 try:
@@ -194,12 +220,50 @@ class ElectionRules(abc.ABC):
                     logger.warning(
                         "election %r: could not resign; the term runs out", self.name, exc_info=True
                     )
-        else:
-            logger.warning(
-                "election %r: %r lost term %d (%s)", self.name, self.candidate, lease.fence, heartbeat.reason
+            how = "resigned" if self._resign else "stopped"
+            self._metrics.term_ended(how, held)
+            logger.info(
+                "election %r: %r stepped down from term %d after %.3f s (%s)",
+                self.name,
+                self.candidate,
+                lease.fence,
+                held,
+                "resigned" if self._resign else "stopped without resigning: the term runs out at its until",
+                extra=self._fields(how, lease.fence, held=held),
             )
+        else:
+            self._metrics.term_ended("deposed", held)
+            yield from self._log_deposed(lease.fence, heartbeat.reason, held)
             yield from self._notify(self._on_deposed, heartbeat.lease, heartbeat.reason)
         self._heartbeat = None
+
+    def _fields(self, event: str, term: int, **more: Any) -> dict[str, Any]:
+        """A ``fencing.election`` line's structured fields."""
+        return {"event": event, "lock": self.name, "owner": self.candidate, "term": term, **more}
+
+    def _log_deposed(self, term: int, reason: str | None, held: float) -> Generator[Send | Wait, Any, None]:
+        """The WARNING of a lost term, with the lock's row as it is now (one read): a revoke
+        shows as no holder and a term above the lost one, a takeover as another holder."""
+        holder = current = None
+        try:
+            row = yield Send(functools.partial(self.locks.store.state, self.name))
+        except Exception:
+            row = None  # the line goes out all the same, without the row
+        if row is not None:
+            holder, current = row.owner, row.fence
+        logger.warning(
+            "election %r: %r deposed from term %d after %.3f s: %s (the lock now: holder %r, term %s)",
+            self.name,
+            self.candidate,
+            term,
+            held,
+            reason,
+            holder,
+            current,
+            extra=self._fields(
+                "deposed", term, held=held, reason=reason, holder=holder, current_term=current
+            ),
+        )
 
     def _saw(self, leader: Lease | None) -> Generator[Send | Wait, Any, None]:
         last = self._leader

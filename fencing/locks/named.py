@@ -13,6 +13,11 @@ What a PostgreSQL advisory lock or a Redis lock cannot give: an advisory lock di
 holder's session while the holder's process still believes it holds it; here the holder
 learns it lost the lock (its :class:`HeldLock` says so) and, more to the point, a write it
 makes anyway is refused by the database.
+
+**Watched** on the store's metrics (:attr:`Locks.metrics`: ``acquire.acquired``,
+``acquire.timeout``, ``acquire.queued``, the timing ``acquire.wait``, ``hold.lost``:
+:mod:`fencing.observe.metrics`), counted by the rules both fronts share, and on the logger
+``fencing.locks`` (a held lock lost: :mod:`fencing.observe.events`).
 """
 
 from __future__ import annotations
@@ -32,13 +37,23 @@ from ..core.errors import InvalidArgumentType, LeaseLost, LockTimeout
 from ..core.values import Lease
 from ..lease.rules import Send, Wait
 from ..lease.thread import Heartbeat
+from ..observe.metrics import StoreMetrics
 from ..runtime.execution import CallerConnection
 from ..sql.schema import jobs_table
 from ..store.history import History
 from .queue import LockStore, WaitQueue, keep_for, waiters_of
 from .waiting import Backoff
 
-__all__ = ["DEFAULT_POLL", "HeldLock", "Locks", "drive", "locks", "locks_table"]
+__all__ = [
+    "DEFAULT_POLL",
+    "HeldLock",
+    "Locks",
+    "drive",
+    "locks",
+    "locks_table",
+    "lost_reporter",
+    "report_lost",
+]
 
 logger = logging.getLogger("fencing.locks")
 
@@ -104,6 +119,12 @@ class Locks:
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
         return f"<Locks table={self.table.name!r} engine={url!r}>"
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """The store's metrics, with the locks' and elections' own counters
+        (:mod:`fencing.observe.metrics`); ``fencing.otel.instrument(locks)`` exports them."""
+        return self.store.metrics
 
     def create_table(self, *, conn: CallerConnection | None = None) -> None:
         """Create the locks table and its waiters' queue if missing (idempotent); raise if
@@ -176,6 +197,8 @@ class Locks:
         owner = self.store.check_key(owner, name="owner")
         check_ttl(ttl)
         take = self.try_acquire if try_acquire is None else try_acquire
+        metrics = self.store.metrics
+        started = time.perf_counter()
 
         def read() -> float | None:
             return None if now is None else now()
@@ -185,7 +208,9 @@ class Locks:
 
         lease = yield Send(attempt)
         if lease is not None or wait == 0.0:
+            metrics.acquired(lease, started)
             return lease  # type: ignore[no-any-return]
+        metrics.add("acquire.queued")
         queue, keep = self.queue, self.keep
         backoff = Backoff(wait, self.poll)
         ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()))
@@ -212,6 +237,7 @@ class Locks:
             yield from _leave(queue, ticket)
             raise
         yield from _leave(queue, ticket)
+        metrics.acquired(lease, started)
         return lease  # type: ignore[no-any-return]
 
     @contextlib.contextmanager
@@ -253,13 +279,15 @@ class Locks:
             lease,
             ttl,
             interval=interval,
-            on_lost=None if on_lost is None else (lambda _: on_lost(held)),
+            on_lost=lost_reporter(self.store.metrics, held, on_lost),
             release_on_exit=True,
         )
         held._heartbeat = heartbeat
         try:
             heartbeat.start()  # renews once now: LeaseLost if the lock is already gone
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, LeaseLost):  # lost between the claim and the first renewal
+                report_lost(self.store.metrics, lease, heartbeat.reason)
             with contextlib.suppress(Exception):  # it expires at its ttl otherwise
                 self.store.release(lease)
             raise
@@ -364,6 +392,38 @@ class HeldLock:
     def fenced(self, *, conn: CallerConnection | None = None) -> contextlib.AbstractContextManager[Any]:
         """:meth:`Locks.fenced` with this lock's lease."""
         return self._locks.fenced(self.lease, conn=conn)
+
+
+def lost_reporter(
+    metrics: StoreMetrics, held: Any, on_lost: Callable[[Any], object] | None
+) -> Callable[[Any], object]:
+    """A held lock's heartbeat's ``on_lost``: counted and logged, then ``on_lost(held)``
+    (what it returns too: the async heartbeat awaits a coroutine)."""
+
+    def lost(heartbeat: Any) -> object:
+        report_lost(metrics, heartbeat.lease, heartbeat.reason)
+        return None if on_lost is None else on_lost(held)
+
+    return lost
+
+
+def report_lost(metrics: StoreMetrics, lease: Lease, reason: str | None) -> None:
+    """A lock held by ``hold`` was lost: ``hold.lost``, and one WARNING on ``fencing.locks``."""
+    metrics.add("hold.lost")
+    logger.warning(
+        "lock %r (token %d) held by %r was lost: %s",
+        lease.job_id,
+        lease.fence,
+        lease.owner,
+        reason,
+        extra={
+            "event": "lost",
+            "lock": lease.job_id,
+            "owner": lease.owner,
+            "token": lease.fence,
+            "reason": reason,
+        },
+    )
 
 
 def _leave(queue: WaitQueue, ticket: int) -> Generator[Send | Wait, Any, None]:

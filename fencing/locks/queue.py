@@ -61,6 +61,8 @@ __all__ = ["LockStore", "WaitQueue", "lock_waiters_table", "waiters_of"]
 #: a ticket is compared only with live ones, and the highest is never reused while it lives)
 _TICKET = BigInteger().with_variant(Integer(), "sqlite")
 _NO_TICKET: ColumnElement[int] = literal_column(str(2**63 - 1))
+#: the waiter's own ticket (a bind parameter may not bear a column's name in an UPDATE's WHERE)
+_MY_TICKET: ColumnElement[int] = bindparam("my_ticket", type_=_TICKET)
 
 
 def lock_waiters_table(metadata: MetaData, name: str, *, schema: str | None = None) -> Table:
@@ -150,21 +152,21 @@ class WaitQueue:
         """Keep ``ticket`` alive ``keep`` more seconds; ``False``: it had lapsed (its waiter
         stalled past ``keep``), and its place is lost."""
         s, params = self._s(now)
-        params = {**params, "ticket": ticket, "keep": keep}
+        params = {**params, "my_ticket": ticket, "keep": keep}
         return bool(self._run(lambda x: x.count(s.refresh, params) == 1))
 
     def look(self, name: str, owner: str, ticket: int, *, now: float | None) -> bool:
         """Whether a try of ``ticket``'s holder could take ``name`` now: the lock is not held
         and no live waiter of another owner is ahead (one read, no lock taken)."""
         s, params = self._s(now)
-        params = {**params, "name": name, "owner": owner, "ticket": ticket}
+        params = {**params, "name": name, "owner": owner, "my_ticket": ticket}
         row = self._run(lambda x: x.rows(s.look, params)[0], write=False)
         return not row[0] and not row[1]
 
     def leave(self, ticket: int) -> None:
         """Take ``ticket`` out of the queue (the lock was taken, or the wait ended)."""
         stmt = self._by_caller.leave
-        self._run(lambda x: x.count(stmt, {"ticket": ticket}))
+        self._run(lambda x: x.count(stmt, {"my_ticket": ticket}))
 
 
 class _Statements:
@@ -178,7 +180,7 @@ class _Statements:
         #: the ticket just taken: the newest of this owner for the name, in its transaction
         self.ticket_of: Executable = select(func.max(w.c.ticket)).where(name, w.c.owner == _key("owner"))
         self.refresh: Executable = (
-            update(w).where(w.c.ticket == bindparam("ticket"), w.c.until > now).values(until=now + keep)
+            update(w).where(w.c.ticket == _MY_TICKET, w.c.until > now).values(until=now + keep)
         )
         held = (
             select(func.count())
@@ -193,12 +195,12 @@ class _Statements:
                 name,
                 w.c.until > now,
                 w.c.owner != _key("owner"),
-                w.c.ticket < bindparam("ticket"),
+                w.c.ticket < _MY_TICKET,
             )
             .scalar_subquery()
         )
         self.look: Executable = select(held.label("held"), ahead.label("ahead"))
-        self.leave: Executable = delete(w).where(w.c.ticket == bindparam("ticket"))
+        self.leave: Executable = delete(w).where(w.c.ticket == _MY_TICKET)
 
 
 class LockStore(JobStore):

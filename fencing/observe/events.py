@@ -18,6 +18,31 @@ so it can be routed or silenced by name:
   skipped rows are never read.
 * ``fencing.heartbeat`` (WARNING): a heartbeat found its lease lost (see
   :mod:`fencing.lease.thread`).
+
+Named locks and elections (:mod:`fencing.locks`) log on their own two, each line with
+``event``, ``lock`` (the name: the ``job_id`` of the lines above about the same lock),
+``owner`` (the holder or candidate) and the token (``token``, for an election ``term``):
+
+* ``fencing.locks`` (WARNING), ``event="lost"``: a lock held by ``Locks.hold`` (or
+  ``AsyncLocks.hold``) was found lost by its heartbeat before the block ended: ``reason``
+  (the heartbeat's: a refused renewal, renewals failing past the local deadline...). The
+  refused renewal itself is on ``fencing.refused`` with its reason, holder and fence.
+* ``fencing.election`` (INFO), ``event="elected"``: a candidate began a term.
+* ``fencing.election`` (INFO), ``event="resigned"`` or ``"stopped"``: a leader stepped
+  down when its election was stopped: releasing the term (``resign=True``, the default, and
+  at interpreter exit) or letting it run out (``resign=False``); ``held``: the term's
+  seconds.
+* ``fencing.election`` (WARNING), ``event="deposed"``: a leader lost its term (a WARNING,
+  as a lost lock: another may lead now): ``held``, ``reason`` (the heartbeat's), and the
+  lock's row read right after: ``holder`` and ``current_term`` (a revoke shows as no holder
+  and a term above the lost one; another candidate's term as its holder), ``None`` if that
+  read failed.
+* ``fencing.election`` (WARNING), ``event="not begun"``: a candidate took the lock but its
+  first renewal failed (refused, or a database error): ``reason``; it campaigns on.
+
+Besides, with a traceback and without these fields: a waiter that could not leave its
+lock's queue (``fencing.locks``; its place lapses), a candidate that could not read or take
+the lock, or could not resign (``fencing.election``; it campaigns on, or its term runs out).
 """
 
 from __future__ import annotations

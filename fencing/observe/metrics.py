@@ -12,6 +12,25 @@ busy after ``BEGIN``), ``lock.busy`` for a
 ``accept.refused.older fence``, ``record_once.recorded`` and ``record_once.duplicate``. A
 counter appears once it is first counted.
 
+**Named locks and elections** (:mod:`fencing.locks`) count on their store's metrics
+(``locks.metrics`` is ``locks.store.metrics``), so :mod:`fencing.otel` exports them with the
+rest. Their claims, renewals and refusals are the store's own counters (``claim.*``,
+``renew.*``, ``release.*``); what only the locks layer sees, the same on both fronts (the
+rules are shared):
+
+* ``acquire.acquired`` and ``acquire.timeout``: an ``acquire`` (or ``hold``) that got the
+  lock, or gave up at its timeout (with ``timeout=0``, one try that met a held lock); one
+  that raised counts in neither. ``acquire.queued``: one that found the lock held and took
+  a place in its queue (so waited). ``try_acquire`` is one claim: the store's ``claim.*``.
+* ``hold.lost``: a lock held by ``hold`` that its heartbeat found lost (revoked, taken
+  after it expired, renewals failing past the local deadline) before the block ended.
+* ``election.elected``: a candidate began a term. A term's end, one of:
+  ``election.deposed`` (lost: a renewal refused or failing past the deadline),
+  ``election.resigned`` (stopped while leading, releasing the term), ``election.stopped``
+  (stopped with ``resign=False``: the term runs out at its ``until``).
+
+(Not ``lock.*``: those count the database's locks, above.)
+
 **Timings** (:class:`Timing`: count, sum, min, max and fixed buckets, in seconds):
 
 * ``claim_next.latency`` and ``claim.latency``: the claim's transaction, from the store
@@ -25,6 +44,10 @@ counter appears once it is first counted.
   took longer than :data:`LOCK_WAIT_MIN`, and a transaction that lost lock races, from the
   first lost race to its end. (A server's row-lock waits happen inside a statement and show
   only in the latencies.)
+* ``acquire.wait``: an ``acquire`` that got the lock, from its call to the lease (one that
+  found the lock free: one claim's round trip; the buckets show how many had to wait);
+* ``election.term``: how long a term was held, from its first renewal to the moment its
+  candidate saw it end (deposed, resigned or stopped).
 
 Counting takes a lock (threads share a store) once per operation; with its timing that
 costs 1-3 µs per operation, 5-6 µs per ``claim_next -> complete`` cycle (measured in place,
@@ -265,6 +288,25 @@ class StoreMetrics:
     def busy(self) -> None:
         """:class:`~fencing.DatabaseBusy` was raised."""
         self.add("lock.busy")
+
+    # -- what named locks and elections report (fencing.locks) --------------------------------
+
+    def acquired(self, lease: Lease | None, started: float) -> None:
+        """An ``acquire`` called at ``started`` (``time.perf_counter()``) ended with ``lease``
+        (``None``: it gave up at its timeout)."""
+        now = time.perf_counter()
+        with self._lock:
+            if lease is None:
+                self._counts["acquire.timeout"] += 1
+            else:
+                self._counts["acquire.acquired"] += 1
+                self._timed("acquire.wait", now - started)
+
+    def term_ended(self, how: str, seconds: float) -> None:
+        """A term held ``seconds`` ended ``how`` (``deposed``, ``resigned``, ``stopped``)."""
+        with self._lock:
+            self._counts[f"election.{how}"] += 1
+            self._timed("election.term", seconds)
 
     def tracked(self) -> int:
         """How many leases handed out by this store are being timed now."""

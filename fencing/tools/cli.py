@@ -578,14 +578,20 @@ def _show(call: Call) -> int:
     return 0
 
 
-def _recording(db: _Database, name: str) -> JobStore | None:
-    """A store on the command's table that records the ownership history in table ``name``,
-    or ``None`` if there is no such table. It never prunes: retention is the application's."""
+def _history_in(db: _Database, name: str) -> History | None:
+    """The ownership history in table ``name`` beside the command's table, or ``None`` if
+    there is no such table. It never prunes: retention is the application's."""
     with database_errors(name):
         if not sqlalchemy.inspect(db.engine).has_table(name, schema=db.table.schema):
             return None
-    table = history_table(MetaData(), name, schema=db.table.schema)
-    return JobStore(db.engine, db.table, history=History(table, retention=None))
+    return History(history_table(MetaData(), name, schema=db.table.schema), retention=None)
+
+
+def _recording(db: _Database, name: str) -> JobStore | None:
+    """A store on the command's table that records the ownership history in table ``name``,
+    or ``None`` if there is no such table."""
+    history = _history_in(db, name)
+    return None if history is None else JobStore(db.engine, db.table, history=history)
 
 
 def _history_of(db: _Database, name: str, job_id: str) -> list[HistoryEntry] | None:
@@ -949,9 +955,11 @@ def _leader(call: Call) -> int:
 def _one_lock(call: Call, name: str, revoke: bool, kind: str) -> int:
     """One lock (``kind`` "lock") or election ("leader"): who holds it, with which token
     (term), until when; with ``revoke``, taken from its holder (the token moves on)."""
-    db, out = call.db, call.out
-    locks = Locks(db.store.engine, db.store.table)
+    db, out, args = call.db, call.out, call.args
     name = check_lock_name(name)
+    # a revoke is recorded in the ownership history, in its transaction, when there is one
+    history = _history_in(db, args.history_table)
+    locks = Locks(db.store.engine, db.store.table, history=history)
     if revoke:
         holder = locks.holder(name)
         if not locks.revoke(name):
@@ -973,8 +981,9 @@ def _one_lock(call: Call, name: str, revoke: bool, kind: str) -> int:
     if job is None or job.state == "done":
         return call.fail(f"no lock {name!r} in table {db.table.name!r}")
     lock = _lock_record(job)
+    entries = None if history is None else locks.store.history(name)
     if out.json:
-        out.record(**lock)
+        out.record(**lock, history=None if entries is None else [asdict(e) for e in entries])
         return 0
     word = "term" if kind == "leader" else "token"
     if lock["state"] == "held":
@@ -986,6 +995,8 @@ def _one_lock(call: Call, name: str, revoke: bool, kind: str) -> int:
         rows = [["name", _shown(name)], ["state", free], [f"last {word}", str(job.fence)]]
     rows.append(["now", f"{_instant(job.now)} (the database's clock)"])
     out.lines(_table(["", ""], rows)[1:])
+    if entries:
+        out.lines(["", f"history ({args.history_table}, oldest first)", *_history_lines(entries)])
     return 0
 
 
@@ -1130,11 +1141,14 @@ COMMANDS: tuple[Command, ...] = (
         "holder, the token (it only goes up) and the time left on the database's clock. With "
         "NAME, that lock alone; with --revoke, take it from its holder: the token moves on, so "
         "every write under the holder's token is refused from now on, and the lock is free. "
+        "With NAME and an ownership history table (--history-table), the lock's history "
+        "follows: who took it with which token, releases, revokes, refused writes. "
         "Exit code 1, nothing changed, if there is no such lock.",
         arguments=(
             arg("name", nargs="?", metavar="NAME", help="one lock (default: list them)"),
             arg("--revoke", action="store_true", help="take NAME from its holder"),
             _limit("locks"),
+            _history_table("(%(default)s): with NAME, shown when it exists; a revoke is recorded in it"),
         ),
         run=_locks,
         table="fencing_locks",
@@ -1145,10 +1159,13 @@ COMMANDS: tuple[Command, ...] = (
         description="Show who leads the election NAME (fencing.Election): the leader, its term "
         "(the lock's token: every write under an older term is refused) and its lease's time "
         "left on the database's clock. With --revoke, depose it at once: its term is refused "
-        "from now on, and the next candidate to try is elected with a higher one.",
+        "from now on, and the next candidate to try is elected with a higher one. With an "
+        "ownership history table (--history-table), the election's history follows: each "
+        "term, who held it, how it ended, and the writes refused under an old one.",
         arguments=(
             arg("name", metavar="NAME", help="the election's name"),
             arg("--revoke", action="store_true", help="depose the leader"),
+            _history_table("(%(default)s), shown when it exists; a revoke is recorded in it"),
         ),
         run=_leader,
         table="fencing_locks",
