@@ -27,6 +27,13 @@ stall to the next leader's first accepted write. Then it thaws the old leader (i
 term lost and campaigns again). Over ``--takeovers`` takeovers: p50, p99, max, against the
 target ``ttl + retry`` at the 99th percentile.
 
+**Contended.** ``--contenders`` processes take turns on one lock for ``--contended-seconds``,
+each holding it ``--hold`` s a turn (``acquire(timeout=None)``, sleep, ``release``): turns
+per second, how long an acquire waited (p50, p99, max), and the fewest and most turns one
+process got (fairness). ``fencing`` at ``poll`` 0.5 s (the default) and 0.05 s, beside
+``filelock`` (which polls every 0.05 s) and PostgreSQL's blocking ``pg_advisory_lock`` (the
+server wakes the next waiter at the unlock: the handoff a notification could approach).
+
 Reproduce (``pip install -e .[postgresql,mysql] filelock``)::
 
     python benchmarks/locks.py                                  # SQLite only
@@ -109,6 +116,96 @@ def filelock_cycles(directory: str, n: int) -> float:
         lock.acquire()
         lock.release()
     return n / (time.perf_counter() - started)
+
+
+# -- contended: several processes taking turns ---------------------------------------------------
+
+
+def contender(
+    kind: str, url: str, me: str, poll: float, hold: float, start: float, end: float, out: Any
+) -> None:
+    """Take the lock, hold it ``hold`` s, let go, again, from ``start`` to ``end`` (wall clock):
+    how long each acquire waited."""
+    waits: list[float] = []
+    if kind == "fencing":
+        engine = engine_for(url)
+        locks = fencing.Locks(engine, LOCKS, poll=poll)
+
+        def take() -> Any:
+            lease = locks.acquire("contended", me, ttl=30, timeout=None)
+            assert lease is not None
+            return lease
+
+        def give(lease: Any) -> None:
+            assert locks.release(lease)
+
+    elif kind == "advisory":
+        import psycopg
+
+        conninfo = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        conn = psycopg.connect(conninfo, autocommit=True)
+
+        def take() -> Any:
+            conn.execute("SELECT pg_advisory_lock(43)").fetchone()
+
+        def give(lease: Any) -> None:
+            conn.execute("SELECT pg_advisory_unlock(43)").fetchone()
+
+    else:
+        import filelock
+
+        flock = filelock.FileLock(os.path.join(url, "contended.lock"))
+
+        def take() -> Any:
+            flock.acquire()
+
+        def give(lease: Any) -> None:
+            flock.release()
+
+    time.sleep(max(0.0, start - time.time()))
+    while time.time() < end:
+        began = time.perf_counter()
+        lease = take()
+        waits.append(time.perf_counter() - began)
+        time.sleep(hold)
+        give(lease)
+    out.put((me, waits))
+
+
+def contended(
+    kind: str, url: str, processes: int, seconds: float, poll: float, hold: float
+) -> dict[str, float]:
+    """``processes`` contenders for ``seconds``: handoffs/s, waits' p50/p99/max, and the
+    fewest and most turns one contender got."""
+    if kind == "fencing":  # the table, and no leftover holder or waiter from an earlier way
+        engine = engine_for(url)
+        locks = fencing.Locks(engine, LOCKS)
+        locks.create_table()
+        locks.delete("contended")
+        engine.dispose()
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    start = time.time() + 3.0  # every process up (spawned, imported) before the race starts
+    end = start + seconds
+    procs = [
+        ctx.Process(target=contender, args=(kind, url, f"p{i}", poll, hold, start, end, out))
+        for i in range(processes)
+    ]
+    for proc in procs:
+        proc.start()
+    results = [out.get(timeout=seconds + 120) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+    waits = [w for _, ws in results for w in ws]
+    turns = [len(ws) for _, ws in results]
+    return {
+        "handoffs": sum(turns) / seconds,
+        "p50": statistics.median(waits),
+        "p99": percentile(waits, 99),
+        "max": max(waits),
+        "fewest": min(turns),
+        "most": max(turns),
+    }
 
 
 # -- takeovers ---------------------------------------------------------------------------------
@@ -205,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=1.0)
     parser.add_argument("--retry", type=float, default=0.1)
+    parser.add_argument("--contenders", type=int, default=4, help="processes taking turns on one lock")
+    parser.add_argument("--contended-seconds", type=float, default=10.0)
+    parser.add_argument("--hold", type=float, default=0.005, help="how long a contender holds the lock")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=os.getcwd()) as tmp:
         sqlite_path = str(Path(tmp) / "locks.db")
@@ -226,6 +326,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"uncontended acquire -> release, {args.cycles} cycles, medians of {args.repeat}:")
         for name, samples in rates.items():
             print(f"  {name:<26} {statistics.median(samples):>10,.0f} cycles/s")
+        print(
+            f"\ncontended: {args.contenders} processes take turns on one lock for "
+            f"{args.contended_seconds:g} s, each holding it {args.hold * 1000:g} ms a turn:"
+        )
+        contended_ways = [
+            ("fencing, SQLite, poll 0.5 s", "fencing", sqlite_path, 0.5),
+            ("fencing, SQLite, poll 0.05 s", "fencing", sqlite_path, 0.05),
+            ("filelock (one machine)", "filelock", tmp, 0.0),
+        ]
+        if args.postgresql_url:
+            contended_ways += [
+                ("fencing, PostgreSQL, poll 0.5 s", "fencing", args.postgresql_url, 0.5),
+                ("fencing, PostgreSQL, poll 0.05 s", "fencing", args.postgresql_url, 0.05),
+                ("pg_advisory_lock (blocking)", "advisory", args.postgresql_url, 0.0),
+            ]
+        if args.mariadb_url:
+            contended_ways += [
+                ("fencing, MariaDB, poll 0.5 s", "fencing", args.mariadb_url, 0.5),
+                ("fencing, MariaDB, poll 0.05 s", "fencing", args.mariadb_url, 0.05),
+            ]
+        for name, kind, url, poll in contended_ways:
+            r = contended(kind, url, args.contenders, args.contended_seconds, poll, args.hold)
+            print(
+                f"  {name:<34} {r['handoffs']:>7,.1f} turns/s  wait p50 {r['p50']:.3f} s  "
+                f"p99 {r['p99']:.3f} s  max {r['max']:.3f} s  "
+                f"turns per process {r['fewest']:.0f}-{r['most']:.0f}"
+            )
         urls = [("SQLite", sqlite_path)]
         if args.postgresql_url:
             urls.append(("PostgreSQL", args.postgresql_url))

@@ -36,12 +36,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from sqlalchemy.util.concurrency import greenlet_spawn
 
 from ..core import bridge
-from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost, LockTimeout
+from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost
 from ..core.values import JobState, Lease
 from ..lease.rules import Send, Steps, Wait
 from ..lease.task import AsyncHeartbeat
 from ..locks.election import DEFAULT_TTL, ElectionRules
-from ..locks.named import DEFAULT_POLL, Locks, locks, lost_reporter, report_lost
+from ..locks.named import DEFAULT_POLL, HeldBase, Locks, locks, lost_reporter, report_lost, timed_out
 from ..locks.queue import LockStore
 from ..observe.metrics import StoreMetrics
 from ..sql.schema import jobs
@@ -523,11 +523,7 @@ class AsyncLocks:
         """:meth:`fencing.Locks.hold` on the loop: the lock kept by an :class:`AsyncHeartbeat`."""
         lease = await self.acquire(name, owner, ttl=ttl, timeout=timeout)
         if lease is None:
-            busy = LockTimeout(
-                f"lock {name!r} stayed held by another owner for the whole timeout ({timeout} s)"
-            )
-            busy.holder = await self.holder(name)
-            raise busy
+            raise timed_out(name, timeout, await self.holder(name))
         held = AsyncHeldLock(self, lease)
         heartbeat = AsyncHeartbeat(
             self.store,
@@ -612,46 +608,17 @@ async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any
         return done.value  # type: ignore[no-any-return]
 
 
-class AsyncHeldLock:
+class AsyncHeldLock(HeldBase[asyncio.Event]):
     """A lock held by :meth:`AsyncLocks.hold` for its block (as :class:`fencing.HeldLock`)."""
 
-    _heartbeat: AsyncHeartbeat
-
     def __init__(self, locks: AsyncLocks, lease: Lease) -> None:
+        super().__init__(lease)
         self._locks = locks
-        self._first = lease
-
-    def __repr__(self) -> str:
-        return f"<AsyncHeldLock {self.name!r} token={self.token} held={self.held}>"
-
-    @property
-    def lease(self) -> Lease:
-        heartbeat = getattr(self, "_heartbeat", None)
-        return self._first if heartbeat is None else heartbeat.lease
-
-    @property
-    def name(self) -> str:
-        return self._first.job_id
-
-    @property
-    def token(self) -> int:
-        return self._first.fence
-
-    @property
-    def held(self) -> bool:
-        return self._heartbeat.held
-
-    @property
-    def lost(self) -> asyncio.Event:
-        return self._heartbeat.lost
-
-    def check(self) -> None:
-        if not self.held:
-            raise LeaseLost(f"lock {self.name!r} (token {self.token}) is lost: {self._heartbeat.reason}")
 
     def fenced(
         self, *, conn: AsyncCallerConnection | None = None
     ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """:meth:`AsyncLocks.fenced` with this lock's lease."""
         return self._locks.fenced(self.lease, conn=conn)
 
 

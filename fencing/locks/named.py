@@ -28,14 +28,14 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine, MetaData, Table
 
 from ..core.checks import check_lock_name, check_timeout, check_ttl
 from ..core.errors import InvalidArgumentType, LeaseLost, LockTimeout
 from ..core.values import Lease
-from ..lease.rules import Send, Wait
+from ..lease.rules import E, LeaseReckoning, Send, Wait
 from ..lease.thread import Heartbeat
 from ..observe.metrics import StoreMetrics
 from ..runtime.execution import CallerConnection
@@ -46,6 +46,7 @@ from .waiting import Backoff
 
 __all__ = [
     "DEFAULT_POLL",
+    "HeldBase",
     "HeldLock",
     "Locks",
     "drive",
@@ -53,6 +54,7 @@ __all__ = [
     "locks_table",
     "lost_reporter",
     "report_lost",
+    "timed_out",
 ]
 
 logger = logging.getLogger("fencing.locks")
@@ -268,11 +270,7 @@ class Locks:
         """
         lease = self.acquire(name, owner, ttl=ttl, timeout=timeout)
         if lease is None:
-            busy = LockTimeout(
-                f"lock {name!r} stayed held by another owner for the whole timeout ({timeout} s)"
-            )
-            busy.holder = self.store.holder(name)
-            raise busy
+            raise timed_out(name, timeout, self.store.holder(name))
         held = HeldLock(self, lease)
         heartbeat = Heartbeat(
             self.store,
@@ -345,18 +343,22 @@ class Locks:
         return self.store.delete(check_lock_name(name), conn=conn)
 
 
-class HeldLock:
-    """A lock held by :meth:`Locks.hold` for its block, kept by a heartbeat."""
+class HeldBase(Generic[E]):
+    """What a held lock tells its block, on either front (``E``: the kind of ``lost`` event):
+    the lease, its name and token, whether it is still held. :class:`HeldLock` and
+    :class:`fencing.asyncio.AsyncHeldLock` add the front's ``fenced``."""
 
-    _heartbeat: Heartbeat
+    _heartbeat: LeaseReckoning[Any, E]
 
-    def __init__(self, locks: Locks, lease: Lease) -> None:
-        self._locks = locks
+    def __init__(self, lease: Lease) -> None:
         self._first = lease
 
     def __repr__(self) -> str:
         lease = self.lease
-        return f"<HeldLock {lease.job_id!r} owner={lease.owner!r} token={lease.fence} held={self.held}>"
+        return (
+            f"<{type(self).__name__} {lease.job_id!r} owner={lease.owner!r} token={lease.fence} "
+            f"held={self.held}>"
+        )
 
     @property
     def lease(self) -> Lease:
@@ -380,8 +382,8 @@ class HeldLock:
         return self._heartbeat.held
 
     @property
-    def lost(self) -> threading.Event:
-        """Set the moment the lock is lost."""
+    def lost(self) -> E:
+        """Set the moment the lock is lost (a ``threading.Event``, an ``asyncio.Event``)."""
         return self._heartbeat.lost
 
     def check(self) -> None:
@@ -389,9 +391,24 @@ class HeldLock:
         if not self.held:
             raise LeaseLost(f"lock {self.name!r} (token {self.token}) is lost: {self._heartbeat.reason}")
 
+
+class HeldLock(HeldBase[threading.Event]):
+    """A lock held by :meth:`Locks.hold` for its block, kept by a heartbeat."""
+
+    def __init__(self, locks: Locks, lease: Lease) -> None:
+        super().__init__(lease)
+        self._locks = locks
+
     def fenced(self, *, conn: CallerConnection | None = None) -> contextlib.AbstractContextManager[Any]:
         """:meth:`Locks.fenced` with this lock's lease."""
         return self._locks.fenced(self.lease, conn=conn)
+
+
+def timed_out(name: str, timeout: float | None, holder: Lease | None) -> LockTimeout:
+    """What ``hold`` raises when the lock stayed held for its whole ``timeout``."""
+    busy = LockTimeout(f"lock {name!r} stayed held by another owner for the whole timeout ({timeout} s)")
+    busy.holder = holder
+    return busy
 
 
 def lost_reporter(
