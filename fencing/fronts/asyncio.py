@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
+import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
@@ -583,6 +584,22 @@ class _AsyncLockStore(AsyncJobStore):
     _bridged = _BridgedLockStore
 
 
+_locks_logger = logging.getLogger("fencing.locks")
+
+
+async def _nap(step: Wait) -> None:
+    """:func:`fencing.locks.named.nap` in a task: asleep, or listening for the lock's release."""
+    left = max(0.0, step.until - time.monotonic())
+    if step.wake is not None:
+        try:
+            await step.wake.wait_async(left)
+            return
+        except Exception:
+            _locks_logger.debug("a listening connection failed; waiting by backoff", exc_info=True)
+            left = max(0.0, step.until - time.monotonic())
+    await asyncio.sleep(left)
+
+
 async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any], Any]) -> T:
     """Carry out ``rules`` in this task: each call through the bridge (a lease it took for a
     task cancelled meanwhile given back), each wait an ``asyncio.sleep``."""
@@ -596,7 +613,7 @@ async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any
         while True:
             try:
                 if isinstance(step, Wait):
-                    await asyncio.sleep(max(0.0, step.until - time.monotonic()))
+                    await _nap(step)
                     answer = None
                 else:
                     answer = await run(step.call, give_back=give_back_lease)

@@ -107,10 +107,12 @@ class Wait:
     """Wait until ``until`` (``time.monotonic()``) or until stopped; answer whether stopping.
 
     ``hold``: a fenced block of this process holds the lease's row; a change in
-    :mod:`fencing.runtime.holds` may end the wait early (the rules look again)."""
+    :mod:`fencing.runtime.holds` may end the wait early (the rules look again). ``wake``: a
+    :class:`fencing.locks.wakeups.Listener` whose notification may end it early too."""
 
     until: float
     hold: bool = False
+    wake: Any = None
 
 
 Step = Send | Wait

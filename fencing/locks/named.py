@@ -43,6 +43,7 @@ from ..sql.schema import jobs_table
 from ..store.history import History
 from .queue import LockStore, WaitQueue, keep_for, waiters_of
 from .waiting import Backoff
+from .wakeups import Listener, listen
 
 __all__ = [
     "DEFAULT_POLL",
@@ -217,13 +218,17 @@ class Locks:
         backoff = Backoff(wait, self.poll)
         ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()))
         refreshed = time.monotonic()
+        listener: Listener | None = None
         try:
+            notifier = self.store.notifier
+            if notifier is not None:  # PostgreSQL: woken when the lock is freed
+                listener = yield Send(lambda: listen(self.engine, notifier.channel, name))
             while True:
                 pause = backoff.pause()
                 if pause is None:
                     lease = None
                     break
-                yield Wait(time.monotonic() + pause)
+                yield Wait(time.monotonic() + pause, wake=listener)
                 if time.monotonic() - refreshed > keep / 3:
                     if not (yield Send(functools.partial(queue.refresh, ticket, keep=keep, now=read()))):
                         # stalled past keep: its place lapsed; back of the queue
@@ -236,9 +241,9 @@ class Locks:
         except GeneratorExit:
             raise
         except BaseException:
-            yield from _leave(queue, ticket)
+            yield from _leave(queue, ticket, listener)
             raise
-        yield from _leave(queue, ticket)
+        yield from _leave(queue, ticket, listener)
         metrics.acquired(lease, started)
         return lease  # type: ignore[no-any-return]
 
@@ -443,12 +448,32 @@ def report_lost(metrics: StoreMetrics, lease: Lease, reason: str | None) -> None
     )
 
 
-def _leave(queue: WaitQueue, ticket: int) -> Generator[Send | Wait, Any, None]:
-    """Leave the queue; a failure only delays the others until the ticket lapses."""
+def _leave(queue: WaitQueue, ticket: int, listener: Listener | None) -> Generator[Send | Wait, Any, None]:
+    """Stop listening and leave the queue; a failure only delays the others until the
+    ticket lapses."""
+    if listener is not None:
+        try:
+            yield Send(listener.close)
+        except Exception:  # close() passes its own failures over; a cancelled task's lands here
+            logger.debug("could not give a listening connection back", exc_info=True)
     try:
         yield Send(lambda: queue.leave(ticket))
     except Exception:
         logger.warning("could not leave the queue of a lock; the ticket lapses", exc_info=True)
+
+
+def nap(step: Wait) -> None:
+    """Wait out ``step`` on this thread: until its instant, or until its listener hears the
+    lock freed. A listener that fails is passed over (logged): the wait goes on asleep."""
+    left = max(0.0, step.until - time.monotonic())
+    if step.wake is not None:
+        try:
+            step.wake.wait(left)
+            return
+        except Exception:
+            logger.debug("a listening connection failed; waiting by backoff", exc_info=True)
+            left = max(0.0, step.until - time.monotonic())
+    time.sleep(left)
 
 
 T = TypeVar("T")
@@ -461,7 +486,7 @@ def drive(rules: Generator[Send | Wait, Any, T]) -> T:
         while True:
             try:
                 if isinstance(step, Wait):
-                    time.sleep(max(0.0, step.until - time.monotonic()))
+                    nap(step)
                     answer = None
                 else:
                     answer = step.call()
