@@ -22,7 +22,8 @@ The verdict, from the database alone:
    holder, after ``t`` was claimed and before any term above ``t`` was claimed (on the
    database's clock);
 4. nothing of a transaction killed before its commit is stored;
-5. (``lock`` mode) no candidate starves: every one of them held the lock.
+5. (``lock`` mode) no candidate starves: every one of them held the lock (by the end of a
+   calm of :data:`CALM` seconds after the faults, so that one restarted late has its turn).
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ IN_BLOCK = 0.02
 #: the fault phase; the ``election_soak`` nox session runs it longer (outside CI)
 SECONDS = float(os.environ.get("FENCING_ELECTION_TORTURE_SECONDS", "8"))
 NAME = "torture-leader"
+#: lock mode: seconds without faults after the fault phase, before the verdict
+CALM = 3.0
 #: what a candidate's fenced block raises when it is deposed or its session was ended (the
 #: store's statement or the block's own INSERT): nothing of the block was kept; it goes on
 REFUSED = (LeaseLost, fencing.DatabaseError, DBAPIError)
@@ -272,6 +275,8 @@ def test_holders_under_faults_never_overlap_in_the_data(
             else:
                 continue
             done[kind] += 1
+        if mode == "lock":
+            time.sleep(CALM)  # no faults: the candidates restarted last take their turns too
     finally:
         for proc in procs.values():
             if proc.pid is not None and proc.is_alive():

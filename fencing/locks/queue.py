@@ -23,7 +23,6 @@ only when no one leads), but their claims respect the queue of a name that also 
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from sqlalchemy import (
@@ -49,8 +48,7 @@ from sqlalchemy.sql import Executable
 
 from ..core.checks import check_new_table
 from ..core.clock import database_now
-from ..core.values import Lease
-from ..runtime.execution import CallerConnection, Executor
+from ..runtime.execution import Executor
 from ..sql.schema import _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE
 from ..sql.statements import ClaimGuard
 from ..store.context import Context
@@ -59,8 +57,6 @@ from ..store.jobstore import JobStore
 from .wakeups import Notifier
 
 __all__ = ["LockStore", "WaitQueue", "lock_waiters_table", "waiters_of"]
-
-logger = logging.getLogger("fencing.locks")
 
 #: tickets: a 64-bit counter on the servers, SQLite's rowid there (AUTOINCREMENT is not needed:
 #: a ticket is compared only with live ones, and the highest is never reused while it lives)
@@ -214,59 +210,15 @@ class LockStore(JobStore):
 
     def __init__(self, engine: Any, table: Table, *, history: History | None = None) -> None:
         self.waiters = waiters_of(table) if isinstance(table, Table) else None
-        super().__init__(engine, table, history=history)
+        dialect = getattr(getattr(engine, "dialect", None), "name", None)
         #: on PostgreSQL, what wakes a freed lock's waiters (:mod:`fencing.locks.wakeups`)
         self.notifier = (
-            Notifier(table, self.waiters)
-            if self.waiters is not None and self.engine.dialect.name == "postgresql"
-            else None
+            Notifier(table, self.waiters) if self.waiters is not None and dialect == "postgresql" else None
         )
+        super().__init__(engine, table, history=history)
 
-    def release(
-        self,
-        lease: Lease,
-        *,
-        delay: float | None = None,
-        now: float | None = None,
-        conn: CallerConnection | None = None,
-    ) -> bool:
-        """:meth:`fencing.JobStore.release`; a lock freed at once wakes its waiters."""
-        released = super().release(lease, delay=delay, now=now, conn=conn)
-        if released and delay is None:
-            self._wake(lease.job_id, conn)
-        return released
-
-    def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
-        """:meth:`fencing.JobStore.revoke`; the freed lock wakes its waiters."""
-        revoked = super().revoke(job_id, conn=conn)
-        if revoked:
-            self._wake(job_id, conn)
-        return revoked
-
-    def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
-        """:meth:`fencing.JobStore.delete`; the lock's waiters wake (and take it anew)."""
-        deleted = super().delete(job_id, conn=conn)
-        if deleted:
-            self._wake(job_id, conn)
-        return deleted
-
-    def _wake(self, name: str, conn: CallerConnection | None) -> None:
-        """Notify ``name``'s waiters (PostgreSQL; one statement, a notification only if it
-        has waiters): in the caller's transaction, at its commit; else at once. A
-        notification that could not be sent costs the waiters one ``poll``, so a failure of
-        the store's own is logged and passed over; in the caller's transaction it is raised
-        (the transaction is spoilt: the caller must know)."""
-        if self.notifier is None:
-            return
-        stmt = self.notifier.statement
-        try:
-            self._ctx.run(lambda x: x.rows(stmt, {"name": name}), conn, self.table)
-        except Exception:
-            if conn is not None:
-                raise
-            logger.warning(
-                "could not wake the waiters of lock %r; they look again within a poll", name, exc_info=True
-            )
+    def _freed_notice(self) -> ColumnElement[Any] | None:
+        return None if self.notifier is None else self.notifier.notice
 
     def _claim_guard(self) -> ClaimGuard | None:
         return None if self.waiters is None else WaitQueue.guard(self.waiters)

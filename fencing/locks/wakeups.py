@@ -10,9 +10,9 @@ looks at once. The backoff stays the bound: an expired holder frees the lock wit
 notifying, a notification can be missed (a connection lost), and the other databases have no
 notifications; none of that costs more than the ``poll`` it costs without them.
 
-What it costs: the freeing operation sends one more statement on PostgreSQL (``SELECT
-pg_notify(...)`` from the waiters' rows of that name: no row, no notification), and a waiter
-keeps one connection of the engine's pool for the time it waits, listening. Drivers:
+What it costs: nothing more for the freeing operation (its ``UPDATE`` returns the
+notification, :class:`Notifier`: the same one statement and round trip), and a waiter keeps
+one connection of the engine's pool for the time it waits, listening. Drivers:
 psycopg (3.2 or later: ``notifies(timeout=)``) in its sync and async modes, and asyncpg;
 another driver (psycopg2, pg8000) waits by backoff alone.
 """
@@ -25,10 +25,7 @@ import hashlib
 import logging
 from typing import Any
 
-from sqlalchemy import Engine, Table, bindparam, func, literal, select
-from sqlalchemy.sql import Executable
-
-from ..sql.schema import KEY_TYPE
+from sqlalchemy import ColumnElement, Engine, Table, func, literal, select
 
 __all__ = ["Listener", "Notifier", "channel_of", "listen"]
 
@@ -48,16 +45,21 @@ def channel_of(locks: Table) -> str:
 
 
 class Notifier:
-    """The statement that tells the waiters of a lock that it was freed (PostgreSQL only):
-    one ``pg_notify`` when the lock has rows in the waiters' queue, none otherwise."""
+    """What a statement that frees a lock RETURNs on PostgreSQL to wake its waiters
+    (:attr:`notice`): ``pg_notify`` on the table's channel with the lock's name, from the
+    lock's rows in the waiters' queue (no row, no notification), evaluated only for a row
+    the statement changed, and delivered when its transaction commits."""
 
     def __init__(self, locks: Table, waiters: Table) -> None:
         self.channel = channel_of(locks)
         w = waiters
-        self.statement: Executable = (
+        self.notice: ColumnElement[Any] = (
             select(func.pg_notify(literal(self.channel), w.c.name))
-            .where(w.c.name == bindparam("name", type_=KEY_TYPE))
+            .where(w.c.name == locks.c.id)
             .limit(1)
+            .correlate(locks)
+            .scalar_subquery()
+            .label("woken")
         )
 
 

@@ -145,7 +145,12 @@ class Statements:
     walk_in_claim_order: Executable = text("SET LOCAL enable_sort = off")
 
     def __init__(
-        self, table: Table, clock: Clock = "caller", *, claim_guard: ClaimGuard | None = None
+        self,
+        table: Table,
+        clock: Clock = "caller",
+        *,
+        claim_guard: ClaimGuard | None = None,
+        freed_notice: ColumnElement[Any] | None = None,
     ) -> None:
         t = table
         self.table = table
@@ -247,7 +252,7 @@ class Statements:
             update(t).where(current_holder, lease_live).values(fence=t.c.fence).returning(t.c.fence)
         )
         #: the fence is kept: resetting it would make an old token valid again
-        self.release: Executable = update(t).where(current_holder).values(owner=null(), until=_ZERO)
+        release = update(t).where(current_holder).values(owner=null(), until=_ZERO)
         #: released with a delay: not claimable before now + delay (new_until / ttl)
         self.release_later: Executable = update(t).where(current_holder).values(owner=null(), until=new_until)
         #: revoke: the fence moves on, so the holder's token is stale at once
@@ -256,16 +261,26 @@ class Statements:
         self.row_now: Executable = select(
             as_text(t.c.owner), t.c.fence, t.c.done, (t.c.until <= now).label("expired")
         ).where(job)
-        self.revoke: Executable = (
+        revoke = (
             update(t)
             .where(job, t.c.done == _ZERO, fence_left)
             .values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
         )
-        self.delete: Executable = (
+        delete = (
             update(t)
             .where(job, t.c.done != _TOMBSTONE)
             .values(done=_TOMBSTONE, owner=null(), until=_ZERO, result=null())
         )
+        if freed_notice is not None:  # what a freed row sends on (a lock's waiters are woken)
+            release, revoke, delete = (
+                release.returning(freed_notice),
+                revoke.returning(freed_notice),
+                delete.returning(freed_notice),
+            )
+        #: the statements that free a row at once (a rowcount of 1: freed)
+        self.release: Executable = release
+        self.revoke: Executable = revoke
+        self.delete: Executable = delete
 
         # -- the next ready jobs --------------------------------------------------------------
         #: ready: not done, not held, not deferred, and claimed fewer than max_fence times

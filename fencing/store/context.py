@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
-from sqlalchemy import Connection, Engine, Table
+from sqlalchemy import ColumnElement, Connection, Engine, Table
 from sqlalchemy.sql import Executable
 
 from ..core.checks import (
@@ -209,11 +209,12 @@ class JobsContext(Context):
         bridged: bool,
         history: History | None,
         claim_guard: ClaimGuard | None = None,
+        freed_notice: ColumnElement[Any] | None = None,
     ) -> None:
         super().__init__(engine, bridged=bridged)
         self.table = table
-        self.by_caller = Statements(table, "caller", claim_guard=claim_guard)
-        self.by_database = Statements(table, "database", claim_guard=claim_guard)
+        self.by_caller = Statements(table, "caller", claim_guard=claim_guard, freed_notice=freed_notice)
+        self.by_database = Statements(table, "database", claim_guard=claim_guard, freed_notice=freed_notice)
         #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
         #: fraction of it is logged)
         self.shortest_ttl = float("inf")

@@ -10,7 +10,9 @@ read inside the same statement (see :mod:`fencing.core.clock`).
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, Engine, Table
+from typing import Any
+
+from sqlalchemy import ColumnElement, Connection, Engine, Table
 
 from ..core.errors import InvalidArgumentType
 from ..observe.metrics import StoreMetrics
@@ -56,7 +58,12 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         #: what every part of the store shares: the runner, the dialect's plan, the checks,
         #: the statements on both clocks, the holds and the history's hook
         self._ctx = JobsContext(
-            engine, table, bridged=self.async_front, history=history, claim_guard=self._claim_guard()
+            engine,
+            table,
+            bridged=self.async_front,
+            history=history,
+            claim_guard=self._claim_guard(),
+            freed_notice=self._freed_notice(),
         )
         self.engine = engine
         self.table = table
@@ -66,6 +73,11 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
     def _claim_guard(self) -> ClaimGuard | None:
         """What a claim of one job must also meet, in its WHERE (a subclass's rule: named
         locks refuse a claimer with a waiter queued ahead of it)."""
+        return None
+
+    def _freed_notice(self) -> ColumnElement[Any] | None:
+        """What a release, revoke or delete RETURNs (a subclass's rule: on PostgreSQL a
+        freed lock notifies its waiters)."""
         return None
 
     @property
