@@ -3,12 +3,12 @@
 100,000 locks, and 100,000 waiters' tickets spread over 10,000 of them (10 each, live). A
 claim of a lock (its guard reads the lock's queue: is a live ticket of another owner ahead of
 the claimer's?), the waiter's look (is the lock held, is anyone ahead), its queue entry (with
-the sweep of the name's lapsed tickets), refresh and leave, and PostgreSQL's notification of a
-freed lock (returned by its release) must each find their rows through an index: the lock by its primary key, the
-queue by ``(name, ticket)`` or a ticket by its key. The release, revoke and delete of a lock
-are there too: on PostgreSQL they return the notification that wakes the lock's waiters,
-read from its queue. A full scan of either table, at any size,
-is a failure. Checked on fresh tables (no statistics) and analyzed ones, on both clocks.
+the sweep of the name's lapsed tickets), refresh and leave, and the release, revoke and
+delete of a lock (on PostgreSQL they return the notification that wakes the lock's waiters,
+read from its queue) must each find their rows through an index: the lock by its primary
+key, the queue by ``(name, ticket)`` or a ticket by its key. A full scan of either table, at
+any size, is a failure. Checked on fresh tables (no statistics) and analyzed ones, on both
+clocks.
 """
 
 from __future__ import annotations

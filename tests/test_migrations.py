@@ -153,6 +153,10 @@ def project(
     monkeypatch.chdir(tmp_path)
     # alembic.ini's prepend_sys_path = . puts the project directory on sys.path
     monkeypatch.setattr(sys, "path", list(sys.path))
+    # and its finder for "." is cached with the directory it first met: another test's
+    monkeypatch.setattr(
+        sys, "path_importer_cache", {k: v for k, v in sys.path_importer_cache.items() if k != "."}
+    )
     (tmp_path / f"{MODELS_MODULE}.py").write_text(MODELS)
     ini = tmp_path / "alembic.ini"
     command.init(Config(str(ini)), "migrations")

@@ -27,6 +27,7 @@ PUBLIC = {
     "fencing.refusals": "fencing.observe.refusals",
     "fencing.overview": "fencing.tools.overview",
     "fencing.cli": "fencing.tools.cli",
+    "fencing.durability": "fencing.engine.durability",
 }
 
 

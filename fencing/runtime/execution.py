@@ -48,7 +48,7 @@ from sqlalchemy.sql import Executable
 
 from ..core import bridge
 from ..core.errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
-from ..engine import forks, identity
+from ..engine import durability, forks, identity
 from ..engine.admission import (
     Observers,
     autocommit_probe,
@@ -455,6 +455,8 @@ class Runner:
         self._autocommit = autocommit_probe(engine)
         #: the pool whose database says who it is (:meth:`_know_database`)
         self._known_pool: Any = None
+        #: the pool whose database keeps what it acknowledges (:meth:`_know_durability`)
+        self._durable_pool: Any = None
         self.lock_wait = LockWait(profile.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
         #: the owner of the engine has disposed of it for good (:meth:`retire`)
@@ -592,6 +594,7 @@ class Runner:
         executor = None
         try:
             self._know_database(fairy)
+            self._know_durability(fairy)
             refuse_autocommit_connection(conn, self._autocommit)
             options = self._profile.begin_options(write=write)
             if single:  # one statement, its own transaction (see run); reset at checkin
@@ -789,6 +792,7 @@ class Runner:
         forks.in_use(held, self._root)
         try:
             self._know_database(held)
+            self._know_durability(held)
             after_checkout = self._profile.after_checkout
             if after_checkout is not None:
                 after_checkout(held.dbapi_connection, held.info)
@@ -815,6 +819,17 @@ class Runner:
             raise
         if settled:
             self._known_pool = pool
+
+    def _know_durability(self, held: Any) -> None:
+        """Read the database's durability settings on a connection just checked out, once
+        per pool (:mod:`fencing.engine.durability`): a WARNING per risk on
+        ``fencing.durability``, or, for an engine passed to ``require_durable``,
+        :class:`ConfigurationError` at every checkout while a risk stands."""
+        pool = self.engine.pool
+        if self._durable_pool is pool:
+            return
+        if durability.note(self.engine, held.dbapi_connection):
+            self._durable_pool = pool
 
     def _checkin(self, held: Any, lean: bool, pool: Any, ended: bool) -> None:
         forks.released(held)

@@ -48,7 +48,7 @@ from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
 from ..store.jobstore import JobStore
 from ..store.marks import fence_marks_table, idempotency_keys_table
-from . import demo
+from . import demo, doctor
 from .overview import STATES, JobView, Overview, Summary
 from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, TortureConfig
 
@@ -901,6 +901,16 @@ def _torture(call: Call) -> int:
     return 1 if outcome.violations else 0
 
 
+def _doctor(call: Call) -> int:
+    url = call.args.url or os.environ.get(URL_VARIABLE)
+    if url is None:
+        call.parser.error(f"--url is required (or ${URL_VARIABLE})")
+    opened = functools.partial(_engine, create=False)
+    return doctor.run(
+        url, opened, prog=call.parser.prog, as_json=call.args.json, out=sys.stdout, err=sys.stderr
+    )
+
+
 #: the harness's defaults: its config module is all the parser reads (the harness itself,
 #: workers, controller and verdict, loads only when the command runs)
 _TORTURE = TortureConfig(url="-")
@@ -1202,6 +1212,26 @@ COMMANDS: tuple[Command, ...] = (
             ),
         ),
         run=_demo,
+        needs_database=False,
+    ),
+    Command(
+        "doctor",
+        help="name the database's settings under which a fence may not survive a crash (exit 1 on a risk)",
+        description="Read the settings that decide whether a commit the database acknowledged "
+        "survives a crash, power loss or failover (fsync, full_page_writes, synchronous_commit "
+        "and asynchronous standbys on PostgreSQL; innodb_flush_log_at_trx_commit, sync_binlog, "
+        "innodb_doublewrite on MariaDB/MySQL; journal_mode, synchronous, fullfsync on SQLite), "
+        "as a session of this command gets them, and say per setting what it risks and what "
+        "to set. Exit code 0 if every one is safe, 1 if any is a risk, 2 if they could not be read.",
+        arguments=(
+            arg(
+                "--url",
+                metavar="URL_OR_PATH",
+                help=f"a SQLite file path or a database URL (default: ${URL_VARIABLE})",
+            ),
+            arg("--json", action="store_true", help="one JSON object per setting, for scripts"),
+        ),
+        run=_doctor,
         needs_database=False,
     ),
     Command(
