@@ -151,8 +151,10 @@ def candidate(target: str, me: str, front: str, mode: str, shared: Shared, probl
                                 break
                             write(held.lease)
                             time.sleep(0.01)
-                except (fencing.DatabaseError, DBAPIError):
-                    pass  # its session was ended while it waited or let go: it waits anew
+                except REFUSED:
+                    # its session was ended while it waited or let go, or the lock was taken
+                    # from it before its block began (hold raises LeaseLost): it waits anew
+                    pass
         with Election(locks, NAME, me, ttl=TTL, retry=RETRY, interval=TTL / 4) as election:
             while True:
                 lease = election.lease
@@ -192,8 +194,8 @@ async def async_candidate(target: str, me: str, mode: str, shared: Shared) -> No
                             break
                         await write(held.lease)
                         await asyncio.sleep(0.01)
-            except (fencing.DatabaseError, DBAPIError):
-                pass  # its session was ended while it waited or let go: it waits anew
+            except REFUSED:
+                pass  # as the sync candidate: its session ended, or the lock taken from it
     async with AsyncElection(locks, NAME, me, ttl=TTL, retry=RETRY, interval=TTL / 4) as election:
         while True:
             lease = election.lease

@@ -262,6 +262,9 @@ class Locks:
         :class:`~fencing.LockTimeout`), keep it with a :class:`~fencing.Heartbeat` renewing
         every ``interval`` (default ``ttl / 3``), release it when the block ends.
 
+        A lock lost between its claim and the heartbeat's first renewal (revoked at that
+        instant) raises :class:`~fencing.LeaseLost` before the block begins.
+
         The block learns the moment the lock is lost (a renewal refused or failing past the
         local deadline): :attr:`HeldLock.held` turns ``False``, :attr:`HeldLock.lost` is set
         and ``on_lost`` is called once, from the heartbeat's thread. :meth:`HeldLock.check`
