@@ -216,9 +216,10 @@ def torture(session: nox.Session, db: str) -> None:
 @nox.session(python=NEWEST, tags=["soak"])
 @nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
 def election_soak(session: nox.Session, db: str) -> None:
-    """The election torture (tests/test_election_torture.py: leaders frozen, killed, revoked,
-    cut off) with a long fault phase, both fronts: ``nox -s election_soak -- SECONDS``
-    (default 120). Outside CI: CI runs it for 8 s per database and front."""
+    """The locks' and elections' torture (tests/test_election_torture.py: holders frozen,
+    killed, killed inside their transaction, revoked, cut off) with a long fault phase, both
+    modes and both fronts: ``nox -s election_soak -- SECONDS`` (default 120). Outside CI: CI
+    runs it for 8 s per database, mode and front."""
     _install(session, "test", *filter(None, DATABASES.values()))
     _require_server(session, db)
     seconds = session.posargs[0] if session.posargs else "120"
