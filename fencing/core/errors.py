@@ -15,13 +15,17 @@ __all__ = [
     "DatabaseBusy",
     "DatabaseCorrupt",
     "DatabaseError",
+    "DatabaseFull",
     "DatabaseMissing",
+    "DatabaseReadOnly",
+    "DatabaseUnavailable",
     "FencesExhausted",
     "FencingError",
     "InvalidArgument",
     "InvalidArgumentType",
     "LeaseLost",
     "LockTimeout",
+    "OutcomeUnknown",
     "PoolTimeout",
     "SchemaMismatch",
     "TableMissing",
@@ -68,6 +72,32 @@ class DatabaseCorrupt(DatabaseError):
     """SQLite's ``PRAGMA quick_check`` found the jobs table's pages damaged (``create_table``,
     ``service.init_db``); nothing was changed. The ``__cause__`` is the driver's error when the
     damage stopped the check itself, else ``None`` (the check's findings are in the message)."""
+
+
+class DatabaseUnavailable(DatabaseError):
+    """The database could not be reached, or the connection was lost before the operation
+    committed (the server is down, restarting, failing over, or the network cut the
+    connection): the operation's transaction was not committed, so nothing changed. Trying
+    again once the server answers is safe."""
+
+
+class OutcomeUnknown(DatabaseError):
+    """The connection was lost while a write was committing (its ``COMMIT``, or the one
+    statement that is its own transaction): the server may or may not have kept it. The
+    library never runs it again as if nothing happened; read the job's state (``get``,
+    ``check``) before acting on it. A fence it may have issued is never issued again."""
+
+
+class DatabaseFull(DatabaseError):
+    """The database has no room for the write (SQLite's disk or ``max_page_count`` full,
+    PostgreSQL ``disk_full``, MariaDB/MySQL table or disk full): the transaction was rolled
+    back whole, nothing was half-written. The store works again once space is freed."""
+
+
+class DatabaseReadOnly(DatabaseError):
+    """The database accepts no writes here: a read-only SQLite file or directory, a
+    PostgreSQL hot standby (or ``default_transaction_read_only``), a MariaDB/MySQL server
+    in ``read_only``. Nothing changed."""
 
 
 class PoolTimeout(DatabaseError):

@@ -47,7 +47,7 @@ from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
 from ..core import bridge
-from ..core.errors import ConfigurationError, DatabaseBusy, DatabaseError, InvalidArgumentType
+from ..core.errors import ConfigurationError, DatabaseBusy, InvalidArgumentType, OutcomeUnknown
 from ..engine import durability, forks, identity
 from ..engine.admission import (
     Observers,
@@ -135,8 +135,8 @@ class LockWait:
         return busy_error(self.budget, exc)
 
 
-def _unknown_outcome() -> DatabaseError:
-    return DatabaseError(
+def _unknown_outcome() -> OutcomeUnknown:
+    return OutcomeUnknown(
         "the connection died while the write was committing (its COMMIT, or the one statement "
         "that is its own transaction): the outcome is unknown; read the job's state before acting on it"
     )
@@ -374,7 +374,7 @@ class BlockExecutor:
         commit, and ``COMMIT`` after it, together: True once committed. False when ``stmt``
         failed so: the transaction is then as it was before ``stmt`` (its row locks held,
         for the reason to be read in it) and must be rolled back. A connection lost on the
-        way leaves the outcome unknown (:class:`DatabaseError` says so)."""
+        way leaves the outcome unknown (:class:`OutcomeUnknown` says so)."""
         c = self.compiled(stmt)
         pipe = self.pipe
         try:

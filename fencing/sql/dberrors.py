@@ -14,7 +14,16 @@ from typing import Any
 from sqlalchemy import Dialect, Engine
 from sqlalchemy import exc as sa_exc
 
-from ..core.errors import DatabaseBusy, DatabaseError, FencingError, PoolTimeout, TableMissing
+from ..core.errors import (
+    DatabaseBusy,
+    DatabaseError,
+    DatabaseFull,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
+    FencingError,
+    PoolTimeout,
+    TableMissing,
+)
 
 __all__ = [
     "DB_ERRORS",
@@ -22,7 +31,10 @@ __all__ = [
     "driver_errors",
     "is_corrupt",
     "is_duplicate_key",
+    "is_full",
+    "is_read_only",
     "is_transient",
+    "is_unavailable",
     "sqlalchemy_error",
     "wrap_database_error",
 ]
@@ -34,6 +46,21 @@ DB_ERRORS = (sa_exc.SQLAlchemyError, sqlite3.Error)
 _PG_TRANSIENT = {"40001", "40P01", "55P03"}
 # MariaDB/MySQL error numbers: deadlock, lock wait timeout
 _MYSQL_TRANSIENT = {1213, 1205}
+# PostgreSQL: the server is shutting down or starting (admin_shutdown, crash_shutdown,
+# cannot_connect_now), and class 08 (connection_exception)
+_PG_UNAVAILABLE = {"57P01", "57P02", "57P03"}
+# MariaDB/MySQL client and server error numbers: can't connect (2002 socket, 2003 TCP),
+# server gone away, lost connection during query, lost connection at handshake, server
+# shutdown in progress
+_MYSQL_UNAVAILABLE = {2002, 2003, 2006, 2013, 2055, 1053}
+# PostgreSQL disk_full, out_of_memory-class insufficient_resources; MariaDB/MySQL table full,
+# disk full
+_PG_FULL = {"53100"}
+_MYSQL_FULL = {1114, 1021}
+# PostgreSQL read_only_sql_transaction (a hot standby, default_transaction_read_only);
+# MariaDB/MySQL --read-only (1290), a read-only transaction (1792), a read-only table (1036)
+_PG_READ_ONLY = {"25006"}
+_MYSQL_READ_ONLY = {1290, 1792, 1036}
 
 
 def _driver_error(exc: BaseException) -> Any:
@@ -52,6 +79,61 @@ def is_transient(exc: BaseException) -> bool:
         return True
     args: tuple[Any, ...] = getattr(orig, "args", ())
     return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
+
+
+def _sqlite_code(orig: Any) -> int | None:
+    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
+    return None if code is None else int(code) & 0xFF
+
+
+def _mysql_code(orig: Any) -> Any:
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """The server could not be reached or the connection was lost (down, restarting,
+    failing over, cut by the network)."""
+    if isinstance(exc, sa_exc.DisconnectionError) or getattr(exc, "connection_invalidated", False):
+        return True
+    orig = _driver_error(exc)
+    if isinstance(orig, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(orig, sqlite3.Error):  # a file, not a connection to lose
+        return False
+    sqlstate = getattr(orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith("08") or sqlstate in _PG_UNAVAILABLE
+    name = type(orig).__name__
+    if name == "OperationalError" and type(orig).__module__.startswith("psycopg"):
+        return True  # psycopg's connection failures carry no SQLSTATE
+    if name in ("ConnectionDoesNotExistError", "InterfaceError") and "connection" in str(orig).lower():
+        return True  # asyncpg's closed connection
+    return _mysql_code(orig) in _MYSQL_UNAVAILABLE
+
+
+def is_full(exc: BaseException) -> bool:
+    """No room for the write: SQLITE_FULL, PostgreSQL disk_full, MariaDB/MySQL table or disk
+    full."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.Error):
+        code = _sqlite_code(orig)
+        return code == 13 if code is not None else "database or disk is full" in str(orig)
+    if getattr(orig, "sqlstate", None) in _PG_FULL:
+        return True
+    return _mysql_code(orig) in _MYSQL_FULL
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """The database takes no writes here: SQLITE_READONLY (a read-only file or directory),
+    PostgreSQL read_only_sql_transaction (a hot standby), MariaDB/MySQL read_only."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.Error):
+        code = _sqlite_code(orig)
+        return code == 8 if code is not None else "readonly database" in str(orig)
+    if getattr(orig, "sqlstate", None) in _PG_READ_ONLY:
+        return True
+    return _mysql_code(orig) in _MYSQL_READ_ONLY
 
 
 def is_corrupt(exc: BaseException) -> bool:
@@ -122,7 +204,20 @@ def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> Fencing
             f"the database stayed locked by other writers; the transaction was rolled back "
             f"({type(orig).__name__}: {message})"
         )
-    return DatabaseError(f"{type(orig).__name__}: {message}")
+    described = f"{type(orig).__name__}: {message}"
+    if is_full(exc):
+        return DatabaseFull(
+            f"the database is full; the transaction was rolled back whole, nothing was "
+            f"written; it works again once space is freed ({described})"
+        )
+    if is_read_only(exc):
+        return DatabaseReadOnly(f"the database accepts no writes here; nothing was changed ({described})")
+    if is_unavailable(exc):
+        return DatabaseUnavailable(
+            f"the database could not be reached or the connection was lost before anything "
+            f"committed; nothing was changed; try again once it answers ({described})"
+        )
+    return DatabaseError(described)
 
 
 @contextmanager
