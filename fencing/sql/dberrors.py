@@ -39,8 +39,10 @@ __all__ = [
     "wrap_database_error",
 ]
 
-#: what a database call can raise that the library translates
-DB_ERRORS = (sa_exc.SQLAlchemyError, sqlite3.Error)
+#: what a database call can raise that the library translates: asyncpg's connect raises the
+#: socket's own ``ConnectionRefusedError`` (an ``OSError``, not a DBAPI error) for a server
+#: nobody answers at, which SQLAlchemy passes up as it is
+DB_ERRORS = (sa_exc.SQLAlchemyError, sqlite3.Error, ConnectionError)
 
 # PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
 _PG_TRANSIENT = {"40001", "40P01", "55P03"}
