@@ -154,7 +154,7 @@ class StoreCache:
             if identity is None:
                 # open (and so create) the file now, so the identity we keep is the one in use
                 try:
-                    with database_errors(), store.engine.connect():
+                    with database_errors(database=key), store.engine.connect():
                         pass
                 except DatabaseError as exc:
                     _dispose(store)

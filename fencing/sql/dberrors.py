@@ -6,6 +6,7 @@ driver error stays attached as ``__cause__``.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -181,8 +182,13 @@ def sqlalchemy_error(exc: BaseException, dialect: Dialect) -> BaseException:
     return sa_exc.DBAPIError.instance(None, None, exc, base, dialect=dialect)
 
 
-def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> FencingError:
-    """The library's error for a driver or SQLAlchemy error (raise it ``from exc``)."""
+def wrap_database_error(
+    exc: BaseException, table_name: str = "jobs", *, database: str | None = None
+) -> FencingError:
+    """The library's error for a driver or SQLAlchemy error (raise it ``from exc``).
+
+    ``database``: the engine's ``url.database``; for a SQLite file, a full or read-only
+    database is then named in the message, with what to do."""
     if isinstance(exc, sa_exc.TimeoutError):  # the pool's, not the database's
         return PoolTimeout(
             "no connection came free in the engine's pool within its pool_timeout; "
@@ -207,13 +213,20 @@ def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> Fencing
             f"({type(orig).__name__}: {message})"
         )
     described = f"{type(orig).__name__}: {message}"
+    sqlite_file = database if isinstance(orig, sqlite3.Error) and database else None
     if is_full(exc):
+        where = "the database is full" if sqlite_file is None else _sqlite_full(sqlite_file)
         return DatabaseFull(
-            f"the database is full; the transaction was rolled back whole, nothing was "
+            f"{where}; the transaction was rolled back whole, nothing was "
             f"written; it works again once space is freed ({described})"
         )
-    if is_read_only(exc):
-        return DatabaseReadOnly(f"the database accepts no writes here; nothing was changed ({described})")
+    if is_read_only(exc) or (sqlite_file is not None and _directory_read_only(orig, sqlite_file)):
+        where = (
+            "the database accepts no writes here"
+            if sqlite_file is None
+            else _sqlite_read_only(orig, sqlite_file)
+        )
+        return DatabaseReadOnly(f"{where}; nothing was changed ({described})")
     if is_unavailable(exc):
         return DatabaseUnavailable(
             f"the database could not be reached or the connection was lost before anything "
@@ -222,10 +235,51 @@ def wrap_database_error(exc: BaseException, table_name: str = "jobs") -> Fencing
     return DatabaseError(described)
 
 
+# SQLite's extended codes: SQLITE_READONLY_DIRECTORY, SQLITE_CANTOPEN
+_SQLITE_READONLY_DIRECTORY = 8 | 6 << 8
+_SQLITE_CANTOPEN = 14
+
+
+def _sqlite_full(database: str) -> str:
+    return (
+        f"the SQLite database {database!r} is full (its filesystem has no space left, or the "
+        "connection's PRAGMA max_page_count was reached)"
+    )
+
+
+def _directory_read_only(orig: Any, database: str) -> bool:
+    """SQLite could not open (or create) a file of the database, and its directory is not
+    writable by this process: SQLite says only "unable to open database file"."""
+    directory = os.path.dirname(os.path.abspath(database))
+    return (
+        _sqlite_code(orig) == _SQLITE_CANTOPEN
+        and os.path.isdir(directory)
+        and not os.access(directory, os.W_OK)
+    )
+
+
+def _sqlite_read_only(orig: Any, database: str) -> str:
+    """Which file or directory is read-only, and what to do."""
+    directory = os.path.dirname(os.path.abspath(database))
+    code = getattr(orig, "sqlite_errorcode", None)
+    if code == _SQLITE_READONLY_DIRECTORY or _directory_read_only(orig, database):
+        return (
+            f"the SQLite database {database!r} cannot be written: its directory {directory!r} "
+            "is not writable by this process, and SQLite creates the database's -wal and -shm "
+            "files (or a new database file) there; make the directory writable for this user"
+        )
+    return (
+        f"the SQLite database {database!r} is read-only here: the file (or its -wal, -shm) is "
+        "not writable by this process, it was opened read-only (mode=ro), or its filesystem "
+        "is mounted read-only; make it writable for this user, or open it read-write"
+    )
+
+
 @contextmanager
-def database_errors(table_name: str = "jobs") -> Iterator[None]:
-    """Translate database errors raised inside the block."""
+def database_errors(table_name: str = "jobs", *, database: str | None = None) -> Iterator[None]:
+    """Translate database errors raised inside the block (``database``: the engine's
+    ``url.database``, see :func:`wrap_database_error`)."""
     try:
         yield
     except DB_ERRORS as exc:
-        raise wrap_database_error(exc, table_name) from exc
+        raise wrap_database_error(exc, table_name, database=database) from exc

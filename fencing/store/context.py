@@ -189,7 +189,7 @@ class Context:
 
     def fail(self, exc: BaseException, table: Table) -> NoReturn:
         """Raise the library's error for a database error, as SQLAlchemy would wrap it."""
-        wrapped = wrap_database_error(exc, table.name)
+        wrapped = wrap_database_error(exc, table.name, database=self.engine.url.database)
         if self.create_hint is not None and isinstance(wrapped, TableMissing):
             wrapped = TableMissing(
                 f"table {table.name!r} does not exist; create it first ({self.create_hint})"
