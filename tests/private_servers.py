@@ -6,9 +6,17 @@ trade durability for speed (``fsync=off``, ``innodb_flush_log_at_trx_commit=2``.
 SIGKILL of the server itself, a restart. One class per server, the same calls:
 ``start()`` (initialises the data directory the first time), ``stop()`` (a clean shutdown),
 ``kill()`` (SIGKILL of the server and every process of it, as a crash of its machine would
-leave it; ``start()`` again recovers), ``url`` (a SQLAlchemy URL over TCP), and ``close()``
-(stopped, and the directory removed). Both run as their usual system user (``postgres``,
-``mysql``), so the suite may run as root; the server is this process's child.
+leave it; ``start()`` again recovers), ``freeze()``/``thaw()`` (SIGSTOP/SIGCONT of every
+process of it: a server, or a standby, that hangs with its connections open), ``url`` (a
+SQLAlchemy URL over TCP), and ``close()`` (stopped, and the directory removed). Both run as
+their usual system user (``postgres``, ``mysql``), so the suite may run as root; the server
+is this process's child.
+
+For failover, a PostgreSQL server makes a streaming ``standby()`` of itself, waits for it
+(:meth:`PrivatePostgres.wait_for_standby`: streaming, synchronous, caught up), changes its
+own settings (:meth:`PrivatePostgres.alter_system`) and is promoted
+(:meth:`PrivatePostgres.promote`); :func:`multi_host_url` reaches whichever of several
+servers takes writes.
 
 :func:`private_server` is the fixture's helper: it starts one, or skips when the binaries
 are missing, except under ``CI=true``, where a missing binary fails the test (as a missing
@@ -32,6 +40,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy
+from sqlalchemy import Row
 
 #: how long a server may take to start or stop
 STARTUP = 60.0
@@ -114,6 +123,8 @@ class PrivateServer:
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self._initialised = False
+        #: SIGSTOPped by freeze(), until thaw() (or a kill)
+        self.frozen = False
         if os.geteuid() == 0:
             shutil.chown(self.root, self.user, self.user)
 
@@ -131,17 +142,43 @@ class PrivateServer:
         raise NotImplementedError
 
     def kill(self) -> None:
-        """SIGKILL the server and every process of it, as a crash of its machine would."""
+        """SIGKILL the server and every process of it, as a crash of its machine would
+        (a frozen server too: what sat unread in its sockets is gone with it)."""
         pid = self.pid()
         if pid is not None:
             _kill_all(pid)
         if self.process is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=STARTUP)
+        self.frozen = False
+
+    def freeze(self) -> None:
+        """SIGSTOP the server and every process of it: it keeps its connections and sockets
+        open but reads, writes and answers nothing (a hung machine, a stalled network), until
+        :meth:`thaw` or :meth:`kill`."""
+        pid = self.pid()
+        if pid is None:
+            raise RuntimeError(f"{type(self).__name__} is not running")
+        os.kill(pid, signal.SIGSTOP)  # first, so it starts no process that would escape the stop
+        for p in _children(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self) -> None:
+        """SIGCONT what :meth:`freeze` stopped: it goes on where it was."""
+        pid = self.pid()
+        if pid is not None:
+            for p in [pid, *_children(pid)]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGCONT)
+        self.frozen = False
 
     def close(self) -> None:
-        """Stopped (killed if it will not stop), and its directory removed."""
+        """Stopped (killed if it will not stop, or is frozen), and its directory removed."""
         try:
+            if self.frozen:
+                self.kill()
             if self.pid() is not None:
                 try:
                     self.stop()
@@ -232,10 +269,12 @@ class PrivatePostgres(PrivateServer):
             )
         self._wait_until_answering()
 
-    def standby(self, settings: Mapping[str, str] | None = None) -> PrivatePostgres:
+    def standby(self, settings: Mapping[str, str] | None = None, *, name: str = "standby") -> PrivatePostgres:
         """A streaming standby of this (started) server, not started: ``pg_basebackup -R``
-        into a directory of its own; ``primary_conninfo`` names it ``standby`` to the
-        primary (its ``application_name``)."""
+        into a directory of its own; ``primary_conninfo`` names it ``name`` to the primary
+        (its ``application_name``, what ``synchronous_standby_names`` lists). The settings
+        this server has now (its ``postgresql.auto.conf``) are the standby's too: name it
+        in ``synchronous_standby_names`` after this, or once promoted it waits for itself."""
         other = PrivatePostgres(settings)
         self._run(
             str(self.bin / "pg_basebackup"),
@@ -251,10 +290,75 @@ class PrivatePostgres(PrivateServer):
             "-X",
             "stream",
             "-d",
-            f"host=127.0.0.1 port={self.port} user=postgres application_name=standby",
+            f"host=127.0.0.1 port={self.port} user=postgres application_name={name}",
         )
         other._initialised = True
         return other
+
+    def execute(self, *statements: str) -> list[Row[Any]]:
+        """Run ``statements`` on this server (autocommit, a connection of their own): the
+        rows of the last one (none for a statement that returns none)."""
+        engine = sqlalchemy.create_engine(
+            self.url, poolclass=sqlalchemy.pool.NullPool, isolation_level="AUTOCOMMIT"
+        )
+        try:
+            with engine.connect() as conn:
+                rows: list[Row[Any]] = []
+                for statement in statements:
+                    result = conn.exec_driver_sql(statement)
+                    rows = list(result) if result.returns_rows else []
+                return rows
+        finally:
+            engine.dispose()
+
+    def alter_system(self, settings: Mapping[str, str]) -> None:
+        """``ALTER SYSTEM SET`` each setting, then reload: for settings a reload applies
+        (``synchronous_standby_names``, ``synchronous_commit``...). Kept in this server's
+        ``postgresql.auto.conf``, so a standby made after this has them too."""
+        self.execute(
+            *(f"ALTER SYSTEM SET {name} = '{value}'" for name, value in settings.items()),
+            "SELECT pg_reload_conf()",
+        )
+
+    def wait_for_standby(
+        self, name: str = "standby", *, sync: bool = False, caught_up: bool = False, timeout: float = 30.0
+    ) -> None:
+        """Return once the standby ``name`` streams from this server: with ``sync``, as
+        its synchronous standby; with ``caught_up``, having replayed everything written here
+        so far (what this server has committed is on the standby, readable)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            [row] = self.execute(
+                "SELECT count(*) FILTER (WHERE state = 'streaming'), "
+                "count(*) FILTER (WHERE sync_state = 'sync'), "
+                "count(*) FILTER (WHERE replay_lsn >= pg_current_wal_lsn()) "
+                f"FROM pg_stat_replication WHERE application_name = '{name}'"
+            )
+            streaming, synchronous, replayed = tuple(row)
+            if streaming and (synchronous or not sync) and (replayed or not caught_up):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"standby {name!r}: streaming {streaming}, sync {synchronous}, caught up "
+                    f"{replayed} after {timeout} s\n{self.log()}"
+                )
+            time.sleep(0.02)
+
+    def in_recovery(self) -> bool:
+        """Whether this server is a standby (in recovery), as it says itself."""
+        [(recovering,)] = self.execute("SELECT pg_is_in_recovery()")
+        return bool(recovering)
+
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``), and return once it
+        takes writes: it replays the WAL it has, leaves recovery, and starts a new
+        timeline."""
+        self._run(str(self.bin / "pg_ctl"), "promote", "-w", "-t", str(int(STARTUP)), "-D", str(self.data))
+        deadline = time.monotonic() + STARTUP
+        while self.in_recovery():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the standby was not promoted\n{self.log()}")
+            time.sleep(0.02)
 
     def stop(self) -> None:
         """A fast shutdown (SIGINT): sessions are ended, the data is checkpointed."""
@@ -349,6 +453,15 @@ class PrivateMariaDB(PrivateServer):
             self.process.wait(timeout=STARTUP)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def multi_host_url(*servers: PrivatePostgres, target_session_attrs: str = "read-write") -> str:
+    """One SQLAlchemy URL for several PostgreSQL servers (psycopg): libpq tries them in
+    order and keeps the first whose session is ``target_session_attrs`` (``read-write``:
+    the primary, whichever it is now). SQLAlchemy's form for several hosts is one ``host``
+    query parameter each, ``host:port``."""
+    hosts = "&".join(f"host=127.0.0.1:{server.port}" for server in servers)
+    return f"postgresql+psycopg://postgres@/postgres?{hosts}&target_session_attrs={target_session_attrs}"
 
 
 SERVERS: Mapping[str, type[PrivateServer]] = {"postgresql": PrivatePostgres, "mariadb": PrivateMariaDB}
