@@ -84,8 +84,11 @@ class DatabaseUnavailable(DatabaseError):
 class OutcomeUnknown(DatabaseError):
     """The connection was lost while a write was committing (its ``COMMIT``, or the one
     statement that is its own transaction): the server may or may not have kept it. The
-    library never runs it again as if nothing happened; read the job's state (``get``,
-    ``check``) before acting on it. A fence it may have issued is never issued again."""
+    library never runs it again as if nothing happened; read the job's state (``state``,
+    ``check``) before acting on it. A claim of unknown outcome may have taken a fence the
+    caller never saw: on a server that keeps what it acknowledged it is never issued again
+    (the job stays held until that lease expires); after a failover to a standby that never
+    received it, it can be issued again, harmlessly, since nobody holds it."""
 
 
 class DatabaseFull(DatabaseError):
