@@ -235,6 +235,32 @@ def election_soak(session: nox.Session, db: str) -> None:
     )
 
 
+@nox.session(python=NEWEST, tags=["soak"])
+@nox.parametrize("db", ["postgresql", "mariadb"], ids=["postgresql", "mariadb"])
+def crash_soak(session: nox.Session, db: str) -> None:
+    """The torture with the database server itself crashing (tests/test_server_crash.py:
+    SIGKILL of a private PostgreSQL or MariaDB, down 0.2-2 s, crash recovery, every 0.75-2.25 s
+    of the fault phase; workers frozen, killed, killed inside their transaction, revoked too),
+    both fronts: ``nox -s crash_soak -- SECONDS`` (default 300). The servers are the test's own,
+    started from the binaries installed here, never the shared ones. Outside CI: CI runs it for
+    10 s per database, on the sync front, with only freezes and revokes besides the crashes."""
+    _install(session, "test", *filter(None, DATABASES.values()))
+    seconds = session.posargs[0] if session.posargs else "300"
+    session.run(
+        "pytest",
+        "tests/test_server_crash.py",
+        "--db",
+        db,
+        "-n",
+        "0",
+        "--long",
+        "-p",
+        "no:randomly",
+        "-s",
+        env={"FENCING_CRASH_TORTURE_SECONDS": seconds},
+    )
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

@@ -50,7 +50,7 @@ from ..store.jobstore import JobStore
 from ..store.marks import fence_marks_table, idempotency_keys_table
 from . import demo, doctor
 from .overview import STATES, JobView, Overview, Summary
-from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, TortureConfig
+from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, SERVER_CRASH, TortureConfig
 
 __all__ = ["build_parser", "main"]
 
@@ -1298,7 +1298,8 @@ COMMANDS: tuple[Command, ...] = (
             arg(
                 "--faults",
                 default=",".join(_TORTURE.faults),
-                help=f"fault kinds to inject, comma-separated, from {','.join(FAULT_KINDS)} (all)",
+                help=f"fault kinds to inject, comma-separated, from {','.join(FAULT_KINDS)} (all but "
+                f"{SERVER_CRASH}: it needs a server the harness may kill, run_torture(config, server=...))",
             ),
             arg(
                 "--check-heartbeat",

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from ...core.checks import show_value
 from ...core.errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["FINISH_MODES", "FRONTS", "TortureConfig"]
+__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "FINISH_MODES", "FRONTS", "SERVER_CRASH", "TortureConfig"]
 
 #: how a worker finishes a job: in a fenced block with the application's own write, by a
 #: plain complete(), by complete_many() over its batch, or by complete_and_claim_next()
@@ -60,8 +60,12 @@ class TortureConfig:
     store_factory: str | None = None
     journal_dir: str | None = None
     keep_tables: bool = False
-    #: the kinds of fault to inject (all by default)
+    #: the kinds of fault to inject (:data:`DEFAULT_FAULTS` by default; ``server-crash`` needs
+    #: a server the harness may kill: ``run_torture(config, server=...)``)
     faults: tuple[str, ...] = field(default=("stop", "kill", "kill-in-transaction", "revoke"))
+    #: with ``server-crash``: the mean time from the server's restart to its next SIGKILL (each
+    #: drawn from 0.5-1.5 times it, so a phase of a few of them has at least one crash each)
+    crash_every: float = 4.0
 
     def __post_init__(self) -> None:
         for name in ("workers", "jobs", "seed", "batch"):
@@ -82,6 +86,7 @@ class TortureConfig:
             ("work", 0.0),
             ("fault_every", 0.01),
             ("drain", 1.0),
+            ("crash_every", 0.5),
         ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
@@ -118,6 +123,12 @@ def _finite(value: float) -> bool:
         return False
 
 
+#: SIGKILL of the database server itself (every process of it), down a short while, then
+#: started again (crash recovery): only on a server the harness was given to kill
+SERVER_CRASH = "server-crash"
 #: SIGSTOP past the TTL then SIGCONT (the late writer); SIGKILL anywhere, or while the
-#: worker is inside a write transaction, then a restart; revoke a held lease
-FAULT_KINDS = ("stop", "kill", "kill-in-transaction", "revoke")
+#: worker is inside a write transaction, then a restart; revoke a held lease; and
+#: :data:`SERVER_CRASH`
+FAULT_KINDS = ("stop", "kill", "kill-in-transaction", "revoke", SERVER_CRASH)
+#: what a run injects unless told otherwise: every kind that needs nothing but the database URL
+DEFAULT_FAULTS = FAULT_KINDS[:4]

@@ -48,7 +48,8 @@ def async_driver(url: str) -> str:
 def open_async_engine(url: str) -> AsyncEngine:
     """The async front's engine on the same database: a SQLite file gets
     :func:`fencing.sqlite.create_async_engine`, a server URL its asyncio driver
-    (:data:`ASYNC_DRIVERS`). No pre-ping: the store replaces a connection the server closed."""
+    (:data:`ASYNC_DRIVERS`), pre-pinging like the sync one: the worker's own transactions
+    (its external writes) must not meet a connection a restarted server left dead in the pool."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
     from ...engine import sqlite
@@ -58,7 +59,7 @@ def open_async_engine(url: str) -> AsyncEngine:
     if kind == "file":
         return sqlite.create_async_engine(target)
     try:
-        return create_async_engine(make_url(target).set(drivername=driver))
+        return create_async_engine(make_url(target).set(drivername=driver), pool_pre_ping=True)
     except (ArgumentError, ImportError) as exc:
         raise InvalidArgument(f"cannot use database URL {target!r} with {driver}: {exc}") from exc
 

@@ -8,7 +8,12 @@ The controller is the only process that decides faults, from one RNG seeded with
 * ``kill``: SIGKILL a worker wherever it is, then start a new incarnation in its place;
 * ``kill-in-transaction``: SIGKILL a worker while it is inside a write transaction (its
   shared state says so), then restart it;
-* ``revoke``: :meth:`fencing.JobStore.revoke` a job some worker holds.
+* ``revoke``: :meth:`fencing.JobStore.revoke` a job some worker holds;
+* ``server-crash``: SIGKILL the database server itself, every process of it, keep it down
+  0.2-2 s, then start it again (crash recovery): only on a server the harness was handed to
+  kill (``run_torture(config, server=...)``, a :class:`CrashableServer`), never one it was
+  merely given the URL of. It runs on a clock of its own (``config.crash_every``), outside
+  the rounds below; the other faults wait while the server is down.
 
 The kinds come in rounds (each kind once per round, shuffled), at exponentially distributed
 intervals (mean ``fault_every``); a kind with nobody to inject it into (no worker holding a
@@ -33,13 +38,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from sqlalchemy import Engine, func, select, text
+from sqlalchemy.exc import DBAPIError
 
+from ...core.errors import ConfigurationError, DatabaseError, OutcomeUnknown
 from ...sql.schema import as_text
 from ...store.jobstore import JobStore
-from .config import TortureConfig
+from .config import SERVER_CRASH, TortureConfig
 from .connect import open_engine
 from .fronts import with_front
 from .journal import Journal, read_journals
@@ -50,7 +57,7 @@ from .worker import HOLDING, IN_TRANSACTION, STARTING, run_worker
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnProcess
 
-__all__ = ["Progress", "Run", "run_torture"]
+__all__ = ["CrashableServer", "Progress", "Run", "run_torture"]
 
 #: how long a fault waits for a worker in the state it targets before giving up
 TARGET_WAIT = 0.5
@@ -61,6 +68,19 @@ SHUTDOWN_TIMEOUT = 30.0
 STARTUP_TIMEOUT = 120.0
 #: enqueued per transaction while setting up
 ENQUEUE_CHUNK = 500
+#: how long a crashed server stays down before it is started again (s, drawn uniformly)
+CRASH_DOWN = (0.2, 2.0)
+
+
+class CrashableServer(Protocol):
+    """A database server the harness may crash: the one ``config.url`` points to, of the
+    run's own (never a shared one). ``kill()``: SIGKILL of the server and every process of
+    it, returning once none is left; ``start()``: start it again, returning once it answers."""
+
+    def kill(self) -> None: ...
+
+    def start(self) -> None: ...
+
 
 #: told how a run goes, to show it (the harness never waits on it): the phase ("setup",
 #: "starting", "faults", "drain", "stopping", "verdict"), seconds into the phase, the phase's longest
@@ -194,9 +214,18 @@ class _Pool:
         return stuck
 
 
-def run_torture(config: TortureConfig, *, progress: Progress | None = None) -> Run:
+def run_torture(
+    config: TortureConfig, *, progress: Progress | None = None, server: CrashableServer | None = None
+) -> Run:
     """One whole run; the returned :class:`Run` holds the verdict (``violations == 0`` is a pass).
-    ``progress`` is called as the run goes (:data:`Progress`), from this thread."""
+    ``progress`` is called as the run goes (:data:`Progress`), from this thread. ``server``:
+    the server at ``config.url``, which the ``server-crash`` fault kills and starts again
+    (required for that fault, :class:`ConfigurationError` without it)."""
+    if SERVER_CRASH in config.faults and server is None:
+        raise ConfigurationError(
+            f"the {SERVER_CRASH} fault kills the database server: it needs a server of the run's own "
+            "to kill and start again (run_torture(config, server=...)), never a shared one"
+        )
     report = progress or _no_progress
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fencing-torture-") as scratch:
@@ -215,7 +244,7 @@ def run_torture(config: TortureConfig, *, progress: Progress | None = None) -> R
             _enqueue(engine, store, config.jobs)
             journal = Journal(journal_dir / "controller.jsonl")
             try:
-                fault_phase = _drive(config, engine, store, tables, journal, journal_dir, report)
+                fault_phase = _drive(config, engine, store, tables, journal, journal_dir, report, server)
             finally:
                 journal.close()
             report("verdict", 0.0, None, None)
@@ -237,10 +266,15 @@ def _enqueue(engine: Engine, store: JobStore, jobs: int) -> None:
                 store.enqueue(f"job-{n:07d}", conn=conn)
 
 
-def _open_jobs(engine: Engine, tables: TortureTables) -> int:
+def _open_jobs(engine: Engine, tables: TortureTables) -> int | None:
+    """The jobs not done yet; None when the database did not answer (a crash just ended)."""
     jobs = tables.jobs
-    with engine.connect() as conn:
-        return int(conn.execute(select(func.count()).select_from(jobs).where(jobs.c.done == 0)).scalar_one())
+    try:
+        with engine.connect() as conn:
+            count = conn.execute(select(func.count()).select_from(jobs).where(jobs.c.done == 0))
+            return int(count.scalar_one())
+    except DBAPIError:
+        return None
 
 
 def _drive(
@@ -251,9 +285,14 @@ def _drive(
     journal: Journal,
     journal_dir: Path,
     report: Progress = _no_progress,
+    server: CrashableServer | None = None,
 ) -> float:
     """Run the workers through the fault phase and the drain; the fault phase's length."""
     rng = random.Random(config.seed)
+    # the server's crashes on a clock and an RNG of their own: the other faults draw as without
+    crashes = random.Random(f"{config.seed}/{SERVER_CRASH}")
+    kinds = [kind for kind in config.faults if kind != SERVER_CRASH]
+    crashing = server if SERVER_CRASH in config.faults else None
     pool = _Pool(config, journal_dir)
     for index in range(config.workers):
         pool.start(index)
@@ -265,6 +304,7 @@ def _drive(
             journal.record("slow start", waited=STARTUP_TIMEOUT, t=time.time())
         begun = time.monotonic()
         next_fault = begun + rng.expovariate(1.0 / config.fault_every)
+        next_crash = begun + _crash_interval(config, crashes)
         deck: list[str] = []
         next_count = begun
         while time.monotonic() - begun < config.seconds:
@@ -272,13 +312,18 @@ def _drive(
             _restart_the_dead(pool, journal)
             if now >= next_count:
                 open_jobs = _open_jobs(engine, tables)
-                report("faults", now - begun, config.seconds, config.jobs - open_jobs)
+                done = None if open_jobs is None else config.jobs - open_jobs
+                report("faults", now - begun, config.seconds, done)
                 if open_jobs == 0:
                     break
                 next_count = now + 0.25
-            if now >= next_fault and config.faults:
+            if crashing is not None and now >= next_crash:
+                _crash(crashing, crashes, journal)
+                next_crash = time.monotonic() + _crash_interval(config, crashes)
+                continue
+            if now >= next_fault and kinds:
                 if not deck:  # every kind once per round, in a shuffled order: on a slow machine,
-                    deck = list(config.faults)  # where a restart takes seconds and few faults
+                    deck = list(kinds)  # where a restart takes seconds and few faults
                     rng.shuffle(deck)  # fit in the phase, each kind still gets its turn
                 kind = deck.pop()
                 if not _inject(kind, config, rng, pool, engine, store, tables, journal) and deck:
@@ -291,7 +336,12 @@ def _drive(
         drain_until = drain_from + config.drain
         while (now := time.monotonic()) < drain_until:
             open_jobs = _open_jobs(engine, tables)
-            report("drain", now - drain_from, config.drain, config.jobs - open_jobs)
+            report(
+                "drain",
+                now - drain_from,
+                config.drain,
+                None if open_jobs is None else config.jobs - open_jobs,
+            )
             if open_jobs == 0:
                 break
             _restart_the_dead(pool, journal)
@@ -301,6 +351,23 @@ def _drive(
         for index in pool.shutdown(timeout=SHUTDOWN_TIMEOUT):
             journal.record("hung", worker=index, waited=SHUTDOWN_TIMEOUT, t=time.time())
     return fault_phase
+
+
+def _crash_interval(config: TortureConfig, rng: random.Random) -> float:
+    return config.crash_every * rng.uniform(0.5, 1.5)
+
+
+def _crash(server: CrashableServer, rng: random.Random, journal: Journal) -> None:
+    """SIGKILL the server (every process of it), keep it down a while, start it again: its
+    crash recovery runs. Journaled once it answers again (``t1``): the verdict and the report
+    count the crashes, and what the workers did after each."""
+    down = rng.uniform(*CRASH_DOWN)
+    t0 = time.time()
+    server.kill()
+    killed = time.time()
+    time.sleep(down)
+    server.start()
+    journal.record("fault", kind=SERVER_CRASH, down=down, t0=t0, killed=killed, t1=time.time())
 
 
 def _restart_the_dead(pool: _Pool, journal: Journal) -> None:
@@ -324,19 +391,23 @@ def _inject(
     """Inject one fault of ``kind``; ``False`` when there was nobody to inject it into."""
     if kind == "revoke":
         jobs = tables.jobs
-        with engine.connect() as conn:
-            held = (
-                conn.execute(
-                    select(as_text(jobs.c.id)).where(jobs.c.done == 0, jobs.c.owner.is_not(None)).limit(50)
-                )
-                .scalars()
-                .all()
-            )
+        try:
+            with engine.connect() as conn:
+                query = select(as_text(jobs.c.id)).where(jobs.c.done == 0, jobs.c.owner.is_not(None))
+                held = conn.execute(query.limit(50)).scalars().all()
+        except DBAPIError:  # the server just came back from a crash
+            return False
         if not held:
             return False
         job = rng.choice(held)
         t0 = time.time()
-        ok = store.revoke(job)
+        ok: bool | None
+        try:
+            ok = store.revoke(job)
+        except OutcomeUnknown:
+            ok = None  # it may have revoked: no write after it is held to it (only ok ones are)
+        except DatabaseError:
+            return False  # nothing changed
         journal.record("fault", kind="revoke", job=job, ok=ok, t0=t0, t1=time.time())
         return True
     if kind == "stop":

@@ -39,6 +39,8 @@ def summary(run: Run) -> str:
             ("external writes accepted", count("external", "accepted")),
             ("jobs given back with a delay", count("release-delayed")),
             ("database errors reported (retried by the worker)", count("error")),
+            ("calls the database was unavailable for (made again)", count("unavailable")),
+            ("calls with an unknown outcome (lost during COMMIT)", count("unknown")),
         ],
     )
     section(
@@ -48,8 +50,17 @@ def summary(run: Run) -> str:
             ("SIGKILL, then restart", count("fault", "kill")),
             ("SIGKILL inside a write transaction, then restart", count("fault", "kill-in-transaction")),
             ("revoke a held lease", count("fault", "revoke")),
+            ("SIGKILL of the database server, then restart", count("fault", "server-crash")),
         ],
     )
+    if count("fault", "server-crash"):
+        section(
+            "riding through the server's crashes",
+            [
+                ("crashes followed by an accepted write", count("server-crash", "recovered")),
+                ("writes accepted after the last crash", count("write", "accepted after the last crash")),
+            ],
+        )
     section(
         "stale writes rejected",
         [

@@ -11,6 +11,14 @@ Every rule is stated so that it is certain, not merely likely: a write that *sta
 after a newer fence was handed out, after a revoke or release *returned*, or after the
 latest ``until`` any renewal could have given, must have been refused.
 
+What a worker saw acknowledged must be in the database at the end, whatever happened to the
+server meanwhile (the ``server-crash`` fault: SIGKILL, crash recovery): every completion it
+saw accepted, every external write it saw committed, every lease it saw claimed (in the
+ownership history); and no fence is issued twice, also among claims no worker saw return (a
+claim whose outcome was unknown may have handed out a fence nobody journaled: the history,
+written in the claim's own transaction, has it). A call whose outcome is unknown
+(``unknown`` events: the connection was lost during its COMMIT) is held to neither outcome.
+
 A third source is checked against the second: the counters (``store.metrics``,
 ``marks.metrics``) each worker that stopped cleanly journaled last, against the calls that
 same process journaled (its events carry its owner name, one per process): every call
@@ -24,7 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import TortureConfig
+from .config import SERVER_CRASH, TortureConfig
 from .worker import finish_mode
 
 __all__ = ["CLOCK_TOLERANCE", "DatabaseState", "Verdict", "judge"]
@@ -97,6 +105,7 @@ def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> 
     _fences_issued_once(verdict, by_kind["claim"])
     _accepted_writes_were_current(verdict, by_kind)
     _done_exactly_once(verdict, config, by_kind["write"], db)
+    _accepted_writes_kept(verdict, by_kind, db)
     _external_tokens_never_went_back(verdict, db)
     if db.history is not None:
         _history_agrees(verdict, by_kind, db, db.history)
@@ -114,8 +123,10 @@ def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> 
 
 
 def _tally(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -> None:
-    for kind in ("claim", "skip", "error", "crash", "died"):
+    for kind in ("claim", "skip", "error", "crash", "died", "unavailable", "unknown"):
         tallies[(kind,)] = len(by_kind[kind])
+    for unknown in by_kind["unknown"]:
+        tallies[("unknown", unknown["op"])] += 1
     for renew in by_kind["renew"]:
         tallies[("renew",)] += 1
         if renew["until"] is None:
@@ -132,6 +143,27 @@ def _tally(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -
             tallies[("release-delayed",)] += 1
     for fault in by_kind["fault"]:
         tallies[("fault", fault["kind"])] += 1
+    _tally_crashes(tallies, by_kind)
+
+
+def _crashes(by_kind: dict[str, list[Event]]) -> list[Event]:
+    """The server's crashes, in order (``t0``: killed; ``t1``: answering again)."""
+    return sorted((f for f in by_kind["fault"] if f["kind"] == SERVER_CRASH), key=lambda f: f["t0"])
+
+
+def _tally_crashes(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -> None:
+    """Whether the workers rode through: a crash is ``recovered`` once a write that started
+    after the server answered again was accepted, before the next crash; and the writes
+    accepted after the last one."""
+    crashes = _crashes(by_kind)
+    if not crashes:
+        return
+    accepted = sorted(w["t0"] for w in by_kind["write"] if w["ok"])
+    ends = [c["t0"] for c in crashes[1:]] + [float("inf")]
+    for crash, end in zip(crashes, ends, strict=True):
+        if any(crash["t1"] < t0 < end for t0 in accepted):
+            tallies[(SERVER_CRASH, "recovered")] += 1
+    tallies[("write", "accepted after the last crash")] = sum(1 for t0 in accepted if t0 > crashes[-1]["t1"])
 
 
 def _fences_issued_once(verdict: Verdict, claims: list[Event]) -> None:
@@ -260,6 +292,36 @@ def _done_exactly_once(
         verdict.flag("fenced write without completion", f"{len(rows)} rows for {job}, which is not a job")
 
 
+def _accepted_writes_kept(verdict: Verdict, by_kind: dict[str, list[Event]], db: DatabaseState) -> None:
+    """No write a worker saw acknowledged is lost: an accepted completion is the job's, done,
+    at the end (a done job never changes again); an external write whose transaction
+    committed is in the resource's rows."""
+    jobs = {job: (owner, fence, done) for job, owner, _until, fence, _result, done in db.jobs}
+    for write in by_kind["write"]:
+        if not write["ok"]:
+            continue
+        job, owner, fence = write["job"], write["owner"], write["fence"]
+        found = jobs.get(job)
+        if found != (owner, fence, 1):
+            has = "no such job" if found is None else "owner {}, fence {}, done {}".format(*found)
+            verdict.flag(
+                "accepted write lost",
+                f"the {write['how']} write of {job} by {owner} (fence {fence}) was accepted, but the "
+                f"database has {has}",
+            )
+    rows = Counter((resource, owner, fence) for _seq, resource, owner, fence in db.external)
+    for external in by_kind["external"]:
+        # kept: False (rolled back) or None (lost during its COMMIT); absent: committed
+        if not external["ok"] or not external.get("kept", True):
+            continue
+        key = (f"job:{external['job']}", external["owner"], external["fence"])
+        if not rows[key]:
+            verdict.flag(
+                "accepted external write lost",
+                f"{key[0]}: the write by {key[1]} (fence {key[2]}) committed, but its row is not there",
+            )
+
+
 def _external_tokens_never_went_back(verdict: Verdict, db: DatabaseState) -> None:
     highest: dict[str, tuple[int, str]] = {}
     fences = {job: fence for job, _owner, _until, fence, _result, _done in db.jobs}
@@ -301,9 +363,19 @@ def _history_agrees(
     #: job -> the (fence, holder) states it has been in so far, replayed in seq order
     states: dict[str, set[tuple[int, str | None]]] = defaultdict(lambda: {(0, None)})
     now: dict[str, tuple[int, str | None]] = {}
+    last_claim: dict[str, int] = {}
     for seq, job, event, owner, fence, path, reason, holder, current in history:
         key = (job, fence, owner)
         by_event[event].add(key)
+        if event == "claim":
+            # every claim that committed, seen by its worker or not (an unknown outcome)
+            if fence <= last_claim.get(job, 0):
+                verdict.flag(
+                    "history: fence issued twice",
+                    f"{job}: fence {fence} claimed by {owner} at seq {seq}, after fence "
+                    f"{last_claim[job]} had been claimed",
+                )
+            last_claim[job] = max(fence, last_claim.get(job, 0))
         if event in _WRITES_UNDER_A_LEASE and key not in claimed:
             verdict.flag(
                 "history: write before its claim",
@@ -325,8 +397,18 @@ def _history_agrees(
             )
         now[job] = (fence_now, holder_now)
         states[job].add((fence_now, holder_now))
+    crashes = _crashes(by_kind)
+    for claim in by_kind["claim"]:
+        if (claim["job"], claim["fence"], claim["owner"]) not in by_event["claim"]:
+            verdict.flag(
+                "history: claim missing",
+                f"{claim['job']}: the claim of fence {claim['fence']} by {claim['owner']} returned, "
+                "but the history has no row of it (it did not commit, or was lost since)",
+            )
     for write in by_kind["write"]:
         key = (write["job"], write["fence"], write["owner"])
+        if not write["ok"] and write["how"] == "fenced" and _during_a_crash(write, crashes):
+            continue  # its refusal is written after the rollback, on its own: a crash may stop it
         if key not in by_event["complete" if write["ok"] else "refused"]:
             outcome = "accepted" if write["ok"] else "refused"
             verdict.flag(
@@ -344,6 +426,11 @@ def _history_agrees(
                 "history: completion missing",
                 f"{job} is done under {owner} (fence {fence}) but the history has no completion of it",
             )
+
+
+def _during_a_crash(event: Event, crashes: list[Event]) -> bool:
+    """Whether the call overlapped a time the server was down (or restarting)."""
+    return any(event["t0"] <= crash["t1"] and event["t1"] >= crash["t0"] for crash in crashes)
 
 
 #: the events a worker journals for the calls its counters count

@@ -17,6 +17,14 @@ bridge and every call is awaited).
 
 The worker publishes where it is (idle, holding a lease, inside a write transaction) in a
 shared array, so the controller can freeze or kill it at the moment that hurts most.
+
+The database itself may crash and restart under it (the ``server-crash`` fault). The worker
+rides through: a call that raised :class:`fencing.DatabaseUnavailable` changed nothing, so it
+is made again after a backoff, a few times (:data:`RETRIES`), and the worker's loop backs off
+longer while the database stays away (up to :data:`UNAVAILABLE_BUDGET` s in a row, then it
+gives up: a crash, which the verdict reports). A call that raised
+:class:`fencing.OutcomeUnknown` may or may not have committed: it is journaled as an
+``unknown`` outcome and never made again, the lease it was about left to expire.
 """
 
 from __future__ import annotations
@@ -28,15 +36,19 @@ import sys
 import time
 import traceback
 import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 
 from ...core import bridge
-from ...core.errors import FencingError, LeaseLost
+from ...core.errors import DatabaseUnavailable, FencingError, LeaseLost, OutcomeUnknown
 from ...core.values import Lease
 from ...runtime import holds
+from ...sql.dberrors import wrap_database_error
 from .config import TortureConfig
 from .fronts import Front, Keeper, ShowsHeartbeat, with_front
 from .journal import Journal
@@ -53,6 +65,33 @@ __all__ = ["HOLDING", "IDLE", "IN_TRANSACTION", "STARTING", "finish_mode", "resu
 IDLE, HOLDING, IN_TRANSACTION, STARTING = 0, 1, 2, 3
 #: prctl(2): the signal a process gets when its parent dies
 PR_SET_PDEATHSIG = 1
+#: a call that raised DatabaseUnavailable is made again at most this many times, after
+#: :func:`retry_pause`; then the worker's loop takes over, backing off longer
+RETRIES = 3
+#: the longest pause of the loop while the database stays unavailable
+LONGEST_PAUSE = 0.5
+#: how long the database may stay unavailable, in a row, before a worker gives up
+UNAVAILABLE_BUDGET = 120.0
+
+T = TypeVar("T")
+
+
+def retry_pause(attempt: int) -> float:
+    """The pause before the ``attempt``-th try again (from 0): 20 ms doubling, at most
+    :data:`LONGEST_PAUSE`."""
+    return min(LONGEST_PAUSE, 0.02 * 2.0**attempt)
+
+
+@contextmanager
+def own_statements() -> Iterator[None]:
+    """The application's own statements (its INSERTs, its transaction's BEGIN and COMMIT)
+    raise SQLAlchemy's errors, not the library's: the same classification as the store's (a
+    lost connection is :class:`DatabaseUnavailable`). asyncpg's connect raises the socket's
+    own ``OSError`` (``ConnectionRefusedError``) through SQLAlchemy unwrapped."""
+    try:
+        yield
+    except (DBAPIError, OSError) as exc:
+        raise wrap_database_error(exc) from exc
 
 
 def finish_mode(config: TortureConfig, job_id: str) -> str:
@@ -142,20 +181,89 @@ class _Worker:
     # -- the cycle ----------------------------------------------------------------------------
 
     def run(self, stop: Event) -> None:
+        away_since: float | None = None  # the database unavailable since, in a row
+        failures = 0  # in a row
         while not stop.is_set():
             try:
                 if not self.one_batch():
                     bridge.sleep(self.rng.uniform(0.002, 0.02))
+            except DatabaseUnavailable as exc:
+                # nothing changed: back off, longer while it lasts
+                if not getattr(exc, "journaled", False):  # e.g. a heartbeat's first renewal
+                    self.journal_unavailable(exc, "other", time.time())
+                self.at(IDLE)
+                now = time.monotonic()
+                away_since = now if away_since is None else away_since
+                if now - away_since > UNAVAILABLE_BUDGET:
+                    raise DatabaseUnavailable(
+                        f"the database stayed unavailable for {UNAVAILABLE_BUDGET:g} s: giving up"
+                    ) from exc
+                bridge.sleep(self.rng.uniform(0.5, 1.0) * retry_pause(failures))
+                failures += 1
+                continue
+            except OutcomeUnknown as exc:
+                self.journal_unknown(exc, "other", None)  # the lease is left to expire
+                self.at(IDLE)
             except FencingError as exc:
                 # reported (a busy database is not a violation), never fatal: go on
                 self.journal.record("error", type=type(exc).__name__, message=str(exc)[:300], t=time.time())
                 self.at(IDLE)
                 bridge.sleep(0.01)
+            away_since, failures = None, 0
+
+    def attempt(self, op: str, call: Callable[[], T], leases: list[Lease] | None = None) -> tuple[float, T]:
+        """``call()``, and again after :func:`retry_pause` while it raises
+        :class:`DatabaseUnavailable` (nothing changed), at most :data:`RETRIES` more times:
+        the start of the try that returned, and what it returned. Each unavailable try is
+        journaled (``unavailable``); an :class:`OutcomeUnknown` is journaled (``unknown``,
+        one per lease the call was about, or one for a claim) and passed up."""
+        tried = 0
+        while True:
+            t0 = time.time()
+            try:
+                return t0, call()
+            except DatabaseUnavailable as exc:
+                self.journal_unavailable(exc, op, t0, tried)
+                if tried >= RETRIES:
+                    raise
+                bridge.sleep(retry_pause(tried))
+                tried += 1
+            except OutcomeUnknown as exc:
+                self.journal_unknown(exc, op, leases, t0)
+                raise
+
+    def journal_unavailable(self, exc: DatabaseUnavailable, op: str, t0: float, tried: int = 0) -> None:
+        exc.journaled = True  # type: ignore[attr-defined]
+        message = str(exc)[:200]
+        self.journal.record(
+            "unavailable", op=op, owner=self.owner, attempt=tried, t0=t0, t1=time.time(), message=message
+        )
+
+    def journal_unknown(
+        self, exc: OutcomeUnknown, op: str, leases: list[Lease] | None, t0: float | None = None
+    ) -> None:
+        """One ``unknown`` event per lease the call was about (or one, for a claim), once."""
+        if getattr(exc, "journaled", False):
+            return
+        exc.journaled = True  # type: ignore[attr-defined]
+        t1 = time.time()
+        message = str(exc)[:200]
+        abouts: list[dict[str, Any]] = [{"job": lease.job_id, "fence": lease.fence} for lease in leases or []]
+        for about in abouts or [{}]:
+            self.journal.record(
+                "unknown",
+                op=op,
+                owner=self.owner,
+                t0=t1 if t0 is None else t0,
+                t1=t1,
+                message=message,
+                **about,
+            )
 
     def one_batch(self) -> bool:
-        t0 = time.time()
-        leases = self.store.claim_next(
-            self.owner, ttl=self.config.ttl, limit=self.rng.randint(1, self.config.batch)
+        limit = self.rng.randint(1, self.config.batch)
+        t0, leases = self.attempt(
+            "claim", lambda: self.store.claim_next(self.owner, ttl=self.config.ttl, limit=limit)
         )
         self.polls += 1
         self.record_claims(leases, t0)
@@ -200,6 +308,8 @@ class _Worker:
             self.keep_and_finish(lease, batched, todo)
         except LeaseLost:  # only the heartbeat's first renewal raises it: expired while queued in the batch
             self.journal.record("lost", job=lease.job_id, fence=lease.fence, where="start", t=time.time())
+        except OutcomeUnknown as exc:  # this lease's write may have committed: on to the next
+            self.journal_unknown(exc, "heartbeat", [lease])
 
     def keep_and_finish(self, lease: Lease, batched: list[Lease], todo: list[Lease]) -> None:
         config, rng = self.config, self.rng
@@ -237,40 +347,64 @@ class _Worker:
     def release_later(self, heartbeat: ShowsHeartbeat) -> None:
         self.front.stop(heartbeat)
         lease = heartbeat.lease
-        delay = self.rng.uniform(0.0, self.config.ttl)
-        self.keeper.release(lease, delay=delay)
+        delay = self.rng.uniform(0.001, self.config.ttl)  # the store's least delay on the database's clock
+        self.attempt("release", lambda: self.keeper.release(lease, delay=delay), [lease])
 
     def in_transaction(self, conn: Any, write: Executable) -> None:
         """The application's own work inside a write transaction: where a kill hurts most."""
         self.at(IN_TRANSACTION)
-        conn.execute(write)
+        with own_statements():
+            conn.execute(write)
         bridge.sleep(self.rng.uniform(0.0, self.config.work / 4))
 
     def write_external(self, lease: Lease) -> None:
         resource = f"job:{lease.job_id}"
-        external = self.tables.external
-        t0 = time.time()
-        with self.front.begin() as conn:
-            accepted = self.marks.accept(resource, lease.fence, conn=conn)
-            if accepted:
-                row = {"resource": resource, "owner": lease.owner, "fence": lease.fence}
-                self.in_transaction(conn, external.insert().values(row))
+        row = {"resource": resource, "owner": lease.owner, "fence": lease.fence}
+        insert = self.tables.external.insert().values(row)
+
+        def once() -> None:
+            # the application's own transaction: the resource's mark and its write commit
+            # together, or neither; journaled once accept() returned (its counters count it),
+            # with what became of the transaction (kept: True, False, or None: unknown)
+            t0 = time.time()
+            accepted: bool | None = None
+            ended = False
+            try:
+                with own_statements(), self.front.begin() as conn:
+                    accepted = self.marks.accept(resource, lease.fence, conn=conn)
+                    if accepted:
+                        self.in_transaction(conn, insert)
+                    ended = True  # the body is done: what fails now is the COMMIT
+            except DatabaseUnavailable as exc:
+                if accepted is None:
+                    raise
+                kept = None if ended else False
+                _record(self.journal, "external", lease, t0, ok=accepted, kept=kept)
+                if ended:
+                    raise OutcomeUnknown(f"the connection was lost during COMMIT: {exc}") from exc
+                raise
+            self.at(HOLDING)
+            _record(self.journal, "external", lease, t0, ok=accepted, kept=True)
+
+        self.attempt("external", once, [lease])
         self.at(HOLDING)
-        _record(self.journal, "external", lease, t0, ok=accepted)
 
     def finish(self, lease: Lease, mode: str, *, nested: bool = False) -> None:
-        t0 = time.time()
         if mode == "fenced":
             row = {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence}
-            results = self.tables.results
-            try:
-                with self.store.fenced(lease, complete=True, result=result_of(lease)) as conn:
-                    self.in_transaction(conn, results.insert().values(row))
-                accepted = True
-            except LeaseLost:
-                accepted = False
+            insert = self.tables.results.insert().values(row)
+
+            def fenced() -> bool:
+                try:
+                    with self.store.fenced(lease, complete=True, result=result_of(lease)) as conn:
+                        self.in_transaction(conn, insert)
+                    return True
+                except LeaseLost:
+                    return False
+
+            t0, accepted = self.attempt(mode, fenced, [lease])
         else:
-            accepted = self.store.complete(lease, result_of(lease))
+            t0, accepted = self.attempt(mode, lambda: self.store.complete(lease, result_of(lease)), [lease])
         self.at(HOLDING)
         if nested:
             _record(self.journal, "write", lease, t0, how=mode, ok=accepted, nested=True)
@@ -279,17 +413,20 @@ class _Worker:
 
     def step(self, lease: Lease) -> list[Lease]:
         """Complete ``lease`` and claim the next job in one transaction: the new leases."""
-        t0 = time.time()
-        [accepted], leases = self.store.complete_and_claim_next(
-            [(lease, result_of(lease))], self.owner, ttl=self.config.ttl, limit=1
+        t0, ([accepted], leases) = self.attempt(
+            "step",
+            lambda: self.store.complete_and_claim_next(
+                [(lease, result_of(lease))], self.owner, ttl=self.config.ttl, limit=1
+            ),
+            [lease],
         )
         self.record_claims(leases, t0)
         _record(self.journal, "write", lease, t0, how="step", ok=accepted)
         return leases
 
     def finish_batch(self, leases: list[Lease]) -> None:
-        t0 = time.time()
-        accepted = self.store.complete_many([(lease, result_of(lease)) for lease in leases])
+        completions: list[tuple[Lease, str | None]] = [(lease, result_of(lease)) for lease in leases]
+        t0, accepted = self.attempt("batch", lambda: self.store.complete_many(completions), leases)
         for lease, ok in zip(leases, accepted, strict=True):
             _record(self.journal, "write", lease, t0, how="batch", ok=ok)
 
