@@ -28,8 +28,26 @@ in the server. A unit the database rolled back whole for a lock race (busy, dead
 timeout, serialization failure), at any statement or at ``COMMIT`` (PostgreSQL reports a
 serialization failure there under ``SERIALIZABLE``; the transaction is gone, so nothing of
 it was kept), is run again, bounded (:class:`LockWait`): a unit is the store's own
-statements and returns nothing before it commits. A connection the server closed while idle
-is replaced once; one that died during ``COMMIT`` is not (the outcome is unknown).
+statements and returns nothing before it commits.
+
+**A lost connection** (the server went away, the network cut it: :meth:`Runner._lost`, one
+rule for both ways, both fronts and every driver) is one of two things, by where it was lost:
+
+* *before the commit was sent* (connecting, at ``BEGIN``, at any statement of a transaction,
+  or half-way through sending one): the server rolls the transaction back, so nothing was
+  kept. A connection that was already dead when the unit began (closed by the server while
+  idle in the pool) is replaced and the unit run once more; anything else comes out as
+  :class:`~fencing.DatabaseUnavailable`, and the caller may try again.
+* *once the commit was sent* (its ``COMMIT``, the end of a pipeline that carries it, or, in
+  autocommit, the one statement that is its own transaction; a fenced block's ``COMMIT``
+  too): the server may have committed it with the answer lost on the way. That unit is
+  never run again as if nothing had happened (a claim would hand out a second fence);
+  :class:`~fencing.OutcomeUnknown` says so, and the caller reads the state to learn which.
+
+A fenced block's own statement that lost the connection is
+:class:`~fencing.DatabaseUnavailable` as well (:mod:`fencing.store.fenced`): the ``COMMIT``
+is the store's, sent only after the block. ``tests/test_connection_cuts.py`` cuts every
+writing operation at each of these points.
 """
 
 from __future__ import annotations
@@ -61,7 +79,7 @@ from ..engine.profile import EngineProfile, profile_of
 from ..engine.writelock import busy_error, poll_pause
 from ..observe import events
 from ..observe.metrics import LOCK_WAIT_MIN
-from ..sql.dberrors import DB_ERRORS, driver_errors, is_transient
+from ..sql.dberrors import DB_ERRORS, driver_errors, is_transient, is_unavailable
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, scoped_session
@@ -389,7 +407,7 @@ class BlockExecutor:
             if lost in str(exc):
                 pipe.command("ROLLBACK TO SAVEPOINT fencing_end")
                 return False
-            if self.runner._disconnected(exc, self.conn):
+            if self.runner._lost(exc, self.conn):
                 with contextlib.suppress(Exception):
                     self.core.invalidate(exc)
                 raise _unknown_outcome() from exc
@@ -616,7 +634,13 @@ class Runner:
                 raise
             if forks.GENERATION[0] != generation:
                 raise forked_away()
-            trans.commit()
+            try:
+                trans.commit()
+            except self.errors as exc:
+                if self._lost(exc, fairy.dbapi_connection):
+                    # the COMMIT was sent, or may have been: the block's writes may be kept
+                    raise _unknown_outcome() from exc
+                raise
         finally:
             if forks.GENERATION[0] == generation:
                 forks.released(fairy)
@@ -723,7 +747,7 @@ class Runner:
             ended = self._rollback(conn)  # (in autocommit: none open, nothing sent)
             if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
                 verdict.again = _LOCK_RACE
-            elif self._disconnected(exc, conn):
+            elif self._lost(exc, conn):
                 ended = False
                 _invalidate(pool, held, exc)
                 if committing and write:  # a read's COMMIT kept nothing: read again
@@ -772,7 +796,7 @@ class Runner:
         except self.errors as exc:
             if is_transient(exc):  # rolled back whole, at COMMIT too: nothing was kept
                 verdict.again = _LOCK_RACE
-            elif getattr(exc, "connection_invalidated", False):
+            elif self._lost(exc, None):
                 if committing and write:  # a read's COMMIT kept nothing: read again
                     raise _unknown_outcome() from exc
                 verdict.again = _DEAD_IDLE
@@ -854,7 +878,13 @@ class Runner:
         except Exception:  # a dead connection cannot even roll back: drop it
             return False
 
-    def _disconnected(self, exc: BaseException, conn: Any) -> bool:
+    def _lost(self, exc: BaseException, conn: Any) -> bool:
+        """``exc`` says the connection was lost (or the server ended the session): the
+        dialect's own judgement (what SQLAlchemy invalidates a connection for), or the
+        library's (:func:`~fencing.sql.dberrors.is_unavailable`), whichever knows it. The one
+        rule for both ways and both fronts: lost while committing is an unknown outcome."""
+        if is_unavailable(exc):
+            return True
         orig = getattr(exc, "orig", None) or exc
         try:
             return bool(self.engine.dialect.is_disconnect(orig, conn, None))  # type: ignore[arg-type]

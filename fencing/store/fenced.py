@@ -26,7 +26,7 @@ from ..engine import forks
 from ..observe.refusals import never_current
 from ..runtime import holds
 from ..runtime.execution import BlockExecutor, CallerConnection, CoreExecutor, Executor, forked_away
-from ..sql.dberrors import is_transient, sqlalchemy_error
+from ..sql.dberrors import is_transient, is_unavailable, sqlalchemy_error
 from ..sql.statements import LOST_AT_THE_END, Statements
 from .context import JobsContext
 
@@ -136,8 +136,10 @@ class FencedBlocks:
             lost = exc
             raise
         except ctx.errors as exc:
-            if not ours:
+            if not ours and not is_unavailable(exc):
                 raise  # the block's own statement failed: its error, as it was
+            # (a block's own statement that lost the connection: its transaction never
+            # committed, the COMMIT being the store's, so DatabaseUnavailable says so by name)
             if ending and is_transient(exc):
                 # the server rolled the block back at its end check or at COMMIT (e.g. a
                 # serialization failure): its writes are the caller's, so only the caller can
