@@ -163,8 +163,18 @@ def test_front_is_sync_unless_asked_and_refused_by_name_when_unknown() -> None:
     assert build_parser().parse_args(["torture"]).front == "sync"
     assert build_parser().parse_args(["torture", "--async"]).front == "async"
     assert TortureConfig(url="x.db", front="async").store == "fencing.asyncio:AsyncJobStore"
-    with pytest.raises(InvalidArgument, match=r"front must be one of sync, async, got 'asyncio'"):
+    with pytest.raises(InvalidArgument, match=r"front must be one of sync, async, mixed, got 'asyncio'"):
         TortureConfig(url="x.db", front="asyncio")
+
+
+def test_mixed_front_puts_even_workers_on_sync_and_odd_on_async() -> None:
+    mixed = TortureConfig(url="x.db", front="mixed")
+    assert [mixed.for_worker(i).front for i in range(4)] == ["sync", "async", "sync", "async"]
+    assert mixed.for_worker(1).store == "fencing.asyncio:AsyncJobStore"
+    assert TortureConfig(url="x.db").for_worker(1).front == "sync"
+    # a factory builds one front's store, never both
+    with pytest.raises(InvalidArgument, match="needs one front"):
+        TortureConfig(url="x.db", front="mixed", store_factory="fencing:JobStore")
 
 
 # -- the verdict's rules, each shown to fire on a made-up history --------------------------

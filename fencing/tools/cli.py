@@ -890,6 +890,7 @@ def _torture(call: Call) -> int:
                 journal_dir=args.journal,
                 keep_tables=args.keep_tables,
                 faults=faults,
+                operations=args.operations,
             )
             outcome = torture.run_torture(config, progress=progress)
         except (FencingError, ValueError, TypeError) as exc:
@@ -1329,6 +1330,20 @@ COMMANDS: tuple[Command, ...] = (
                 default=_TORTURE.front,
                 help="run the workers on the async front: AsyncJobStore, AsyncFenceMarks and "
                 "AsyncHeartbeat on the asyncio driver (aiosqlite, asyncpg, asyncmy) for the same database",
+            ),
+            arg(
+                "--mixed",
+                dest="front",
+                action="store_const",
+                const="mixed",
+                help="even-numbered workers on the sync front, odd-numbered on the async one",
+            ),
+            arg(
+                "--operations",
+                type=_whole(1, 10_000_000),
+                help="also end the fault phase once the workers have made this many operations "
+                "(claims, renewals, completions, releases, guarded writes); the jobs are then the "
+                "backlog kept open, topped up as they are done (default: no target)",
             ),
             arg(
                 "--store",

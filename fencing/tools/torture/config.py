@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from ...core.checks import show_value
 from ...core.errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["DEFAULT_FAULTS", "FAULT_KINDS", "FINISH_MODES", "FRONTS", "SERVER_CRASH", "TortureConfig"]
+__all__ = [
+    "DEFAULT_FAULTS",
+    "FAULT_KINDS",
+    "FINISH_MODES",
+    "FRONTS",
+    "MIXED",
+    "SERVER_CRASH",
+    "TortureConfig",
+]
 
 #: how a worker finishes a job: in a fenced block with the application's own write, by a
 #: plain complete(), by complete_many() over its batch, or by complete_and_claim_next()
@@ -19,6 +28,9 @@ FINISH_MODES = ("mixed", "fenced", "plain", "batch", "step")
 #: the sync store and Heartbeat threads on the sync drivers, or AsyncJobStore, AsyncFenceMarks
 #: and AsyncHeartbeat tasks on the asyncio drivers (aiosqlite, asyncpg, asyncmy)
 FRONTS = {"sync": "fencing:JobStore", "async": "fencing.asyncio:AsyncJobStore"}
+#: both fronts in one run: even-numbered workers on the sync front, odd-numbered on the async
+#: one, each with its front's own store (the verdict works from journals and the database)
+MIXED = "mixed"
 
 
 @dataclass(frozen=True)
@@ -51,7 +63,7 @@ class TortureConfig:
     #: after the fault phase: how long the workers get to finish every job, no faults
     drain: float = 30.0
     prefix: str = "fencing_torture_"
-    #: "sync" or "async" (:data:`FRONTS`)
+    #: "sync" or "async" (:data:`FRONTS`), or "mixed" (:data:`MIXED`)
     front: str = "sync"
     #: "module:callable" building the store to put on trial from (engine, table,
     #: history=History): a ``JobStore`` from an ``Engine``, or on the async front an
@@ -66,8 +78,27 @@ class TortureConfig:
     #: with ``server-crash``: the mean time from the server's restart to its next SIGKILL (each
     #: drawn from 0.5-1.5 times it, so a phase of a few of them has at least one crash each)
     crash_every: float = 4.0
+    #: the fault phase also ends once the workers have made this many operations (None: no
+    #: target, ``seconds`` alone): claims, renewals, completions (fenced blocks, complete(),
+    #: each of complete_many()'s and complete_and_claim_next()'s), releases and writes guarded
+    #: by FenceMarks.accept, each counted once it returned, accepted or refused
+    #: (:data:`~fencing.tools.torture.journal.OPERATIONS`). With a target, ``jobs`` is the
+    #: backlog kept open: more are enqueued as the workers finish them
+    operations: int | None = None
 
     def __post_init__(self) -> None:
+        if self.operations is not None and (
+            isinstance(self.operations, bool) or not isinstance(self.operations, int)
+        ):
+            raise InvalidArgumentType(
+                f"operations must be an int or None, got {type(self.operations).__name__}"
+            )
+        # a job takes about four operations: ten million of them stay within the seven digits of
+        # the jobs' ids, which the verdict's shards are cut along
+        if self.operations is not None and not 1 <= self.operations <= 10_000_000:
+            raise InvalidArgument(
+                f"operations must be between 1 and 10,000,000, got {show_value(self.operations)}"
+            )
         for name in ("workers", "jobs", "seed", "batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
@@ -102,18 +133,34 @@ class TortureConfig:
         unknown = set(self.faults) - set(FAULT_KINDS)
         if unknown:
             raise InvalidArgument(f"unknown fault kinds {sorted(unknown)}; known: {', '.join(FAULT_KINDS)}")
-        if not isinstance(self.front, str) or self.front not in FRONTS:
-            raise InvalidArgument(f"front must be one of {', '.join(FRONTS)}, got {show_value(self.front)}")
+        if not isinstance(self.front, str) or self.front not in (*FRONTS, MIXED):
+            fronts = ", ".join((*FRONTS, MIXED))
+            raise InvalidArgument(f"front must be one of {fronts}, got {show_value(self.front)}")
         if self.store_factory is not None and not isinstance(self.store_factory, str):
             kind = type(self.store_factory).__name__
             raise InvalidArgumentType(f"store_factory must be a str or None, got {kind}")
+        if self.front == MIXED and self.store_factory is not None:
+            # a factory builds a sync store or an async one, never both
+            raise InvalidArgument("store_factory needs one front (sync or async), not mixed")
         if ":" not in self.store:
             raise InvalidArgument(f"store_factory must be 'module:callable', got {self.store_factory!r}")
 
     @property
     def store(self) -> str:
-        """The store factory the workers use: ``store_factory``, or the front's own."""
-        return self.store_factory or FRONTS[self.front]
+        """The store factory the workers use: ``store_factory``, or the front's own (on the
+        mixed front: the sync one's, for worker 0; see :meth:`for_worker`)."""
+        return self.store_factory or FRONTS[self.fronts[0]]
+
+    @property
+    def fronts(self) -> tuple[str, ...]:
+        """The fronts the workers run on: one, or both (sync first) when mixed."""
+        return tuple(FRONTS) if self.front == MIXED else (self.front,)
+
+    def for_worker(self, index: int) -> TortureConfig:
+        """What worker ``index`` runs: on the mixed front, sync when even, async when odd."""
+        if self.front != MIXED:
+            return self
+        return dataclasses.replace(self, front=self.fronts[index % 2])
 
 
 def _finite(value: float) -> bool:

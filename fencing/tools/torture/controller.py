@@ -23,6 +23,13 @@ where restarts take seconds, has every kind, and no kind can hold the others up.
 Workers also give jobs back with a delay (``release_rate``), which the journals count.
 After ``seconds`` (or once every job is done) the faults stop, stopped workers go on,
 and the workers get ``drain`` seconds to finish every job.
+
+With an ``operations`` target (a soak), the fault phase also ends once the workers have made
+that many operations (:data:`.journal.OPERATIONS`, counted by each worker in a shared array
+as it journals them), and the jobs never run out: once fewer than half of ``jobs`` are open,
+the controller enqueues more, so a run of a million operations keeps a backlog of ``jobs``,
+not a million rows up front. The verdict is then taken a shard of jobs at a time
+(:func:`.verdict.judge_journals`): its memory does not grow with the run.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, Table, func, select, text
 from sqlalchemy.exc import DBAPIError
 
 from ...core.errors import ConfigurationError, DatabaseError, OutcomeUnknown
@@ -49,9 +56,9 @@ from ...store.jobstore import JobStore
 from .config import SERVER_CRASH, TortureConfig
 from .connect import open_engine
 from .fronts import with_front
-from .journal import Journal, read_journals
+from .journal import Journal, journal_files
 from .tables import TortureTables
-from .verdict import DatabaseState, Verdict, judge
+from .verdict import DatabaseState, Verdict, job_id, judge_journals
 from .worker import HOLDING, IN_TRANSACTION, STARTING, run_worker
 
 if TYPE_CHECKING:
@@ -103,10 +110,17 @@ class Run:
     #: where the journals are, if they were kept (``config.journal_dir``)
     journal_dir: Path | None
     jobs_done: int
+    #: the jobs enqueued: ``config.jobs``, and more when an ``operations`` target replenished them
+    jobs_enqueued: int = 0
 
     @property
     def violations(self) -> int:
         return self.verdict.total
+
+    @property
+    def operations(self) -> int:
+        """The operations the journals hold (:data:`.journal.OPERATIONS`)."""
+        return self.verdict.tallies[("operations",)]
 
 
 class _Pool:
@@ -117,6 +131,8 @@ class _Pool:
         self.journal_dir = journal_dir
         self.ctx = multiprocessing.get_context("spawn")
         self.states: Any = self.ctx.Array("i", [STARTING] * config.workers, lock=False)
+        #: the operations each worker journaled, over all its incarnations
+        self.operations: Any = self.ctx.Array("q", [0] * config.workers, lock=False)
         self.stop = self.ctx.Event()
         self.procs: list[SpawnProcess] = []
         self.incarnations = [0] * config.workers
@@ -135,6 +151,7 @@ class _Pool:
                 self.states,
                 self.stop,
                 str(self.journal_dir),
+                self.operations,
             ),
             name=f"torture-worker-{index}",
             daemon=True,
@@ -231,39 +248,77 @@ def run_torture(
     with tempfile.TemporaryDirectory(prefix="fencing-torture-") as scratch:
         journal_dir = Path(config.journal_dir or scratch)
         journal_dir.mkdir(parents=True, exist_ok=True)
-        for old in [*journal_dir.glob("worker-*.jsonl"), *journal_dir.glob("controller.jsonl")]:
+        for old in journal_files(journal_dir):
             old.unlink()  # an earlier run's journals (only the harness's own file names)
         tables = TortureTables.named(config.prefix)
         engine = open_engine(config.url)
         try:
             # the workers' front opened once here: a bad store or driver fails now, not in each worker
-            with_front(config, tables, lambda _front: None)
+            for index in range(len(config.fronts)):
+                with_front(config.for_worker(index), tables, lambda _front: None)
             report("setup", 0.0, None, None)
             tables.recreate(engine)
             store = JobStore(engine, tables.jobs, history=tables.recorded)
-            _enqueue(engine, store, config.jobs)
+            backlog = _Backlog(engine, store, tables.jobs)
+            backlog.enqueue(config.jobs)
             journal = Journal(journal_dir / "controller.jsonl")
             try:
-                fault_phase = _drive(config, engine, store, tables, journal, journal_dir, report, server)
+                fault_phase = _drive(config, engine, backlog, tables, journal, journal_dir, report, server)
             finally:
                 journal.close()
             report("verdict", 0.0, None, None)
-            state = _database_state(engine, tables)
-            verdict = judge(config, read_journals(journal_dir), state)
-            done = sum(1 for row in state.jobs if row[5] == 1)
+            jobs, done, integrity = _database_totals(engine, tables)
+            verdict = judge_journals(
+                config,
+                journal_dir,
+                lambda first, end: _database_state(engine, tables, first, end),
+                jobs=jobs,
+                enqueued=backlog.enqueued,
+                integrity=integrity,
+            )
             if not config.keep_tables:
                 tables.drop(engine)
         finally:
             engine.dispose()
         kept = journal_dir if config.journal_dir else None
-        return Run(config, verdict, time.monotonic() - started, fault_phase, kept, done)
+        return Run(config, verdict, time.monotonic() - started, fault_phase, kept, done, backlog.enqueued)
 
 
-def _enqueue(engine: Engine, store: JobStore, jobs: int) -> None:
-    for first in range(0, jobs, ENQUEUE_CHUNK):
-        with engine.begin() as conn:
-            for n in range(first, min(first + ENQUEUE_CHUNK, jobs)):
-                store.enqueue(f"job-{n:07d}", conn=conn)
+class _Backlog:
+    """The run's jobs, numbered from 0 (:func:`.verdict.job_id`) as they are enqueued."""
+
+    def __init__(self, engine: Engine, store: JobStore, jobs: Table) -> None:
+        self.engine = engine
+        self.store = store
+        self.jobs = jobs
+        self.enqueued = 0
+        #: a chunk's COMMIT failed: it may have committed, the rows say (before the next chunk)
+        self.unsure = False
+
+    def enqueue(self, jobs: int) -> None:
+        """``jobs`` more, a chunk per transaction; counted once committed."""
+        end = self.enqueued + jobs
+        while self.enqueued < end:
+            chunk = min(ENQUEUE_CHUNK, end - self.enqueued)
+            with self.engine.begin() as conn:
+                for n in range(self.enqueued, self.enqueued + chunk):
+                    self.store.enqueue(job_id(n), conn=conn)
+            self.enqueued += chunk
+
+    def replenish(self, open_jobs: int, backlog: int) -> None:
+        """Top the open jobs up to ``backlog`` once fewer than half of it are left."""
+        if open_jobs >= backlog // 2:
+            return
+        try:
+            if self.unsure:
+                with self.engine.connect() as conn:
+                    self.enqueued = int(
+                        conn.execute(select(func.count()).select_from(self.jobs)).scalar_one()
+                    )
+                self.unsure = False
+            self.enqueue(backlog - open_jobs)
+        except (DBAPIError, DatabaseError):  # the server just crashed: again next time
+            self.unsure = True
 
 
 def _open_jobs(engine: Engine, tables: TortureTables) -> int | None:
@@ -280,7 +335,7 @@ def _open_jobs(engine: Engine, tables: TortureTables) -> int | None:
 def _drive(
     config: TortureConfig,
     engine: Engine,
-    store: JobStore,
+    backlog: _Backlog,
     tables: TortureTables,
     journal: Journal,
     journal_dir: Path,
@@ -288,6 +343,7 @@ def _drive(
     server: CrashableServer | None = None,
 ) -> float:
     """Run the workers through the fault phase and the drain; the fault phase's length."""
+    store = backlog.store
     rng = random.Random(config.seed)
     # the server's crashes on a clock and an RNG of their own: the other faults draw as without
     crashes = random.Random(f"{config.seed}/{SERVER_CRASH}")
@@ -312,9 +368,14 @@ def _drive(
             _restart_the_dead(pool, journal)
             if now >= next_count:
                 open_jobs = _open_jobs(engine, tables)
-                done = None if open_jobs is None else config.jobs - open_jobs
+                done = None if open_jobs is None else backlog.enqueued - open_jobs
                 report("faults", now - begun, config.seconds, done)
-                if open_jobs == 0:
+                if config.operations is not None:
+                    if sum(pool.operations) >= config.operations:
+                        break
+                    if open_jobs is not None:
+                        backlog.replenish(open_jobs, config.jobs)
+                elif open_jobs == 0:
                     break
                 next_count = now + 0.25
             if crashing is not None and now >= next_crash:
@@ -340,7 +401,7 @@ def _drive(
                 "drain",
                 now - drain_from,
                 config.drain,
-                None if open_jobs is None else config.jobs - open_jobs,
+                None if open_jobs is None else backlog.enqueued - open_jobs,
             )
             if open_jobs == 0:
                 break
@@ -440,25 +501,46 @@ def _inject(
     return True
 
 
-def _database_state(engine: Engine, tables: TortureTables) -> DatabaseState:
-    j, r, e, m = tables.jobs, tables.results, tables.external, tables.marks
-    # the library's tables hold ids, owners and resources as bytes on MariaDB/MySQL
-    jobs_row = (as_text(j.c.id), as_text(j.c.owner), j.c.until, j.c.fence, j.c.result, j.c.done)
+def _database_totals(engine: Engine, tables: TortureTables) -> tuple[int, int, str | None]:
+    """The job rows, those done, and SQLite's integrity check (None elsewhere)."""
+    jobs = tables.jobs
     with engine.connect() as conn:
-        jobs = [tuple(row) for row in conn.execute(select(*jobs_row))]
-        results = [tuple(row) for row in conn.execute(select(r.c.seq, r.c.job_id, r.c.owner, r.c.fence))]
-        external = [
-            tuple(row)
-            for row in conn.execute(select(e.c.seq, e.c.resource, e.c.owner, e.c.fence).order_by(e.c.seq))
-        ]
-        marks = {res: int(fence) for res, fence in conn.execute(select(as_text(m.c.resource), m.c.fence))}
-        h = tables.history
-        history_row = (h.c.seq, as_text(h.c.job_id), h.c.event, as_text(h.c.owner), h.c.fence)
-        refusal = (h.c.path, h.c.reason, as_text(h.c.holder), h.c.current_fence)
-        history = [tuple(row) for row in conn.execute(select(*history_row, *refusal).order_by(h.c.seq))]
+        rows = int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
+        done = int(conn.execute(select(func.count()).select_from(jobs).where(jobs.c.done == 1)).scalar_one())
         integrity = None
         if engine.dialect.name == "sqlite":
             integrity = "; ".join(str(row[0]) for row in conn.execute(text("PRAGMA integrity_check")))
-    return DatabaseState(
-        jobs=jobs, results=results, external=external, marks=marks, integrity=integrity, history=history
-    )
+    return rows, done, integrity
+
+
+def _database_state(engine: Engine, tables: TortureTables, first: str, end: str) -> DatabaseState:
+    """The rows of the jobs whose ids are in ``[first, end)`` (and of their resources); ids
+    compared as text (bytes on MariaDB/MySQL: ``as_text``), which sorts them as their numbers."""
+    j, r, e, m, h = tables.jobs, tables.results, tables.external, tables.marks, tables.history
+    # the library's tables hold ids, owners and resources as bytes on MariaDB/MySQL
+    jobs_row = (as_text(j.c.id), as_text(j.c.owner), j.c.until, j.c.fence, j.c.result, j.c.done)
+    history_row = (h.c.seq, as_text(h.c.job_id), h.c.event, as_text(h.c.owner), h.c.fence)
+    refusal = (h.c.path, h.c.reason, as_text(h.c.holder), h.c.current_fence)
+    first_resource, end_resource = f"job:{first}", f"job:{end}"
+    with engine.connect() as conn:
+        jobs = [
+            tuple(row)
+            for row in conn.execute(select(*jobs_row).where(as_text(j.c.id) >= first, as_text(j.c.id) < end))
+        ]
+        in_results = (r.c.job_id >= first) & (r.c.job_id < end)
+        results = [
+            tuple(row)
+            for row in conn.execute(select(r.c.seq, r.c.job_id, r.c.owner, r.c.fence).where(in_results))
+        ]
+        in_external = (e.c.resource >= first_resource) & (e.c.resource < end_resource)
+        external_row = (
+            select(e.c.seq, e.c.resource, e.c.owner, e.c.fence).where(in_external).order_by(e.c.seq)
+        )
+        external = [tuple(row) for row in conn.execute(external_row)]
+        in_marks = (as_text(m.c.resource) >= first_resource) & (as_text(m.c.resource) < end_resource)
+        marks_row = select(as_text(m.c.resource), m.c.fence).where(in_marks)
+        marks = {res: int(fence) for res, fence in conn.execute(marks_row)}
+        in_history = (as_text(h.c.job_id) >= first) & (as_text(h.c.job_id) < end)
+        history_rows = select(*history_row, *refusal).where(in_history).order_by(h.c.seq)
+        history = [tuple(row) for row in conn.execute(history_rows)]
+    return DatabaseState(jobs=jobs, results=results, external=external, marks=marks, history=history)

@@ -30,14 +30,14 @@ def summary(run: Run) -> str:
         return tally.get(key, 0)
 
     section(
-        "operations",
+        f"operations: {run.operations}, {run.operations / max(run.elapsed, 1e-9):.0f}/s over the whole run",
         [
             ("claims (claim_next, complete_and_claim_next)", count("claim")),
             ("renewals / refused", f"{count('renew')} / {count('renew', 'refused')}"),
             ("completions accepted", count("write", "accepted")),
             ("fenced blocks run under their running heartbeat", count("write", "nested")),
             ("external writes accepted", count("external", "accepted")),
-            ("jobs given back with a delay", count("release-delayed")),
+            ("releases / jobs given back with a delay", f"{count('release')} / {count('release-delayed')}"),
             ("database errors reported (retried by the worker)", count("error")),
             ("calls the database was unavailable for (made again)", count("unavailable")),
             ("calls with an unknown outcome (lost during COMMIT)", count("unknown")),
@@ -77,12 +77,14 @@ def summary(run: Run) -> str:
     violations = run.violations
     rows.append(("violations", violations))
     width = max(len(label) for label, _ in rows) + 2
+    enqueued = run.jobs_enqueued or config.jobs
+    target = "" if config.operations is None else f", until {config.operations} operations"
     lines = [
         f"fencing torture: {where}",
-        f"{config.front} front: {config.store}, {HEARTBEATS[config.front]}, on {_driver(config)}",
-        f"{config.workers} workers, {config.jobs} jobs, ttl {config.ttl:g} s, seed {config.seed}; "
+        *(_front_line(config, front) for front in config.fronts),
+        f"{config.workers} workers, {enqueued} jobs, ttl {config.ttl:g} s, seed {config.seed}{target}; "
         f"{run.elapsed:.1f} s in all, faults for {run.fault_phase:.1f} s; "
-        f"{run.jobs_done}/{config.jobs} jobs done",
+        f"{run.jobs_done}/{enqueued} jobs done",
         "",
     ]
     lines += [f"{label:<{width}}{value}" for label, value in rows]
@@ -90,6 +92,13 @@ def summary(run: Run) -> str:
         lines.append(f"\nVIOLATION {rule} ({run.verdict.counts[rule]}):")
         lines += [f"  {example}" for example in examples]
     return "\n".join(lines)
+
+
+def _front_line(config: TortureConfig, front: str) -> str:
+    one = config.fronts.index(front)  # the first worker on it
+    workers = "" if len(config.fronts) == 1 else f" ({'even' if one == 0 else 'odd'}-numbered workers)"
+    mine = config.for_worker(one)
+    return f"{front} front{workers}: {mine.store}, {HEARTBEATS[front]}, on {_driver(mine)}"
 
 
 def _driver(config: TortureConfig) -> str:

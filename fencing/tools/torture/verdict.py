@@ -23,19 +23,29 @@ A third source is checked against the second: the counters (``store.metrics``,
 ``marks.metrics``) each worker that stopped cleanly journaled last, against the calls that
 same process journaled (its events carry its owner name, one per process): every call
 the worker makes is journaled once it returns, so each counter must equal its count there.
+
+Every rule but those about the run as a whole (the jobs' count, the counters, crashed and
+hung workers) is about one job: a run takes the verdict a shard of jobs at a time
+(:func:`judge_journals`), so a soak of a million operations needs no more memory than a short
+run; :func:`judge` takes it all at once, from events in memory.
 """
 
 from __future__ import annotations
 
+import bisect
+import json
+import tempfile
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from .config import SERVER_CRASH, TortureConfig
+from .journal import OPERATIONS, journal_files
 from .worker import finish_mode
 
-__all__ = ["CLOCK_TOLERANCE", "DatabaseState", "Verdict", "judge"]
+__all__ = ["CLOCK_TOLERANCE", "SHARD_JOBS", "DatabaseState", "Verdict", "job_id", "judge", "judge_journals"]
 
 #: the database clock and ``time.time()`` are the same clock here; SQLite's ``'now'`` has
 #: millisecond resolution, a server's a few µs: anything this close is not a finding
@@ -96,54 +106,193 @@ class Verdict:
         return sum(self.counts.values())
 
 
-def judge(config: TortureConfig, events: Iterable[Event], db: DatabaseState) -> Verdict:
+def judge(
+    config: TortureConfig, events: Iterable[Event], db: DatabaseState, *, enqueued: int | None = None
+) -> Verdict:
+    """The verdict on a run's events and its database, all in memory. ``enqueued``: the jobs
+    the run enqueued (``config.jobs`` unless it enqueued more as they were done)."""
     verdict = Verdict()
+    run = _RunEvents(verdict.tallies)
     by_kind: dict[str, list[Event]] = defaultdict(list)
     for event in events:
+        run.add(event)
         by_kind[event["k"]].append(event)
-    _tally(verdict.tallies, by_kind)
+    crashes = _crashes(by_kind)
+    recoveries = _Recoveries(crashes)
+    _judge_jobs(verdict, config, by_kind, db, crashes, recoveries)
+    recoveries.tally(verdict.tallies)
+    _judge_run(verdict, run, jobs=len(db.jobs), enqueued=config.jobs if enqueued is None else enqueued)
+    if db.integrity is not None and db.integrity != "ok":
+        verdict.flag("integrity", f"PRAGMA integrity_check: {db.integrity[:300]}")
+    return verdict
+
+
+#: jobs (by number) judged together when the verdict is taken a shard at a time
+SHARD_JOBS = 10_000
+
+
+def judge_journals(
+    config: TortureConfig,
+    journal_dir: Path,
+    state_of: Callable[[str, str], DatabaseState],
+    *,
+    jobs: int,
+    enqueued: int,
+    integrity: str | None = None,
+    shard_jobs: int = SHARD_JOBS,
+) -> Verdict:
+    """The same verdict as :func:`judge`, in bounded memory: a run of a million operations has
+    millions of events, gigabytes as dicts. Every rule but a few is about one job, so the
+    journals are read once, line by line (tallied, counted per worker, the events of no job
+    kept), each job's events written to the shard of its job number (``job-NNNNNNN``,
+    ``shard_jobs`` numbers a shard), and then each shard is judged on its own, with the
+    database's rows of its jobs (``state_of(first_id, end_id)``: ids in ``[first, end)``).
+    ``jobs``: the job rows in the database; ``integrity``: SQLite's integrity check."""
+    verdict = Verdict()
+    run = _RunEvents(verdict.tallies)
+    global_events: dict[str, list[Event]] = defaultdict(list)
+    with tempfile.TemporaryDirectory(prefix="fencing-verdict-") as scratch:
+        shards: dict[int, TextIO] = {}
+        try:
+            for path in journal_files(journal_dir):
+                with path.open(encoding="utf-8") as lines:
+                    for line in lines:
+                        if not line.endswith("\n"):
+                            continue  # cut short by a kill
+                        event = json.loads(line)
+                        run.add(event)
+                        job = event.get("job")
+                        if job is None:
+                            if event["k"] == "fault":  # the server's crashes: the rest is tallied
+                                global_events["fault"].append(event)
+                            continue
+                        shard = _shard_of(job, shard_jobs)
+                        if shard not in shards:
+                            shards[shard] = open(Path(scratch) / f"{shard}.jsonl", "w", encoding="utf-8")  # noqa: SIM115
+                        shards[shard].write(line)
+        finally:
+            for out in shards.values():
+                out.close()
+        crashes = _crashes(global_events)
+        recoveries = _Recoveries(crashes)
+        numbered = range(-(-enqueued // shard_jobs))  # every job's shard, with events or not
+        for shard in sorted(set(numbered) | set(shards)):
+            by_kind: dict[str, list[Event]] = defaultdict(list)
+            if shard in shards:
+                with open(Path(scratch) / f"{shard}.jsonl", encoding="utf-8") as lines:
+                    for line in lines:
+                        event = json.loads(line)
+                        by_kind[event["k"]].append(event)
+            if shard < 0:  # events of a job the run never enqueued: no rows of its own
+                db = DatabaseState(jobs=[], results=[], external=[], marks={}, history=[])
+            else:
+                db = state_of(job_id(shard * shard_jobs), job_id((shard + 1) * shard_jobs))
+            _judge_jobs(verdict, config, by_kind, db, crashes, recoveries)
+    recoveries.tally(verdict.tallies)
+    _judge_run(verdict, run, jobs=jobs, enqueued=enqueued)
+    if integrity is not None and integrity != "ok":
+        verdict.flag("integrity", f"PRAGMA integrity_check: {integrity[:300]}")
+    return verdict
+
+
+def job_id(number: int) -> str:
+    """The id of the run's ``number``-th job (from 0): ids sort as their numbers do."""
+    return f"job-{number:07d}"
+
+
+def _shard_of(job: str, shard_jobs: int) -> int:
+    """The shard of a job's events: -1 for an id the run never made."""
+    number = job.removeprefix("job-")
+    if len(number) != 7 or not number.isdigit():
+        return -1
+    return int(number) // shard_jobs
+
+
+def _judge_jobs(
+    verdict: Verdict,
+    config: TortureConfig,
+    by_kind: dict[str, list[Event]],
+    db: DatabaseState,
+    crashes: list[Event],
+    recoveries: _Recoveries,
+) -> None:
+    """The rules about jobs, each about one job: on all of a run's jobs, or on a shard of them
+    (events and rows alike); ``crashes``: all of the run's."""
+    recoveries.add(by_kind["write"])
     _fences_issued_once(verdict, by_kind["claim"])
     _accepted_writes_were_current(verdict, by_kind)
     _done_exactly_once(verdict, config, by_kind["write"], db)
     _accepted_writes_kept(verdict, by_kind, db)
     _external_tokens_never_went_back(verdict, db)
     if db.history is not None:
-        _history_agrees(verdict, by_kind, db, db.history)
-    _metrics_agree(verdict, by_kind)
-    for crash in by_kind["crash"]:
+        _history_agrees(verdict, by_kind, db, db.history, crashes)
+
+
+def _judge_run(verdict: Verdict, run: _RunEvents, *, jobs: int, enqueued: int) -> None:
+    """The rules about the whole run: the jobs' count, the workers' counters, crashes, hangs."""
+    if jobs != enqueued:
+        verdict.flag("job lost", f"{jobs} job rows, {enqueued} enqueued")
+    _metrics_agree(verdict, run.metrics, run.calls)
+    for crash in run.crashed:
         verdict.flag("worker crashed", f"{crash['type']}: {crash['message']}")
-    for hung in by_kind["hung"]:
+    for hung in run.hung:
         verdict.flag(
             "worker hung",
             f"worker {hung['worker']} did not stop within {hung['waited']:g} s of being asked to",
         )
-    if db.integrity is not None and db.integrity != "ok":
-        verdict.flag("integrity", f"PRAGMA integrity_check: {db.integrity[:300]}")
-    return verdict
 
 
-def _tally(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -> None:
-    for kind in ("claim", "skip", "error", "crash", "died", "unavailable", "unknown"):
-        tallies[(kind,)] = len(by_kind[kind])
-    for unknown in by_kind["unknown"]:
-        tallies[("unknown", unknown["op"])] += 1
-    for renew in by_kind["renew"]:
+class _RunEvents:
+    """What the verdict keeps of every event as it streams by: the tallies, each process's
+    calls counted as its counters count them, and the few events about the run itself."""
+
+    def __init__(self, tallies: Counter[tuple[str, ...]]) -> None:
+        self.tallies = tallies
+        self.calls: dict[str, tuple[Counter[str], Counter[str]]] = {}
+        self.metrics: list[Event] = []
+        self.crashed: list[Event] = []
+        self.hung: list[Event] = []
+
+    def add(self, event: Event) -> None:
+        _tally(self.tallies, event)
+        kind = event["k"]
+        if kind in _COUNTED_CALLS and "owner" in event:
+            store, marks = self.calls.setdefault(event["owner"], (Counter(), Counter()))
+            _count_call(store, marks, event)
+        elif kind == "metrics":
+            self.metrics.append(event)
+        elif kind == "crash":
+            self.crashed.append(event)
+        elif kind == "hung":
+            self.hung.append(event)
+
+
+def _tally(tallies: Counter[tuple[str, ...]], event: Event) -> None:
+    kind = event["k"]
+    if kind in OPERATIONS:
+        tallies[("operations",)] += 1
+    if kind in ("claim", "skip", "error", "crash", "died", "unavailable", "unknown", "release"):
+        tallies[(kind,)] += 1
+    if kind == "unknown":
+        tallies[("unknown", event["op"])] += 1
+    elif kind == "renew":
         tallies[("renew",)] += 1
-        if renew["until"] is None:
+        if event["until"] is None:
             tallies[("renew", "refused")] += 1
-    for write in by_kind["write"]:
-        tallies[("write", "accepted") if write["ok"] else ("write", "refused", write["how"])] += 1
-        tallies[("write", "how", write["how"])] += 1
-        if write.get("nested"):
+    elif kind == "write":
+        tallies[("write", "accepted") if event["ok"] else ("write", "refused", event["how"])] += 1
+        tallies[("write", "how", event["how"])] += 1
+        if event.get("nested"):
             tallies[("write", "nested")] += 1
-    for external in by_kind["external"]:
-        tallies[("external", "accepted" if external["ok"] else "refused")] += 1
-    for release in by_kind["release"]:
-        if release["ok"] and "delay" in release:
+    elif kind == "external":
+        tallies[("external", "accepted" if event["ok"] else "refused")] += 1
+    elif kind == "release":
+        if event["ok"] and "delay" in event:
             tallies[("release-delayed",)] += 1
-    for fault in by_kind["fault"]:
-        tallies[("fault", fault["kind"])] += 1
-    _tally_crashes(tallies, by_kind)
+    elif kind == "fault":
+        tallies[("fault", event["kind"])] += 1
+    elif kind == "metrics":
+        tallies[("metrics", "front", event.get("front", "sync"))] += 1
 
 
 def _crashes(by_kind: dict[str, list[Event]]) -> list[Event]:
@@ -151,19 +300,32 @@ def _crashes(by_kind: dict[str, list[Event]]) -> list[Event]:
     return sorted((f for f in by_kind["fault"] if f["kind"] == SERVER_CRASH), key=lambda f: f["t0"])
 
 
-def _tally_crashes(tallies: Counter[tuple[str, ...]], by_kind: dict[str, list[Event]]) -> None:
+class _Recoveries:
     """Whether the workers rode through: a crash is ``recovered`` once a write that started
     after the server answered again was accepted, before the next crash; and the writes
-    accepted after the last one."""
-    crashes = _crashes(by_kind)
-    if not crashes:
-        return
-    accepted = sorted(w["t0"] for w in by_kind["write"] if w["ok"])
-    ends = [c["t0"] for c in crashes[1:]] + [float("inf")]
-    for crash, end in zip(crashes, ends, strict=True):
-        if any(crash["t1"] < t0 < end for t0 in accepted):
-            tallies[(SERVER_CRASH, "recovered")] += 1
-    tallies[("write", "accepted after the last crash")] = sum(1 for t0 in accepted if t0 > crashes[-1]["t1"])
+    accepted after the last one. Fed the writes a shard at a time."""
+
+    def __init__(self, crashes: list[Event]) -> None:
+        self.crashes = crashes
+        self.ends = [c["t0"] for c in crashes[1:]] + [float("inf")]
+        self.recovered: set[int] = set()
+        self.after_the_last = 0
+
+    def add(self, writes: list[Event]) -> None:
+        if not self.crashes:
+            return
+        accepted = sorted(w["t0"] for w in writes if w["ok"])
+        for n, (crash, end) in enumerate(zip(self.crashes, self.ends, strict=True)):
+            first = bisect.bisect_right(accepted, crash["t1"])  # the first write started after it
+            if first < len(accepted) and accepted[first] < end:
+                self.recovered.add(n)
+        self.after_the_last += len(accepted) - bisect.bisect_right(accepted, self.crashes[-1]["t1"])
+
+    def tally(self, tallies: Counter[tuple[str, ...]]) -> None:
+        if not self.crashes:
+            return
+        tallies[(SERVER_CRASH, "recovered")] = len(self.recovered)
+        tallies[("write", "accepted after the last crash")] = self.after_the_last
 
 
 def _fences_issued_once(verdict: Verdict, claims: list[Event]) -> None:
@@ -259,8 +421,6 @@ def _done_exactly_once(
     results: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
     for row in db.results:
         results[row[1]].append(row)
-    if len(db.jobs) != config.jobs:
-        verdict.flag("job lost", f"{len(db.jobs)} job rows, {config.jobs} enqueued")
     for job, owner, until, fence, result, done in db.jobs:
         if done != 1:
             verdict.flag(
@@ -350,7 +510,11 @@ _WRITES_UNDER_A_LEASE = ("complete", "fenced", "release", "renew")
 
 
 def _history_agrees(
-    verdict: Verdict, by_kind: dict[str, list[Event]], db: DatabaseState, history: Sequence[tuple[Any, ...]]
+    verdict: Verdict,
+    by_kind: dict[str, list[Event]],
+    db: DatabaseState,
+    history: Sequence[tuple[Any, ...]],
+    crashes: list[Event],
 ) -> None:
     """The ownership history against the journals and the jobs table: every accepted write's
     lease was claimed before it (in ``seq`` order), every write the journals saw accepted or
@@ -397,7 +561,6 @@ def _history_agrees(
             )
         now[job] = (fence_now, holder_now)
         states[job].add((fence_now, holder_now))
-    crashes = _crashes(by_kind)
     for claim in by_kind["claim"]:
         if (claim["job"], claim["fence"], claim["owner"]) not in by_event["claim"]:
             verdict.flag(
@@ -437,8 +600,11 @@ def _during_a_crash(event: Event, crashes: list[Event]) -> bool:
 _COUNTED_CALLS = ("claim", "write", "renew", "release", "external")
 
 
-def _metrics_agree(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
-    """Each worker's counters against its own journal: exact, call by call.
+def _metrics_agree(
+    verdict: Verdict, reported: list[Event], calls: dict[str, tuple[Counter[str], Counter[str]]]
+) -> None:
+    """Each worker's counters against its own journal (``calls``: what :func:`_count_call`
+    counted of it): exact, call by call.
 
     Store: ``claim_next.jobs`` = its claim events (``claim_next`` and the step's claim);
     ``claim_next.calls`` = its ``claim_next`` calls that returned (``polls``) + its step
@@ -449,21 +615,13 @@ def _metrics_agree(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
     Marks: ``accept.accepted`` and ``accept.refused.*`` = its external writes. Every other
     counter, save :data:`UNJOURNALED_COUNTERS`, counts calls the worker never makes: 0.
     """
-    reported = by_kind["metrics"]
-    if not reported:
-        return
-    owners = {m["owner"] for m in reported}
-    calls: dict[str, list[Event]] = defaultdict(list)
-    for kind in _COUNTED_CALLS:
-        for event in by_kind[kind]:
-            if event["owner"] in owners:
-                calls[event["owner"]].append(event)
     for metrics in reported:
         owner = metrics["owner"]
-        store, marks = _journaled_counts(calls[owner], metrics["polls"])
+        counted_store, counted_marks = calls.get(owner, (Counter(), Counter()))
+        store = counted_store + Counter({"claim_next.calls": metrics["polls"]})
         mismatches = [
             *_mismatches("store", store, _folded(metrics["store"])),
-            *_mismatches("marks", marks, _folded(metrics["marks"])),
+            *_mismatches("marks", counted_marks, _folded(metrics["marks"])),
         ]
         verdict.tallies[("metrics", "checked")] += 1
         if not mismatches:
@@ -472,27 +630,23 @@ def _metrics_agree(verdict: Verdict, by_kind: dict[str, list[Event]]) -> None:
             verdict.flag(METRICS_DISAGREE, f"worker {metrics['worker']} ({owner}): {mismatch}")
 
 
-def _journaled_counts(events: list[Event], polls: int) -> tuple[Counter[str], Counter[str]]:
-    """What one worker's counters must say, from its journal: (store, marks), refusals
+def _count_call(store: Counter[str], marks: Counter[str], event: Event) -> None:
+    """One call of a worker's journal, as its counters count it (store, marks), refusals
     summed over their reasons (``<path>.refused``)."""
-    store: Counter[str] = Counter({"claim_next.calls": polls})
-    marks: Counter[str] = Counter()
-    for event in events:
-        kind = event["k"]
-        if kind == "claim":
-            store["claim_next.jobs"] += 1
-        elif kind == "write":
-            if event["how"] == "step":
-                store["claim_next.calls"] += 1
-            path = COUNTED_AS[event["how"]]
-            store[f"{path}.accepted" if event["ok"] else f"{path}.refused"] += 1
-        elif kind == "renew":
-            store["renew.refused" if event["until"] is None else "renew.accepted"] += 1
-        elif kind == "release":
-            store["release.accepted" if event["ok"] else "release.refused"] += 1
-        else:  # external
-            marks["accept.accepted" if event["ok"] else "accept.refused"] += 1
-    return store, marks
+    kind = event["k"]
+    if kind == "claim":
+        store["claim_next.jobs"] += 1
+    elif kind == "write":
+        if event["how"] == "step":
+            store["claim_next.calls"] += 1
+        path = COUNTED_AS[event["how"]]
+        store[f"{path}.accepted" if event["ok"] else f"{path}.refused"] += 1
+    elif kind == "renew":
+        store["renew.refused" if event["until"] is None else "renew.accepted"] += 1
+    elif kind == "release":
+        store["release.accepted" if event["ok"] else "release.refused"] += 1
+    else:  # external
+        marks["accept.accepted" if event["ok"] else "accept.refused"] += 1
 
 
 def _folded(snapshot: dict[str, int]) -> Counter[str]:

@@ -30,6 +30,7 @@ gives up: a crash, which the verdict reports). A call that raised
 from __future__ import annotations
 
 import ctypes
+import functools
 import random
 import signal
 import sys
@@ -51,7 +52,7 @@ from ...runtime import holds
 from ...sql.dberrors import wrap_database_error
 from .config import TortureConfig
 from .fronts import Front, Keeper, ShowsHeartbeat, with_front
-from .journal import Journal
+from .journal import OPERATIONS, Journal
 from .tables import TortureTables
 
 if TYPE_CHECKING:
@@ -285,6 +286,7 @@ class _Worker:
             owner=self.owner,
             worker=self.index,
             polls=self.polls,
+            front=self.config.front,
             store=self.front.store_metrics.snapshot(),
             marks=self.front.marks_metrics.snapshot(),
             t=time.time(),
@@ -443,6 +445,11 @@ def _die_with_parent() -> None:
         return
 
 
+def _count_operation(counters: SynchronizedArray[Any], index: int, event: str) -> None:
+    if event in OPERATIONS:  # called under the journal's lock: no increment is lost
+        counters[index] += 1
+
+
 def run_worker(
     config: TortureConfig,
     index: int,
@@ -450,10 +457,14 @@ def run_worker(
     states: SynchronizedArray[Any],
     stop: Event,
     journal_dir: str,
+    operations: SynchronizedArray[Any] | None = None,
 ) -> None:
-    """The target of a worker process."""
+    """The target of a worker process. ``operations``: one counter per worker, shared with
+    the controller, of the :data:`~.journal.OPERATIONS` it journaled (all its incarnations)."""
     _die_with_parent()
-    journal = Journal(Path(journal_dir) / f"worker-{index:03d}.{incarnation:04d}.jsonl")
+    config = config.for_worker(index)  # the mixed front: this worker's own
+    counted = None if operations is None else functools.partial(_count_operation, operations, index)
+    journal = Journal(Path(journal_dir) / f"worker-{index:03d}.{incarnation:04d}.jsonl", counted)
 
     def work(front: Front[Any]) -> None:
         worker = _Worker(config, index, incarnation, states, journal, front)
