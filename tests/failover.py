@@ -17,10 +17,10 @@ arrive from its socket, and started again, knowing only what it had received bef
 freeze. That is a standby cut off by the network when the primary's machine dies.
 
 Workers ride through: :class:`~fencing.DatabaseUnavailable` and
-:class:`~fencing.DatabaseReadOnly` (nothing changed) are retried after a pause, and so is
-a fenced block whose own statement lost its connection (SQLAlchemy's error, which the
-block passes up as it is: nothing of the block was kept); :class:`~fencing.OutcomeUnknown`
-is journaled as unknown and the lease dropped.
+:class:`~fencing.DatabaseReadOnly` (nothing changed; a fenced block whose own statement
+lost its connection says so too: nothing of the block was kept) are retried after a pause;
+:class:`~fencing.OutcomeUnknown` is journaled as unknown and the lease dropped. Anything
+else (a raw driver error) fails the run.
 
 The verdict reads the new primary: **(a)** no token (job, fence) was acknowledged to two
 claims, and none acknowledged is above its job's fence there (forgotten: the next claim
@@ -48,7 +48,6 @@ from typing import Any, TypeVar
 
 import sqlalchemy
 from sqlalchemy import BigInteger, Column, MetaData, String, Table, select
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
 from fencing import (
@@ -159,12 +158,6 @@ class Workload:
             except OutcomeUnknown:
                 self.journal.unknown[name] += 1
                 return _UNKNOWN, phase
-            except DBAPIError as exc:
-                # a fenced block's own statement: passed up as SQLAlchemy raised it; lost
-                # with its connection before the block committed, nothing of it was kept
-                if not exc.connection_invalidated:
-                    raise
-                self.journal.outages[f"{type(exc).__name__} (the block's own statement)"] += 1
         return _STOPPED, self.phase
 
     def _work(self, owner: str) -> None:
