@@ -30,7 +30,7 @@ from ...observe.metrics import StoreMetrics
 from ...runtime import holds
 from ...store.jobstore import JobStore
 from ...store.marks import FenceMarks
-from .config import TortureConfig
+from .config import FRONTS, TortureConfig
 from .connect import open_async_engine, open_engine, open_store
 from .tables import TortureTables
 
@@ -178,6 +178,8 @@ Work = Callable[["Front[Any]"], None]
 def with_front(config: TortureConfig, tables: TortureTables, work: Work) -> None:
     """Open ``config.front``'s front, ``work(front)``, close it. The async front's whole life
     runs inside the bridge, on an event loop of its own."""
+    if config.front not in FRONTS:  # mixed: each worker's own front, config.for_worker(index)
+        raise ValueError(f"one front to open, not {config.front!r}: config.for_worker(index) first")
     if config.front == "async":
         asyncio.run(greenlet_spawn(_with, AsyncFront, config, tables, work))
     else:
