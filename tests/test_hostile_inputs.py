@@ -40,6 +40,8 @@ from fencing import (
     DatabaseCorrupt,
     DatabaseError,
     DatabaseMissing,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
     Election,
     FenceMarks,
     FencingError,
@@ -133,14 +135,26 @@ FILE_SETUPS = (
     "corrupt_pages",
 )
 
+UNREACHABLE = (
+    "the database could not be reached or the connection was lost before anything committed; "
+    "nothing was changed; try again once it answers ("
+)
 PG_DOWN_MESSAGE = re.compile(
-    r'OperationalError: connection failed: connection to server at "127\.0\.0\.1", port 1 failed: '
-    r"Connection refused\n.*",
+    re.escape(UNREACHABLE)
+    + r'OperationalError: connection failed: connection to server at "127\.0\.0\.1", port 1 failed: '
+    r"Connection refused\n.*\)",
     re.DOTALL,
 )
 MYSQL_DOWN_MESSAGE = (
-    "OperationalError: (2003, \"Can't connect to MySQL server on '127.0.0.1' "
-    '([Errno 111] Connection refused)")'
+    UNREACHABLE + "OperationalError: (2003, \"Can't connect to MySQL server on '127.0.0.1' "
+    '([Errno 111] Connection refused)"))'
+)
+#: a read-only SQLite file, named (``{tmp}`` for the test's directory)
+READ_ONLY_FILE = (
+    "the SQLite database {name!r} is read-only here: the file (or its -wal, -shm) is not writable "
+    "by this process, it was opened read-only (mode=ro), or its filesystem is mounted read-only; "
+    "make it writable for this user, or open it read-write; nothing was changed "
+    "(OperationalError: attempt to write a readonly database)"
 )
 
 ROWS: list[Row] = [
@@ -1151,8 +1165,8 @@ ROWS: list[Row] = [
         "service.enqueue",
         "a read-only file (chmod 0444)",
         'service.enqueue(path, "new")',
-        DatabaseError,
-        "OperationalError: attempt to write a readonly database",
+        DatabaseReadOnly,
+        READ_ONLY_FILE.format(name="{tmp}/jobs.db"),
         cause=sa_exc.OperationalError,
         setup="readonly_file",
         note="as root (whom chmod does not stop) the test runs the call as user `nobody`",
@@ -1170,8 +1184,8 @@ ROWS: list[Row] = [
         "an engine opened read-only (`mode=ro`)",
         'JobStore(configure_sqlite(create_engine(f"sqlite:///file:{path}?mode=ro&uri=true")))'
         '.claim("job", "w", ttl=10, now=110.0)',
-        DatabaseError,
-        "OperationalError: attempt to write a readonly database",
+        DatabaseReadOnly,
+        READ_ONLY_FILE.format(name="file:{tmp}/jobs.db"),
         cause=sa_exc.OperationalError,
         setup="readonly_engine",
     ),
@@ -1210,7 +1224,7 @@ ROWS: list[Row] = [
         "service.init_db",
         "a PostgreSQL server that is down",
         "service.init_db(DOWN_PG)",
-        DatabaseError,
+        DatabaseUnavailable,
         PG_DOWN_MESSAGE,
         cause=sa_exc.OperationalError,
         setup="none",
@@ -1219,7 +1233,7 @@ ROWS: list[Row] = [
         "service.enqueue",
         "a MariaDB server that is down",
         'service.enqueue(DOWN_MYSQL, "new")',
-        DatabaseError,
+        DatabaseUnavailable,
         MYSQL_DOWN_MESSAGE,
         cause=sa_exc.OperationalError,
         setup="none",
@@ -1228,7 +1242,7 @@ ROWS: list[Row] = [
         "FenceMarks.accept",
         "a MariaDB server that is down",
         'FenceMarks(create_engine(DOWN_MYSQL)).accept("invoice-7", 1)',
-        DatabaseError,
+        DatabaseUnavailable,
         MYSQL_DOWN_MESSAGE,
         cause=sa_exc.OperationalError,
         setup="none",
@@ -1237,7 +1251,7 @@ ROWS: list[Row] = [
         "Heartbeat.start",
         "a PostgreSQL server that is down",
         "Heartbeat(JobStore(create_engine(DOWN_PG)), lease, 10).start()",
-        DatabaseError,
+        DatabaseUnavailable,
         PG_DOWN_MESSAGE,
         cause=sa_exc.OperationalError,
         setup="none",

@@ -42,6 +42,7 @@ import fencing.sqlite
 import service
 from fencing import DatabaseFull, DatabaseReadOnly, FenceMarks, History, JobStore, Lease, Locks
 from fencing.asyncio import AsyncFenceMarks, AsyncJobStore, AsyncLocks
+from fencing.sql import dberrors
 from tests import asyncfront
 
 pytestmark = pytest.mark.backend("sqlite")
@@ -106,7 +107,7 @@ def fill_up(path: Path, tables: list[str]) -> None:
                     conn.execute(sql + FILLERS[table].replace("'#' || i", f"printf('#%x', i + {made})"))
                     made += rows
                 except sqlite3.OperationalError as exc:
-                    if exc.sqlite_errorcode & 0xFF != SQLITE_FULL:
+                    if not dberrors.is_full(exc):
                         raise
                     rows //= 2
         assert conn.execute("PRAGMA freelist_count").fetchone() == (0,)
@@ -126,7 +127,7 @@ def assert_full(exc: BaseException) -> None:
     assert type(exc) is DatabaseFull, repr(exc)
     driver = getattr(exc.__cause__, "orig", exc.__cause__)
     assert isinstance(driver, sqlite3.OperationalError), repr(exc.__cause__)
-    assert driver.sqlite_errorcode & 0xFF == SQLITE_FULL
+    assert dberrors.is_full(driver), repr(driver)
     assert "full" in str(exc) and "nothing was written" in str(exc)
 
 
@@ -313,7 +314,7 @@ def test_an_application_write_in_a_fenced_block_that_finds_no_room_keeps_nothing
 
     with pytest.raises(sqlalchemy.exc.OperationalError) as info:
         block()
-    assert info.value.orig.sqlite_errorcode & 0xFF == SQLITE_FULL  # type: ignore[union-attr]
+    assert dberrors.is_full(info.value.orig), repr(info.value.orig)
     assert dump(world.path) == before
     free_space(world, "rows deleted")
     block()
@@ -458,7 +459,7 @@ def _first_operation_read_only(path: Path, *, what: str, reads_work: bool) -> No
             call()
         assert type(info.value) is DatabaseReadOnly
         driver = getattr(info.value.__cause__, "orig", info.value.__cause__)
-        assert driver.sqlite_errorcode & 0xFF == SQLITE_READONLY, repr(driver)
+        assert dberrors.is_read_only(driver), repr(driver)
         assert what in str(info.value) and "writable for this user" in str(info.value), str(info.value)
 
     def check() -> None:

@@ -252,7 +252,7 @@ def _directory_read_only(orig: Any, database: str) -> bool:
     writable by this process: SQLite says only "unable to open database file"."""
     directory = os.path.dirname(os.path.abspath(database))
     return (
-        _sqlite_code(orig) == _SQLITE_CANTOPEN
+        (_sqlite_code(orig) == _SQLITE_CANTOPEN or "unable to open database file" in str(orig))
         and os.path.isdir(directory)
         and not os.access(directory, os.W_OK)
     )
@@ -262,7 +262,9 @@ def _sqlite_read_only(orig: Any, database: str) -> str:
     """Which file or directory is read-only, and what to do."""
     directory = os.path.dirname(os.path.abspath(database))
     code = getattr(orig, "sqlite_errorcode", None)
-    if code == _SQLITE_READONLY_DIRECTORY or _directory_read_only(orig, database):
+    unwritable = os.path.isdir(directory) and not os.access(directory, os.W_OK)
+    # (before Python 3.11 the error has no extended code: the directory itself is asked)
+    if code == _SQLITE_READONLY_DIRECTORY or _directory_read_only(orig, database) or unwritable:
         return (
             f"the SQLite database {database!r} cannot be written: its directory {directory!r} "
             "is not writable by this process, and SQLite creates the database's -wal and -shm "
