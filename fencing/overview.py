@@ -1,12 +1,13 @@
 """What an operator reads: jobs by state, one job, a summary, the fence marks.
 
-The public import path; the code lives in :mod:`fencing.tools.overview`.
+The public import path; the code lives in :mod:`fencing.views.overview`.
 """
 
 from __future__ import annotations
 
-from .tools.overview import (
+from .views.overview import (
     STATES,
+    Cursor,
     FenceMark,
     IdempotencyKey,
     JobView,
@@ -16,6 +17,7 @@ from .tools.overview import (
 
 __all__ = [
     "STATES",
+    "Cursor",
     "FenceMark",
     "IdempotencyKey",
     "JobView",

@@ -25,7 +25,7 @@ PUBLIC = {
     "fencing.schema": "fencing.sql.schema",
     "fencing.checks": "fencing.core.checks",
     "fencing.refusals": "fencing.observe.refusals",
-    "fencing.overview": "fencing.tools.overview",
+    "fencing.overview": "fencing.views.overview",
     "fencing.cli": "fencing.tools.cli",
     "fencing.durability": "fencing.engine.durability",
 }

@@ -39,7 +39,6 @@ from sqlalchemy.exc import ArgumentError
 from ..core.checks import FENCE_MAX, check_lock_name
 from ..core.errors import DatabaseBusy, DatabaseMissing, FencingError, InvalidArgument, TableMissing
 from ..core.values import Lease
-from ..engine.sqlite import BEGIN_OPTION
 from ..engine.sqlite import create_engine as create_sqlite_engine
 from ..fronts import cache
 from ..locks.named import Locks
@@ -48,8 +47,9 @@ from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
 from ..store.jobstore import JobStore
 from ..store.marks import fence_marks_table, idempotency_keys_table
+from ..views.admin import transaction
+from ..views.overview import STATES, JobView, Overview, Summary
 from . import demo, doctor
-from .overview import STATES, JobView, Overview, Summary
 from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, SERVER_CRASH, TortureConfig
 
 __all__ = ["build_parser", "main"]
@@ -275,17 +275,8 @@ class _Database:
         locked reads that must go together; on SQLite it takes the write lock first.
         ``wait``: the longest a lock is waited for, in seconds, on the servers too (SQLite's
         is the engine's busy timeout); past it the transaction fails with DatabaseBusy."""
-        with database_errors(self.table.name), self.engine.connect() as conn:
-            dialect = conn.dialect.name
-            if dialect == "sqlite":
-                conn.execution_options(**{BEGIN_OPTION: "IMMEDIATE"})
-            with conn.begin():
-                if wait is not None and dialect == "postgresql":
-                    conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(wait * 1000))}ms'")
-                elif wait is not None and dialect in ("mysql", "mariadb"):
-                    # whole seconds, at least 1, the server's unit; the session is the command's own
-                    conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(wait))}")
-                yield conn
+        with transaction(self.engine, self.table.name, wait=wait) as conn:
+            yield conn
 
 
 def _engine(url: str, *, create: bool, wait: float | None = None) -> Engine:

@@ -23,9 +23,14 @@ state in one pass over the table.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import base64
+import binascii
+import contextlib
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -42,10 +47,11 @@ from sqlalchemy import (
     inspect,
     literal_column,
     select,
+    tuple_,
 )
-from sqlalchemy.sql import Executable
+from sqlalchemy.sql import Executable, Select
 
-from ..core.checks import FENCE_MAX, check_count, check_text, check_time
+from ..core.checks import FENCE_MAX, check_count, check_text, check_time, show_value
 from ..core.clock import database_now
 from ..core.errors import InvalidArgument, InvalidArgumentType
 from ..sql.dberrors import DB_ERRORS, wrap_database_error
@@ -53,7 +59,7 @@ from ..sql.schema import ID_MAX_BYTES, KEY_TYPE, as_text, jobs
 from ..sql.statements import TOMBSTONE, Statements
 from ..store.marks import fence_marks, idempotency_keys
 
-__all__ = ["STATES", "FenceMark", "IdempotencyKey", "JobView", "Overview", "Summary"]
+__all__ = ["STATES", "Cursor", "FenceMark", "IdempotencyKey", "JobView", "Overview", "Summary"]
 
 #: every state a job can be in, as :class:`Overview` names them
 STATES = ("ready", "held", "deferred", "done", "poisoned")
@@ -63,6 +69,47 @@ def _constant(value: int | str) -> ColumnElement[Any]:
     """A constant written into the SQL: the guards' own style, and no untyped parameter
     for PostgreSQL to guess the type of."""
     return literal_column(repr(value) if isinstance(value, str) else str(value))
+
+
+class Cursor(NamedTuple):
+    """Where a page of :meth:`Overview.jobs` ended: the last job's place in the walk.
+
+    Pass it back as ``after=`` for the next page: the listing goes on from that place in the
+    index (a keyset page, never an ``OFFSET`` scan), so a page costs the same however deep it
+    is, and jobs that change state between pages are neither shown twice in one state nor
+    skipped because others moved. :meth:`text` and :meth:`parse` carry it through a URL.
+    """
+
+    done: int
+    until: float
+    job_id: str
+
+    def text(self) -> str:
+        """The cursor as URL-safe text (``repr`` of the float: it reads back exactly)."""
+        raw = json.dumps([self.done, self.until, self.job_id], ensure_ascii=False).encode("utf-8")
+        return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+    @classmethod
+    def parse(cls, text: object) -> Cursor:
+        """The cursor :meth:`text` wrote; :class:`~fencing.InvalidArgument` for anything else."""
+        if not isinstance(text, str):
+            raise InvalidArgumentType(f"a cursor must be a str, got {type(text).__name__}")
+        if len(text) > _CURSOR_MAX:
+            raise InvalidArgument(f"a cursor is at most {_CURSOR_MAX} characters, got {len(text)}")
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+            done, until, job_id = json.loads(raw.decode("utf-8"))
+        except (ValueError, TypeError, binascii.Error):
+            raise InvalidArgument(f"not a cursor of this listing: {show_value(text)}") from None
+        bad_done = isinstance(done, bool) or done not in (0, 1)
+        bad_until = isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until)
+        if bad_done or bad_until or not isinstance(job_id, str):
+            raise InvalidArgument(f"not a cursor of this listing: {show_value(text)}")
+        return cls(done, float(until), check_text("job_id", job_id))
+
+
+#: a cursor's text: an id of the largest size a server stores (2,000 bytes, in base64) and more
+_CURSOR_MAX = 4096
 
 
 @dataclass(frozen=True)
@@ -86,6 +133,11 @@ class JobView:
         if self.state == "done" or self.until == 0:
             return None
         return self.until - self.now
+
+    @property
+    def cursor(self) -> Cursor:
+        """This job's place in :meth:`Overview.jobs`' walk: ``after=`` for the next page."""
+        return Cursor(1 if self.state == "done" else 0, self.until, self.job_id)
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobView:
@@ -114,6 +166,9 @@ class Summary:
     within: float
     #: the highest fence in the table, deleted jobs included: the most claims of any job
     highest_fence: int | None
+    #: the sum of every fence, deleted jobs included: the claims (and revokes) ever made, so
+    #: two summaries' difference is the claims made between them
+    claims: int = 0
 
     @property
     def oldest_ready_age(self) -> float | None:
@@ -162,6 +217,7 @@ class Overview:
         self.marks = marks
         self.keys = keys
         self._postgresql = engine.dialect.name == "postgresql"
+        self._sqlite = engine.dialect.name == "sqlite"
         t = table
         now = database_now()
         done, tombstone = _constant(1), _constant(TOMBSTONE)
@@ -183,7 +239,7 @@ class Overview:
         by_age = (t.c.until, t.c.id)  # the ready index's order: no backend sorts
         limit = bindparam("limit", type_=Integer())
         #: each state's listing walks the ready index (done, until, id) from its start
-        self._lists: dict[str | None, Executable] = {
+        self._lists: dict[str | None, Select[Any]] = {
             "ready": view.where(ready).order_by(*by_age).limit(limit),
             "held": view.where(held).order_by(*by_age).limit(limit),
             "deferred": view.where(deferred).order_by(*by_age).limit(limit),
@@ -192,6 +248,7 @@ class Overview:
             # every state: a range on the index's first column keeps its order, no sort
             None: view.where(t.c.done <= done).order_by(t.c.done, *by_age).limit(limit),
         }
+        self._pages: dict[tuple[str | None, bool, bool], Select[Any]] = {}
         of_job = and_(t.c.id == bindparam("job_id", type_=KEY_TYPE), t.c.done != tombstone)
         self._job = view.where(of_job)
         self._job_locked = view.where(of_job).with_for_update()
@@ -212,6 +269,8 @@ class Overview:
             func.min(case((and_(ready, t.c.until > _constant(0)), t.c.until))),
             count(and_(held, t.c.until <= now + horizon)),
             func.max(t.c.fence),
+            # SQLite's sum() fails on a 64-bit overflow (a job at the last fence); total() is a float
+            func.total(t.c.fence) if self._sqlite else func.coalesce(func.sum(t.c.fence), 0),
         )
         m, k = marks, keys
         self._marks = select(as_text(m.c.resource), m.c.fence).order_by(m.c.resource).limit(limit)
@@ -227,14 +286,27 @@ class Overview:
         try:
             if conn is not None:
                 return conn.execute(stmt, params).all()
-            with self.engine.connect() as own:
-                if self._postgresql:
-                    # a never-analyzed table would get a bitmap scan and a sort of the whole
-                    # state; sorts off for this read's own transaction walks the index instead
-                    own.execute(Statements.walk_in_claim_order)
+            with self.reading() as own:
                 return own.execute(stmt, params).all()
         except DB_ERRORS as exc:
             raise wrap_database_error(exc, table.name) from exc
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """A connection for several reads in one transaction (``conn=`` of each method), as
+        the methods read on their own: on PostgreSQL with sorts off, so that a table never
+        analyzed is walked by its index, not scanned and sorted."""
+        try:
+            own = self.engine.connect()
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, self.table.name) from exc
+        with own:
+            if self._postgresql:
+                try:
+                    own.execute(Statements.walk_in_claim_order)
+                except DB_ERRORS as exc:
+                    raise wrap_database_error(exc, self.table.name) from exc
+            yield own
 
     def now(self, *, conn: Connection | None = None) -> float:
         """The database's clock, in seconds since the epoch."""
@@ -246,16 +318,65 @@ class Overview:
         *,
         limit: int = 50,
         max_attempts: int | None = None,
+        after: Cursor | None = None,
+        prefix: str | None = None,
         conn: Connection | None = None,
     ) -> list[JobView]:
         """Up to ``limit`` jobs in ``state`` (``None``: every state, jobs not done first),
-        longest waiting (or soonest expiring) first: by ``until``, then id."""
+        longest waiting (or soonest expiring) first: by ``until``, then id.
+
+        ``after``: the :attr:`JobView.cursor` of the last job of the previous page; the walk
+        goes on from there. ``prefix``: only ids that start with it, listed in the same order
+        (the prefix is matched exactly, byte for byte: ``%`` and ``_`` are characters).
+        """
         if state not in self._lists:
             raise InvalidArgument(f"state must be one of {', '.join(STATES)} or None, got {state!r}")
         if state == "poisoned" and max_attempts is None:
             raise InvalidArgument("poisoned needs max_attempts: the claims a job may have")
-        params = {"limit": check_count("limit", limit), "max_fence": _max_fence(max_attempts)}
-        return [JobView.from_row(r) for r in self._rows(self._lists[state], params, conn, self.table)]
+        if after is not None and not isinstance(after, Cursor):
+            raise InvalidArgumentType(f"after must be a fencing.overview.Cursor, got {type(after).__name__}")
+        params: dict[str, Any] = {"limit": check_count("limit", limit), "max_fence": _max_fence(max_attempts)}
+        if prefix is not None:
+            prefix = check_text("prefix", prefix)
+            if not prefix:
+                prefix = None  # every id starts with the empty prefix
+            elif not self._storable(prefix):
+                return []  # no stored id starts with what this backend cannot store
+            else:
+                params["prefix"] = _glob_prefix(prefix) if self._sqlite else _like_prefix(prefix)
+        if after is not None:
+            params.update(after_done=after.done, after_until=after.until, after_id=after.job_id)
+        stmt = self._listing(state, paged=after is not None, prefixed=prefix is not None)
+        return [JobView.from_row(r) for r in self._rows(stmt, params, conn, self.table)]
+
+    def _listing(self, state: str | None, *, paged: bool, prefixed: bool) -> Select[Any]:
+        """The listing of ``state``, from its start or after a cursor, of every id or of a
+        prefix's: each of the 24 shapes built once, when first asked for."""
+        key = (state, paged, prefixed)
+        stmt = self._pages.get(key)
+        if stmt is None:
+            t = self.table
+            where: list[ColumnElement[bool]] = []
+            if paged:
+                # a row value: PostgreSQL, SQLite and MariaDB start the index range at it
+                order: list[ColumnElement[Any]] = [t.c.until, t.c.id]
+                cursor: list[ColumnElement[Any]] = [
+                    bindparam("after_until", type_=Double()),
+                    bindparam("after_id", type_=KEY_TYPE),
+                ]
+                if state is None:
+                    order.insert(0, t.c.done)
+                    cursor.insert(0, bindparam("after_done", type_=Integer()))
+                where.append(tuple_(*order) > tuple_(*cursor))
+            if prefixed:
+                pattern = bindparam("prefix", type_=KEY_TYPE)
+                if self._sqlite:  # SQLite's LIKE folds ASCII case; GLOB does not
+                    where.append(t.c.id.op("GLOB")(pattern))
+                else:
+                    where.append(t.c.id.like(pattern, escape="\\"))
+            stmt = self._lists[state].where(*where) if where else self._lists[state]
+            self._pages[key] = stmt
+        return stmt
 
     def job(
         self,
@@ -286,7 +407,7 @@ class Overview:
             raise InvalidArgument(f"within must be >= 0 seconds, got {within!r}")
         params = {"within": within, "max_fence": _max_fence(max_attempts)}
         [row] = self._rows(self._summary, params, conn, self.table)
-        now, ready, held, deferred, done, deleted, poisoned, oldest, expiring, highest = row
+        now, ready, held, deferred, done, deleted, poisoned, oldest, expiring, highest, claims = row
         return Summary(
             now=float(now),
             ready=int(ready),
@@ -300,6 +421,7 @@ class Overview:
             expiring=int(expiring),
             within=within,
             highest_fence=None if highest is None else int(highest),
+            claims=int(claims),
         )
 
     def has_table(self, table: Table, *, conn: Connection | None = None) -> bool:
@@ -331,6 +453,16 @@ class Overview:
             return False
         limit = ID_MAX_BYTES.get(dialect)
         return limit is None or len(key.encode("utf-8")) <= limit
+
+
+def _like_prefix(prefix: str) -> str:
+    """``prefix`` as a ``LIKE`` pattern that matches the ids starting with it, exactly."""
+    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+
+
+def _glob_prefix(prefix: str) -> str:
+    """``prefix`` as a SQLite ``GLOB`` pattern that matches the ids starting with it, exactly."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in prefix) + "*"
 
 
 def _max_fence(max_attempts: int | None) -> int:
