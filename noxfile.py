@@ -322,7 +322,7 @@ def demo(session: nox.Session) -> None:
 
 #: the extras without which some modules do not import: fencing.otel (opentelemetry-api),
 #: fencing.asyncio (greenlet)
-IMPORT_EXTRAS = "otel,asyncio"
+IMPORT_EXTRAS = "otel,asyncio,web"
 #: the top-level entries the wheel installs, as pyproject.toml's [tool.setuptools] declares them
 TOP_LEVEL = ["fencing", "service.py"]
 #: the checkout's files that the sdist leaves out: CI's own scripts, git's files (.gitignore)
@@ -375,7 +375,8 @@ def _check_contents(session: nox.Session, sdist: Path, wheel: Path) -> None:
         if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc", ".pyo")
     }
     tree |= {name for name in TOP_LEVEL[1:] if (ROOT / name).is_file()}
-    required = {f for f in tree if f.endswith(".py") or f.endswith("/py.typed")}
+    # every file: modules, the typing marker, and the web's templates and static files
+    required = set(tree)
     with zipfile.ZipFile(wheel) as whl:
         in_wheel = {n for n in whl.namelist() if not n.split("/")[0].endswith((".dist-info", ".data"))}
     with tarfile.open(sdist) as tar:

@@ -1,0 +1,442 @@
+"""The lease API over HTTP: workers in any language take part in the same fencing.
+
+A thin mapping of the store's operations to JSON (:func:`lease_api`), mounted by the
+application (``app.mount("/leases", lease_api(store, authorize=...))``)::
+
+    POST /claim     {"owner": "w1", "ttl": 30, "limit": 1, "max_attempts": 5}
+                    -> 200 {"leases": [{"job_id", "owner", "fence", "until"}, ...]}
+    POST /renew     {"lease": {"job_id", "owner", "fence"}, "ttl": 30}  -> 200 {"lease": ...}
+    POST /complete  {"lease": {...}, "result": "..."}                   -> 200 {"completed": true, "job": ...}
+    POST /release   {"lease": {...}, "delay": 60}                       -> 200 {"released": true, "job": ...}
+    POST /enqueue   {"job_id": "...", "ready_at": null}                 -> 201 / 200 {"enqueued": ...}
+    GET  /jobs/ID   -> 200 {"job": {"job_id", "state", "owner", "fence", "until", "result", "now"}}
+    GET  /openapi.json
+
+Every answer carries the fence (the lease's, and the job's current one). A write the guard
+refuses answers ``409`` with the reason (:data:`fencing.REASONS`), the holder and the current
+fence, as problem details (:mod:`fencing.web.problems`); bad input ``422`` naming the field;
+a database that cannot answer ``503`` with ``Retry-After``.
+
+**Retries never double-apply.** A completion retried with the same lease (its answer lost
+on the way back) finds the job done *by that lease*, with that result, and answers ``200``
+as the first did (``"replayed": true``); with another result it is refused (``409``, the
+stored result untouched). A release retried finds the lease released with its fence
+unchanged and answers ``200`` again. A renewal is a new deadline each time (renewing twice
+renews twice). A claim is not idempotent: a claim whose answer was lost leaves a lease that
+ends with its ``ttl`` (keep it short) and nothing is written under it.
+
+Every request must be authorized by the application's ``authorize`` callable
+(:mod:`fencing.web.auth`): without an answer it gets ``401`` and nothing is read or changed.
+Bodies are JSON objects of at most ``max_body`` bytes (``413`` past it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..core.errors import FencingError, InvalidArgument, InvalidArgumentType
+from ..core.values import Lease
+from ..observe.refusals import judge
+from ..store.jobstore import JobStore
+from ..views.overview import JobView, Overview
+from .auth import Authorize, who_is_asking
+from .problems import from_error, problem
+
+__all__ = ["BadBody", "lease_api", "read_body", "read_json"]
+
+logger = logging.getLogger("fencing.web")
+
+#: the largest request body the API reads (bytes): a result is the biggest field
+MAX_BODY = 1024 * 1024
+
+Handler = Callable[[Request, dict[str, Any], str], Awaitable[Response]]
+
+
+class BadBody(Exception):
+    """A request body the API does not read: its status, name and why."""
+
+    def __init__(self, status: int, error: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status, self.error, self.detail = status, error, detail
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request's body, read up to ``limit`` bytes and no further (``413`` past it)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BadBody(413, "BodyTooLarge", f"the body is {declared} bytes; at most {limit} are read")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise BadBody(413, "BodyTooLarge", f"the body is over {limit} bytes; at most {limit} are read")
+    return bytes(body)
+
+
+async def read_json(request: Request, limit: int) -> dict[str, Any]:
+    """The request's body as a JSON object, read up to ``limit`` bytes and no further."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/json":
+        raise BadBody(
+            415, "UnsupportedMediaType", f"the body must be application/json, got {kind or 'none'!r}"
+        )
+    body = await read_body(request, limit)
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadBody(400, "MalformedJSON", f"the body is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadBody(
+            422, "InvalidArgumentType", f"the body must be a JSON object, got {type(value).__name__}"
+        )
+    return value
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _field(body: dict[str, Any], name: str, *, required: bool = True) -> Any:
+    if name not in body:
+        if required:
+            raise InvalidArgument(f"the body has no {name!r}")
+        return None
+    return body[name]
+
+
+def _known(body: dict[str, Any], *names: str) -> None:
+    unknown = sorted(set(body) - set(names))
+    if unknown:
+        raise InvalidArgument(
+            f"unknown field(s) {', '.join(map(repr, unknown))}; this call takes {', '.join(names)}"
+        )
+
+
+def _lease(body: dict[str, Any]) -> Lease:
+    value = _field(body, "lease")
+    if not isinstance(value, dict):
+        raise InvalidArgumentType(
+            f"lease must be an object with job_id, owner and fence, got {type(value).__name__}"
+        )
+    _known(value, "job_id", "owner", "fence", "until")
+    job_id, owner, fence = _field(value, "job_id"), _field(value, "owner"), _field(value, "fence")
+    if isinstance(fence, float) and fence.is_integer():
+        raise InvalidArgumentType(f"lease.fence must be an integer, got the float {fence!r}")
+    return Lease(job_id, owner, fence)
+
+
+def lease_json(lease: Lease) -> dict[str, Any]:
+    return {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence, "until": lease.until}
+
+
+def job_json(job: JobView) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "state": job.state,
+        "owner": job.owner,
+        "fence": job.fence,
+        "until": job.until,
+        "result": job.result,
+        "now": job.now,
+    }
+
+
+class _Api:
+    def __init__(self, store: JobStore, authorize: Authorize, max_body: int) -> None:
+        self.store = store
+        self.overview = Overview(store.engine, store.table)
+        self.authorize = authorize
+        self.max_body = max_body
+
+    def endpoint(self, handler: Handler, *, body: bool = True) -> Callable[[Request], Awaitable[Response]]:
+        async def call(request: Request) -> Response:
+            try:
+                who = await who_is_asking(self.authorize, request)
+            except FencingError as exc:
+                return from_error(exc)
+            if who is None:
+                response = problem(
+                    401, "Unauthorized", "this request is not authorized: nothing was read or changed"
+                )
+                response.headers["WWW-Authenticate"] = "Bearer"
+                return response
+            try:
+                fields = await read_json(request, self.max_body) if body else {}
+                return await handler(request, fields, who)
+            except BadBody as exc:
+                return problem(exc.status, exc.error, exc.detail)
+            except FencingError as exc:
+                return from_error(exc)
+
+        return call
+
+    def refused(self, path: str, lease: Lease, job: JobView | None) -> Response:
+        """The 409 of a write the guard refused: why, read from the job's row after."""
+        row = (
+            None
+            if job is None
+            else (job.owner, job.fence, 1 if job.state == "done" else 0, job.until <= job.now)
+        )
+        why = judge(path, lease.job_id, lease.owner, lease.fence, row)
+        return problem(
+            409,
+            "Refused",
+            f"the {path} of job {lease.job_id!r} with fence {lease.fence} was refused: {why.reason}",
+            reason=why.reason,
+            job_id=lease.job_id,
+            fence=lease.fence,
+            holder=why.holder,
+            current_fence=why.current_fence,
+        )
+
+    async def claim(self, request: Request, body: dict[str, Any], who: str) -> Response:
+        _known(body, "owner", "ttl", "limit", "max_attempts")
+        owner, ttl = _field(body, "owner"), _field(body, "ttl")
+        limit = body.get("limit", 1)
+        max_attempts = body.get("max_attempts")
+        leases = await run_in_threadpool(
+            self.store.claim_next, owner, ttl=ttl, limit=limit, max_attempts=max_attempts
+        )
+        return JSONResponse({"leases": [lease_json(x) for x in leases]})
+
+    async def renew(self, request: Request, body: dict[str, Any], who: str) -> Response:
+        _known(body, "lease", "ttl")
+        lease, ttl = _lease(body), _field(body, "ttl")
+        renewed = await run_in_threadpool(lambda: self.store.renew(lease, ttl=ttl))
+        if renewed is None:
+            return self.refused("renew", lease, await self.job(lease.job_id))
+        return JSONResponse({"lease": lease_json(renewed)})
+
+    async def complete(self, request: Request, body: dict[str, Any], who: str) -> Response:
+        _known(body, "lease", "result")
+        lease, result = _lease(body), _field(body, "result")
+        done = await run_in_threadpool(self.store.complete, lease, result)
+        job = await self.job(lease.job_id)
+        if done:
+            return JSONResponse(
+                {"completed": True, "replayed": False, "job": None if job is None else job_json(job)}
+            )
+        if job is not None and job.state == "done" and (job.owner, job.fence) == (lease.owner, lease.fence):
+            # done by this very lease (a fence is handed out once): this is a retry
+            if job.result == result:
+                return JSONResponse({"completed": True, "replayed": True, "job": job_json(job)})
+            return problem(
+                409,
+                "Refused",
+                f"job {lease.job_id!r} was completed under this lease with another result; it is kept",
+                reason="done",
+                job_id=lease.job_id,
+                fence=lease.fence,
+                holder=job.owner,
+                current_fence=job.fence,
+            )
+        return self.refused("complete", lease, job)
+
+    async def release(self, request: Request, body: dict[str, Any], who: str) -> Response:
+        _known(body, "lease", "delay")
+        lease, delay = _lease(body), body.get("delay")
+        released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay))
+        job = await self.job(lease.job_id)
+        replay = job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence
+        if released or replay:
+            return JSONResponse(
+                {"released": True, "replayed": not released, "job": None if job is None else job_json(job)}
+            )
+        return self.refused("release", lease, job)
+
+    async def enqueue(self, request: Request, body: dict[str, Any], who: str) -> Response:
+        _known(body, "job_id", "ready_at")
+        job_id, ready_at = _field(body, "job_id"), body.get("ready_at")
+        added = await run_in_threadpool(lambda: self.store.enqueue(job_id, ready_at=ready_at))
+        logger.info("enqueue of job %r by %s over HTTP: %s", job_id, who, "added" if added else "exists")
+        job = await self.job(job_id)
+        answer = {"enqueued": added, "job": None if job is None else job_json(job)}
+        return JSONResponse(answer, status_code=201 if added else 200)
+
+    async def state(self, request: Request, body: dict[str, Any], who: str) -> Response:
+        job_id = request.path_params["job_id"]
+        job = await self.job(job_id)
+        if job is None:
+            return problem(404, "NotFound", f"there is no job {job_id!r}", job_id=job_id)
+        return JSONResponse({"job": job_json(job)})
+
+    async def job(self, job_id: str) -> JobView | None:
+        return await run_in_threadpool(self.overview.job, job_id)
+
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(OPENAPI)
+
+
+def lease_api(store: JobStore, *, authorize: Authorize, max_body: int = MAX_BODY) -> Starlette:
+    """The lease API (an ASGI app) on ``store``; every request is asked of ``authorize``.
+
+    ``authorize(request)`` returns who is asking, or ``None`` (``401``); see
+    :func:`fencing.web.bearer_tokens`. Mount it where the application wants it::
+
+        app.mount("/leases", lease_api(store, authorize=bearer_tokens({TOKEN: "worker-go"})))
+    """
+    if not isinstance(store, JobStore):
+        raise InvalidArgumentType(f"store must be a fencing.JobStore, got {type(store).__name__}")
+    if not callable(authorize):
+        raise InvalidArgumentType("authorize must be a callable: request -> who is asking, or None")
+    if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
+        raise InvalidArgument(f"max_body must be a positive int of bytes, got {max_body!r}")
+    api = _Api(store, authorize, max_body)
+    routes = [
+        Route("/claim", api.endpoint(api.claim), methods=["POST"]),
+        Route("/renew", api.endpoint(api.renew), methods=["POST"]),
+        Route("/complete", api.endpoint(api.complete), methods=["POST"]),
+        Route("/release", api.endpoint(api.release), methods=["POST"]),
+        Route("/enqueue", api.endpoint(api.enqueue), methods=["POST"]),
+        Route("/jobs/{job_id:path}", api.endpoint(api.state, body=False), methods=["GET"]),
+        Route("/openapi.json", api.openapi, methods=["GET"]),
+    ]
+    return Starlette(routes=routes)
+
+
+def _schema_of_lease(required: tuple[str, ...] = ("job_id", "owner", "fence")) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "required": list(required),
+        "properties": {
+            "job_id": {"type": "string"},
+            "owner": {"type": "string"},
+            "fence": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            "until": {"type": ["number", "null"]},
+        },
+    }
+
+
+_JOB = {
+    "type": "object",
+    "properties": {
+        "job_id": {"type": "string"},
+        "state": {"enum": ["ready", "held", "deferred", "done", "poisoned"]},
+        "owner": {"type": ["string", "null"]},
+        "fence": {"type": "integer"},
+        "until": {"type": "number"},
+        "result": {"type": ["string", "null"]},
+        "now": {"type": "number", "description": "the database's clock when the job was read"},
+    },
+}
+_PROBLEM = {
+    "type": "object",
+    "required": ["type", "title", "status", "detail", "error"],
+    "properties": {
+        "type": {"type": "string", "format": "uri"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "error": {"type": "string", "description": "the library's error name (Refused for a refused write)"},
+        "reason": {"type": "string", "description": "why a write was refused (fencing.REASONS)"},
+        "holder": {"type": ["string", "null"]},
+        "current_fence": {"type": ["integer", "null"]},
+    },
+}
+
+
+def _operation(summary: str, request: dict[str, Any] | None, answer: dict[str, Any]) -> dict[str, Any]:
+    problems = {"$ref": "#/components/responses/Problem"}
+    op: dict[str, Any] = {
+        "summary": summary,
+        "security": [{"bearer": []}],
+        "responses": {
+            "200": {"description": "done", "content": {"application/json": {"schema": answer}}},
+            **dict.fromkeys(("401", "409", "413", "415", "422", "503"), problems),
+        },
+    }
+    if request is not None:
+        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
+    return op
+
+
+def _object(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
+
+
+_LEASE = _schema_of_lease()
+_NUMBER = {"type": "number", "exclusiveMinimum": 0}
+#: the OpenAPI 3.1 document of the API, served at ``/openapi.json``
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "fencing lease API", "version": "1"},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "responses": {
+            "Problem": {
+                "description": "RFC 9457 problem details",
+                "content": {"application/problem+json": {"schema": _PROBLEM}},
+            }
+        },
+    },
+    "paths": {
+        "/claim": {
+            "post": _operation(
+                "Claim up to limit ready jobs, longest waiting first",
+                _object(
+                    ["owner", "ttl"],
+                    owner={"type": "string"},
+                    ttl=_NUMBER,
+                    limit={"type": "integer", "minimum": 1},
+                    max_attempts={"type": ["integer", "null"], "minimum": 1},
+                ),
+                _object(["leases"], leases={"type": "array", "items": _LEASE}),
+            )
+        },
+        "/renew": {
+            "post": _operation(
+                "Extend a live lease to now + ttl",
+                _object(["lease", "ttl"], lease=_LEASE, ttl=_NUMBER),
+                _object(["lease"], lease=_LEASE),
+            )
+        },
+        "/complete": {
+            "post": _operation(
+                "Store the result under the current, live lease (a retry answers as the first)",
+                _object(["lease", "result"], lease=_LEASE, result={"type": ["string", "null"]}),
+                _object(
+                    ["completed", "replayed", "job"],
+                    completed={"const": True},
+                    replayed={"type": "boolean"},
+                    job=_JOB,
+                ),
+            )
+        },
+        "/release": {
+            "post": _operation(
+                "Give the lease back (claimable at once, or after delay seconds); the fence is kept",
+                _object(["lease"], lease=_LEASE, delay={"type": ["number", "null"]}),
+                _object(
+                    ["released", "replayed", "job"],
+                    released={"const": True},
+                    replayed={"type": "boolean"},
+                    job=_JOB,
+                ),
+            )
+        },
+        "/enqueue": {
+            "post": _operation(
+                "Register a job (201), or find it registered already (200, nothing changed)",
+                _object(["job_id"], job_id={"type": "string"}, ready_at={"type": ["number", "null"]}),
+                _object(["enqueued", "job"], enqueued={"type": "boolean"}, job=_JOB),
+            )
+        },
+        "/jobs/{job_id}": {
+            "get": {
+                **_operation("The job's row and state, read now", None, _object(["job"], job=_JOB)),
+                "parameters": [
+                    {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+            }
+        },
+    },
+}

@@ -1,0 +1,524 @@
+"""The dashboard an application mounts: what its jobs are doing, who holds them, what was refused.
+
+:func:`dashboard` returns an ASGI app (Starlette) to mount in the application's own
+(``app.mount("/fencing", dashboard(engine))``) or to run alone (``fencing serve``). Pages are
+plain HTML rendered on the server (Jinja2, every value escaped), one stylesheet and one small
+script of its own; no build step, nothing fetched from elsewhere, so it works offline.
+
+* ``/``: counts by state, rates per minute, the job waiting longest, the leases ending
+  soonest, refused writes by reason (from the ownership history);
+* ``/jobs``: filtered by state and id prefix, in pages that walk the index (a cursor, never
+  an ``OFFSET``), sorted as ``fencing jobs`` sorts;
+* ``/job?id=ID``: the row, the lease counting down, the ownership history as a timeline with
+  the refused writes marked;
+* ``/marks``: fence marks and idempotency keys; ``/locks``: named locks and leaders;
+* ``/events``: the live feed (server-sent events) every page listens to: one read of the
+  table per interval for all of them (:mod:`fencing.web.feed`).
+
+**Actions** (revoke, release, delete, enqueue) are off unless the application passes
+``authorize`` (:mod:`fencing.web.auth`): without it no page shows them and every ``POST``
+answers ``403``, nothing changed. Each form carries a CSRF token that must match the
+dashboard's cookie (``SameSite=Strict``), and a cross-site ``Origin`` is refused; each action
+is logged on ``fencing.web`` with who did it, and recorded in the history when there is one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hmac
+import json
+import logging
+import secrets
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+from sqlalchemy import Engine, Table
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ..core.checks import check_count, check_timeout
+from ..core.errors import FencingError, InvalidArgument, InvalidArgumentType
+from ..sql.schema import jobs
+from ..store.history import History
+from ..store.jobstore import JobStore
+from ..store.marks import fence_marks, idempotency_keys
+from ..views.admin import change_job
+from ..views.overview import STATES, Cursor, JobView, Overview
+from .api import BadBody, read_body
+from .auth import Authorize, who_is_asking
+from .feed import Feed
+from .problems import problem, status_of
+
+__all__ = ["dashboard"]
+
+logger = logging.getLogger("fencing.web")
+
+#: jobs per page of a listing
+PAGE = 50
+#: the longest id the pages accept (UTF-8 bytes): a server's key limit, with room
+MAX_ID = 2048
+#: the largest form an action posts (bytes)
+MAX_FORM = 16 * 1024
+#: history entries shown on a job's page (the latest)
+HISTORY_SHOWN = 200
+CSRF_COOKIE = "fencing_csrf"
+
+#: what an action's page says after it (a fixed text per code: nothing from the URL is shown)
+SAID = {
+    "revoked": "Revoked: the holder's fence is stale now; its next write will be refused.",
+    "released": "Released: the lease was ended (the fence is kept); the job is claimable again.",
+    "deleted": "Deleted: a tombstone keeps the fence, so the id never hands out an old token.",
+    "enqueued": "Enqueued.",
+    "exists": "A job with this id exists already: nothing changed.",
+    "unchanged": "Nothing changed: the job was not in a state this action applies to.",
+}
+_DID = {"revoke": "revoked", "release": "released", "delete": "deleted"}
+
+_SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"x-frame-options", b"DENY"),
+]
+
+
+class _SecurityHeaders:
+    """Every response of the dashboard gets a strict CSP (no inline script, no other origin)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", []), *_SECURITY_HEADERS]}
+            await send(message)
+
+        await self.app(scope, receive, sending)
+
+
+def _q(value: object) -> str:
+    """A query-string value, every reserved character encoded."""
+    return urllib.parse.quote(str(value), safe="")
+
+
+def _shown(value: object) -> Markup:
+    """A value from the database in a page: escaped, and isolated from the text around it
+    (``<bdi>``), so right-to-left marks in an id cannot reorder what follows."""
+    return Markup("<bdi>%s</bdi>") % ("" if value is None else str(value))
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _instant(epoch: float | None) -> str:
+    if epoch is None:
+        return "—"
+    try:
+        return (
+            datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[
+                :-3
+            ]
+            + "Z"
+        )
+    except (OverflowError, OSError, ValueError):
+        return f"{epoch:g}"
+
+
+def _when(job: JobView) -> str:
+    left = job.until_in
+    if left is None:
+        return ""
+    if job.state == "deferred":
+        return f"claimable in {_age(left)}"
+    return f"ready for {_age(-left)}" if left <= 0 else f"ends in {_age(left)}"
+
+
+def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
+    """The chart's polylines from the feed's series (the page's script redraws them live)."""
+    names = ("claims", "completions", "refused")
+    peak = max([1.0, *(p[n] for p in series for n in names if p[n] is not None)])
+    lines: dict[str, Any] = {}
+    for n in names:
+        points = []
+        for i, p in enumerate(series):
+            if p[n] is None:
+                continue
+            x = 0.0 if len(series) < 2 else i * 600 / (len(series) - 1)
+            points.append(f"{x:.1f},{155 - p[n] / peak * 150:.1f}")
+        lines[n] = " ".join(points)
+    lines["peak"] = round(peak)
+    return lines
+
+
+def _check_id(value: object, name: str = "id") -> str:
+    if not isinstance(value, str):
+        raise InvalidArgumentType(f"{name} must be text")
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_ID:
+        raise InvalidArgument(f"{name} is longer than {MAX_ID} bytes")
+    return value
+
+
+class _Dashboard:
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table,
+        *,
+        history: Table | None,
+        locks: Table | None,
+        marks: Table,
+        keys: Table,
+        authorize: Authorize | None,
+        interval: float,
+        max_streams: int,
+        max_attempts: int | None,
+        wait: float | None,
+        title: str,
+    ) -> None:
+        self.engine = engine
+        self.table = table
+        self.history = history
+        self.overview = Overview(engine, table, marks=marks, keys=keys)
+        self.locks = None if locks is None else Overview(engine, locks)
+        recorded = None if history is None else History(history, retention=None)
+        # the dashboard's own store, for the actions: it records them in the history and
+        # never prunes it (retention=None: the application's store prunes)
+        self.store = JobStore(engine, table, history=recorded)
+        self.authorize = authorize
+        self.max_streams = max_streams
+        self.max_attempts = max_attempts
+        self.wait = wait
+        self.title = title
+        self.feed = Feed(self.overview, history=history, interval=interval, max_attempts=max_attempts)
+        self.env = jinja2.Environment(
+            loader=jinja2.PackageLoader("fencing.web", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters.update(q=_q, shown=_shown)
+        self.env.globals.update(age=_age, instant=_instant, when=_when)
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        token = request.cookies.get(CSRF_COOKIE) or ""
+        fresh = len(token) != 43
+        if fresh:
+            token = secrets.token_urlsafe(32)
+        said = SAID.get(request.query_params.get("said", ""))
+        base = {
+            "title": self.title,
+            "root": root,
+            "said": said,
+            "table_name": self.table.name,
+            "dialect": self.engine.dialect.name,
+            "actions": self.authorize is not None,
+            "csrf": token,
+            "max_id": MAX_ID,
+        }
+        html = self.env.get_template(template).render(**base, **context)
+        response = HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
+        if fresh:
+            response.set_cookie(CSRF_COOKIE, token, path=root or "/", httponly=True, samesite="strict")
+        return response
+
+    def fragment(self, request: Request, template: str, **context: Any) -> HTMLResponse:
+        """The page, or with ``?fragment=1`` only its live part (what the script re-reads)."""
+        if request.query_params.get("fragment") == "1":
+            return self.render(request, f"_{template}", **context)
+        return self.render(request, template, **context)
+
+    def error(self, request: Request, status: int, message: str) -> HTMLResponse:
+        return self.render(request, "error.html", status, page="error", heading="Error", message=message)
+
+    def guarded(
+        self, page: Callable[[Request], Awaitable[Response]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        async def call(request: Request) -> Response:
+            try:
+                return await page(request)
+            except _Forbidden as exc:
+                return self.error(request, 403, str(exc))
+            except BadBody as exc:
+                return self.error(request, exc.status, exc.detail)
+            except FencingError as exc:
+                return self.error(request, status_of(exc), f"{type(exc).__name__}: {exc}")
+
+        return call
+
+    # -- pages ------------------------------------------------------------------------------
+
+    async def overview_page(self, request: Request) -> Response:
+        snap = await self.feed.latest()
+        url = f"{request.scope.get('root_path', '')}/?fragment=1"
+        return self.fragment(request, "overview.html", page="overview", heading="Overview",
+            snap=snap, chart=_chart(snap["series"]), fragment_url=url,
+        )  # fmt: skip
+
+    async def jobs_page(self, request: Request) -> Response:
+        params = request.query_params
+        state = params.get("state") or None
+        if state is not None and state not in STATES:
+            raise InvalidArgument(f"state must be one of {', '.join(STATES)}")
+        prefix = _check_id(params.get("prefix") or "", "prefix") or None
+        after = Cursor.parse(params["after"]) if params.get("after") else None
+        max_attempts = self.max_attempts
+        if state == "poisoned" and max_attempts is None:
+            raise InvalidArgument(
+                "poisoned jobs are those claimed max_attempts times: start the dashboard with max_attempts"
+            )
+        found = await run_in_threadpool(
+            lambda: self.overview.jobs(
+                state, limit=PAGE + 1, max_attempts=max_attempts, after=after, prefix=prefix
+            )
+        )
+        shown = found[:PAGE]
+        root = request.scope.get("root_path", "")
+        query = {k: v for k, v in (("state", state), ("prefix", prefix)) if v}
+        here = urllib.parse.urlencode({**query, **({"after": params["after"]} if after else {})})
+        next_url = None
+        if len(found) > PAGE:
+            next_url = f"{root}/jobs?" + urllib.parse.urlencode({**query, "after": shown[-1].cursor.text()})
+        first_url = f"{root}/jobs?" + urllib.parse.urlencode(query) if after is not None else None
+        heading = f"{state.capitalize()} jobs" if state else "Jobs"
+        return self.fragment(request, "jobs.html", page="jobs", heading=heading, jobs=shown, state=state,
+            prefix=prefix, states=STATES, next_url=next_url, first_url=first_url,
+            fragment_url=f"{root}/jobs?{here}{'&' if here else ''}fragment=1",
+        )  # fmt: skip
+
+    async def job_page(self, request: Request) -> Response:
+        job_id = _check_id(request.query_params.get("id", ""))
+        job = await run_in_threadpool(lambda: self.overview.job(job_id, max_attempts=self.max_attempts))
+        history = None
+        cut = False
+        if self.history is not None:
+            entries = await run_in_threadpool(self.store.history, job_id)
+            cut = len(entries) > HISTORY_SHOWN
+            history = entries[-HISTORY_SHOWN:]
+        actions = []
+        if job is not None:
+            live = job.state != "done"
+            actions = [
+                ("revoke", "Revoke", live),
+                ("release", "Release", job.state == "held"),
+                ("delete", "Delete", True),
+            ]
+        root = request.scope.get("root_path", "")
+        return self.fragment(request, "job.html", page="job", heading=f"Job {job_id}", job=job, job_id=job_id,
+            history=history, history_cut=cut, job_actions=actions,
+            fragment_url=f"{root}/job?id={_q(job_id)}&fragment=1",
+        )  # fmt: skip
+
+    async def marks_page(self, request: Request) -> Response:
+        ov = self.overview
+
+        def read() -> tuple[Any, Any]:
+            marks = ov.fence_marks(limit=PAGE) if ov.has_table(ov.marks) else None
+            keys = ov.idempotency_keys(limit=PAGE) if ov.has_table(ov.keys) else None
+            return marks, keys
+
+        marks, keys = await run_in_threadpool(read)
+        return self.render(request, "marks.html", page="marks", heading="Fence marks", marks=marks, keys=keys)
+
+    async def locks_page(self, request: Request) -> Response:
+        locks_view = self.locks
+
+        def read() -> list[JobView] | None:
+            if locks_view is None or not locks_view.has_table(locks_view.table):
+                return None
+            return locks_view.jobs(None, limit=PAGE)
+
+        found = await run_in_threadpool(read)
+        return self.render(request, "locks.html", page="locks", heading="Locks and leaders", locks=found)
+
+    # -- the live feed ----------------------------------------------------------------------
+
+    async def events(self, request: Request) -> Response:
+        if self.feed.watchers >= self.max_streams:
+            return problem(
+                503, "TooManyStreams", f"{self.max_streams} event streams are open already; try again later"
+            )
+
+        async def stream() -> AsyncIterator[str]:
+            async for snap in self.feed.watch():
+                if snap is None:
+                    yield ": keep-alive\n\n"
+                else:
+                    yield f"event: snapshot\ndata: {json.dumps(snap, separators=(',', ':'))}\n\n"
+
+        headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    async def act(self, request: Request) -> Response:
+        if self.authorize is None:
+            return self.error(
+                request, 403, "Actions are off: the application mounted the dashboard without authorize."
+            )
+        who = await who_is_asking(self.authorize, request)
+        if who is None:
+            return self.error(request, 403, "You are not authorized to change jobs here: nothing changed.")
+        form = await self.read_form(request)
+        token = request.cookies.get(CSRF_COOKIE, "")
+        given = form.get("csrf", "")
+        if not token or not hmac.compare_digest(token.encode(), given.encode("utf-8", "surrogatepass")):
+            return self.error(
+                request, 403, "The form's CSRF token does not match this browser's: nothing changed."
+            )
+        action = form.get("action", "")
+        job_id = _check_id(form.get("id", ""))
+        root = request.scope.get("root_path", "")
+        if action == "enqueue":
+            if not job_id:
+                raise InvalidArgument("the new job needs an id")
+            added = await run_in_threadpool(self.store.enqueue, job_id)
+            logger.info(
+                "enqueue of job %r by %s on the dashboard: %s", job_id, who, "added" if added else "exists"
+            )
+            said = "enqueued" if added else "exists"
+        elif action in _DID:
+            changed = await run_in_threadpool(
+                lambda: change_job(action, self.store, self.overview, job_id, wait=self.wait)
+            )
+            before = changed.before
+            logger.info(
+                "%s of job %r by %s on the dashboard: %s",
+                action,
+                job_id,
+                who,
+                "done" if changed.changed else "nothing changed",
+                extra={
+                    "action": action,
+                    "job_id": job_id,
+                    "who": who,
+                    "changed": changed.changed,
+                    "fence": None if before is None else before.fence,
+                    "owner": None if before is None else before.owner,
+                },
+            )
+            said = _DID[action] if changed.changed else "unchanged"
+            if action == "delete" and changed.changed:
+                return RedirectResponse(f"{root}/jobs?said={said}", status_code=303)
+        else:
+            raise InvalidArgument(f"no such action: {action[:40]!r}")
+        return RedirectResponse(f"{root}/job?id={_q(job_id)}&said={said}", status_code=303)
+
+    async def read_form(self, request: Request) -> dict[str, str]:
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/x-www-form-urlencoded":
+            raise InvalidArgument("actions are posted as forms (application/x-www-form-urlencoded)")
+        origin = request.headers.get("origin")
+        if origin is not None and origin != "null":
+            expected = f"{request.url.scheme}://{request.url.netloc}"
+            if origin != expected:
+                raise _Forbidden(f"a post from another origin ({origin[:80]}) is refused: nothing changed")
+        raw = await read_body(request, MAX_FORM)
+        try:
+            pairs = urllib.parse.parse_qsl(
+                raw.decode("utf-8"), keep_blank_values=True, max_num_fields=10, strict_parsing=False
+            )
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise InvalidArgument(f"the form cannot be read: {exc}") from None
+        return dict(pairs)
+
+
+class _Forbidden(InvalidArgument):
+    pass
+
+
+def dashboard(
+    engine: Engine,
+    table: Table = jobs,
+    *,
+    history: Table | None = None,
+    locks: Table | None = None,
+    marks: Table = fence_marks,
+    keys: Table = idempotency_keys,
+    authorize: Authorize | None = None,
+    interval: float = 1.0,
+    max_streams: int = 100,
+    max_attempts: int | None = None,
+    wait: float | None = 10.0,
+    title: str = "fencing",
+) -> Starlette:
+    """The dashboard of ``table`` (an ASGI app) on ``engine``.
+
+    ``history``: the ownership history table (:func:`fencing.history_table`), for the job
+    timelines and the refusals; ``locks``: the named locks' table (:func:`fencing.locks_table`).
+    ``authorize(request)`` turns the actions on: it answers who is asking (logged with each
+    action) or ``None`` (``403``). ``interval``: seconds between the feed's reads;
+    ``max_streams``: event streams open at once (``503`` past it); ``max_attempts``: what the
+    workers pass to ``claim_next``, for the ``poisoned`` state; ``wait``: the longest an
+    action waits for a job's row held by a worker's fenced block.
+    """
+    if not isinstance(engine, Engine):
+        raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
+    for name, value in (("history", history), ("locks", locks)):
+        if value is not None and not isinstance(value, Table):
+            raise InvalidArgumentType(
+                f"{name} must be a sqlalchemy Table or None, got {type(value).__name__}"
+            )
+    if authorize is not None and not callable(authorize):
+        raise InvalidArgumentType("authorize must be a callable: request -> who is asking, or None")
+    interval = check_timeout(interval, name="interval") or 0.0
+    if interval < 0.05:
+        raise InvalidArgument(f"interval must be at least 0.05 s, got {interval!r}")
+    max_streams = check_count("max_streams", max_streams)
+    if max_attempts is not None:
+        max_attempts = check_count("max_attempts", max_attempts)
+    wait = check_timeout(wait, name="wait")
+    if not isinstance(title, str):
+        raise InvalidArgumentType(f"title must be a str, got {type(title).__name__}")
+    d = _Dashboard(
+        engine, table, history=history, locks=locks, marks=marks, keys=keys, authorize=authorize,
+        interval=interval, max_streams=max_streams, max_attempts=max_attempts, wait=wait, title=title,
+    )  # fmt: skip
+    routes = [
+        Route("/", d.guarded(d.overview_page), methods=["GET"]),
+        Route("/jobs", d.guarded(d.jobs_page), methods=["GET"]),
+        Route("/job", d.guarded(d.job_page), methods=["GET"]),
+        Route("/marks", d.guarded(d.marks_page), methods=["GET"]),
+        Route("/locks", d.guarded(d.locks_page), methods=["GET"]),
+        Route("/events", d.events, methods=["GET"]),
+        Route("/act", d.guarded(d.act), methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("fencing.web", "static")]), name="static"),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await d.feed.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.add_middleware(_SecurityHeaders)
+    app.state.dashboard = d
+    return app

@@ -1,0 +1,123 @@
+// fencing dashboard: live updates by server-sent events. No framework, no build step.
+// One event stream per page; the server reads the table once per interval for all of them.
+(function () {
+  "use strict";
+  var body = document.body;
+  var root = body.getAttribute("data-root") || "";
+  var status = document.getElementById("live");
+  var offset = 0; // the database's clock minus this browser's, in seconds
+  var refreshing = false;
+
+  function dbNow() { return Date.now() / 1000 + offset; }
+
+  function setOffset(dbClock) {
+    if (typeof dbClock === "number") { offset = dbClock - Date.now() / 1000; }
+  }
+
+  function seconds(left) {
+    if (left <= 0) { return "ended"; }
+    return left.toFixed(1) + " s";
+  }
+
+  function age(value) {
+    if (value === null || value === undefined) { return "—"; }
+    if (value < 60) { return value.toFixed(1) + " s"; }
+    if (value < 3600) { return (value / 60).toFixed(1) + " min"; }
+    return (value / 3600).toFixed(1) + " h";
+  }
+
+  // countdowns: every element with data-until ticks against the database's clock
+  function tick() {
+    var ended = false;
+    var els = document.querySelectorAll("[data-until]");
+    for (var i = 0; i < els.length; i++) {
+      var until = parseFloat(els[i].getAttribute("data-until"));
+      var left = until - dbNow();
+      els[i].textContent = seconds(left);
+      if (left <= 0 && !els[i].hasAttribute("data-ended")) {
+        els[i].setAttribute("data-ended", "");
+        ended = true;
+      }
+    }
+    if (ended) { refresh(); } // renewed, or taken over? read the fragment again
+  }
+
+  function get(obj, path) {
+    var parts = path.split(".");
+    for (var i = 0; i < parts.length && obj !== null && obj !== undefined; i++) { obj = obj[parts[i]]; }
+    return obj;
+  }
+
+  function text(value) { return value === null || value === undefined ? "—" : String(value); }
+
+  function chart(series) {
+    var svg = document.getElementById("chart");
+    if (!svg) { return; }
+    var names = ["claims", "completions", "refused"];
+    var peak = 1;
+    series.forEach(function (p) { names.forEach(function (n) { if (p[n] !== null && p[n] > peak) { peak = p[n]; } }); });
+    names.forEach(function (n) {
+      var pts = [];
+      series.forEach(function (p, i) {
+        if (p[n] === null) { return; }
+        var x = series.length < 2 ? 0 : (i * 600) / (series.length - 1);
+        var y = 155 - (p[n] / peak) * 150;
+        pts.push(x.toFixed(1) + "," + y.toFixed(1));
+      });
+      var line = svg.querySelector("polyline." + n);
+      if (line) { line.setAttribute("points", pts.join(" ")); }
+    });
+    var peakEl = document.getElementById("chart-peak");
+    if (peakEl) { peakEl.textContent = Math.round(peak); }
+  }
+
+  // listings and the job's page: read their fragment again when the table moved
+  function refresh() {
+    var target = document.querySelector("[data-refresh]");
+    if (!target || refreshing) { return; }
+    refreshing = true;
+    fetch(target.getAttribute("data-refresh"), { credentials: "same-origin", headers: { "Accept": "text/html" } })
+      .then(function (r) { return r.ok ? r.text() : null; })
+      .then(function (html) {
+        if (html !== null) {
+          var active = document.activeElement && document.activeElement.closest && document.activeElement.closest("[data-refresh]");
+          if (!active) { target.innerHTML = html; } // never pull the rug from under a focused control
+        }
+      })
+      .catch(function () {})
+      .then(function () { refreshing = false; tick(); });
+  }
+
+  function onSnapshot(snap) {
+    var err = document.getElementById("feed-error");
+    if (err) { err.hidden = !snap.error; err.textContent = snap.error || ""; }
+    if (snap.summary) {
+      setOffset(snap.summary.now);
+      var els = document.querySelectorAll("[data-live]");
+      for (var i = 0; i < els.length; i++) { els[i].textContent = text(get(snap, els[i].getAttribute("data-live"))); }
+      var ages = document.querySelectorAll("[data-live-age]");
+      for (var j = 0; j < ages.length; j++) { ages[j].textContent = age(get(snap, ages[j].getAttribute("data-live-age"))); }
+    }
+    chart(snap.series || []);
+    if (snap.changed) { refresh(); }
+  }
+
+  function connect() {
+    if (!window.EventSource) { status.textContent = "no live updates in this browser"; return; }
+    var source = new EventSource(root + "/events");
+    source.addEventListener("snapshot", function (e) {
+      status.textContent = "live";
+      status.className = "live on";
+      try { onSnapshot(JSON.parse(e.data)); } catch (ex) { /* a bad snapshot: wait for the next */ }
+    });
+    source.addEventListener("error", function () {
+      status.textContent = "reconnecting…";
+      status.className = "live off";
+    });
+  }
+
+  var first = document.querySelector("[data-now]");
+  if (first) { setOffset(parseFloat(first.getAttribute("data-now"))); }
+  setInterval(tick, 100);
+  connect();
+})();
