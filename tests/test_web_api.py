@@ -66,7 +66,9 @@ def test_claim_complete_cycle_carries_the_fence_in_every_answer(client: TestClie
     assert post(client, "/claim", {"owner": "go-1", "ttl": 30}).json() == {"leases": []}
 
 
-def test_a_stale_completion_after_a_revoke_is_refused_with_its_reason(client: TestClient, store: JobStore) -> None:
+def test_a_stale_completion_after_a_revoke_is_refused_with_its_reason(
+    client: TestClient, store: JobStore
+) -> None:
     store.enqueue("j")
     [lease] = post(client, "/claim", {"owner": "slow", "ttl": 30}).json()["leases"]
     assert store.revoke("j")
@@ -81,7 +83,9 @@ def test_a_stale_completion_after_a_revoke_is_refused_with_its_reason(client: Te
     assert row is not None and row.result is None and not row.done
 
 
-def test_a_retried_completion_answers_as_the_first_and_never_overwrites(client: TestClient, store: JobStore) -> None:
+def test_a_retried_completion_answers_as_the_first_and_never_overwrites(
+    client: TestClient, store: JobStore
+) -> None:
     store.enqueue("r")
     [lease] = post(client, "/claim", {"owner": "w", "ttl": 30}).json()["leases"]
     first = post(client, "/complete", {"lease": lease, "result": "v1"})
@@ -138,8 +142,8 @@ def test_bad_input_is_named_and_changes_nothing(
     store.enqueue("x")
     before = store.state("x")
     if path == "/release" and body.get("delay") == float("inf"):
-        answer = client.post(path, content=b'{"lease": {"job_id": "x", "owner": "w", "fence": 1}, "delay": Infinity}',
-                             headers={**AUTH, "content-type": "application/json"})  # fmt: skip
+        raw = b'{"lease": {"job_id": "x", "owner": "w", "fence": 1}, "delay": Infinity}'
+        answer = client.post(path, content=raw, headers={**AUTH, "content-type": "application/json"})
         assert answer.status_code == 400 and answer.json()["error"] == "MalformedJSON"
     else:
         answer = post(client, path, body)
@@ -152,7 +156,9 @@ def test_bad_input_is_named_and_changes_nothing(
     assert store.holder("x") is None
 
 
-def test_bodies_that_are_not_json_objects_or_too_large_are_refused(client: TestClient, store: JobStore) -> None:
+def test_bodies_that_are_not_json_objects_or_too_large_are_refused(
+    client: TestClient, store: JobStore
+) -> None:
     hdr = {**AUTH, "content-type": "application/json"}
     surrogate = client.post("/enqueue", content=b'{"job_id": "\\ud800"}', headers=hdr)
     assert surrogate.status_code == 422 and "job_id" in surrogate.json()["detail"]
@@ -168,7 +174,11 @@ def test_bodies_that_are_not_json_objects_or_too_large_are_refused(client: TestC
 
 def test_without_authorization_nothing_is_read_or_changed(client: TestClient, store: JobStore) -> None:
     store.enqueue("s")
-    for headers in ({}, {"Authorization": "Bearer wrong-token-wrong-token"}, {"Authorization": f"Basic {TOKEN}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong-token-wrong-token"},
+        {"Authorization": f"Basic {TOKEN}"},
+    ):
         claim = client.post("/claim", json={"owner": "w", "ttl": 30}, headers=headers)
         assert claim.status_code == 401 and claim.headers["www-authenticate"] == "Bearer"
         assert client.get("/jobs/s", headers=headers).status_code == 401

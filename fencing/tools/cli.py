@@ -41,7 +41,7 @@ from ..core.errors import DatabaseBusy, DatabaseMissing, FencingError, InvalidAr
 from ..core.values import Lease
 from ..engine.sqlite import create_engine as create_sqlite_engine
 from ..fronts import cache
-from ..locks.named import Locks
+from ..locks.named import Locks, locks_table
 from ..sql.dberrors import DB_ERRORS, database_errors, wrap_database_error
 from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
@@ -794,6 +794,40 @@ def _deleted(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], st
     )
 
 
+# -- the web face ------------------------------------------------------------------------------
+
+
+def _serve(call: Call) -> int:
+    try:
+        from . import serve
+    except ImportError as exc:
+        return call.fail(
+            f"the web extra is not installed ({exc.name} is missing): pip install 'fencing[web]'"
+        )
+    args, db = call.args, call.db
+    history = _history_in(db, args.history_table)
+    with database_errors(args.locks_table):
+        has_locks = sqlalchemy.inspect(db.engine).has_table(args.locks_table, schema=db.table.schema)
+    locks = locks_table(MetaData(), args.locks_table, schema=db.table.schema) if has_locks else None
+    tokens = serve.read_tokens(args.api_tokens) if args.api_tokens else None
+    app = serve.app_for(
+        db.engine,
+        db.table,
+        history=None if history is None else history.table,
+        locks=locks,
+        interval=args.interval,
+        max_attempts=args.max_attempts,
+        tokens=tokens,
+    )
+    api = f" and the lease API at http://{args.host}:{args.port}/api" if tokens else ""
+    print(
+        f"fencing: the dashboard of table {db.table.name!r} at http://{args.host}:{args.port}/{api}",
+        file=sys.stderr,
+    )
+    serve.run(app, host=args.host, port=args.port)
+    return 0
+
+
 # -- without a database: demo, torture -------------------------------------------------------
 
 
@@ -1205,6 +1239,37 @@ COMMANDS: tuple[Command, ...] = (
         ),
         run=_demo,
         needs_database=False,
+    ),
+    Command(
+        "serve",
+        help="serve the dashboard (read-only) and, with --api-tokens, the lease API over HTTP",
+        description="Run the web dashboard of the jobs table on uvicorn (the web extra: pip install "
+        "'fencing[web]'): counts by state, rates, leases counting down, each job's ownership "
+        "history, fence marks, locks, live. Its actions (revoke, release, delete, enqueue) need "
+        "an application's authorize callable: mount fencing.web.dashboard in your own app for "
+        "them. With --api-tokens FILE (one 'TOKEN NAME' per line) the lease API is served at "
+        "/api for workers in any language, each authenticated by its bearer token.",
+        arguments=(
+            arg("--host", default="127.0.0.1", help="the address to listen on (%(default)s)"),
+            arg("--port", type=_whole(1, 65535), default=8000, help="the port (%(default)s)"),
+            arg(
+                "--interval",
+                type=_at_least(0.05),
+                default=1.0,
+                metavar="SECONDS",
+                help="seconds between the live feed's reads of the table (%(default)g)",
+            ),
+            arg("--api-tokens", metavar="FILE", help="serve the lease API at /api for these bearer tokens"),
+            _max_attempts("what the workers pass to claim_next"),
+            _history_table("shown (timelines, refusals) when it exists"),
+            arg(
+                "--locks-table",
+                default="fencing_locks",
+                metavar="NAME",
+                help="the named locks' table (%(default)s)",
+            ),
+        ),
+        run=_serve,
     ),
     Command(
         "doctor",

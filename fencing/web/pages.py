@@ -332,7 +332,8 @@ class _Dashboard:
                 ("delete", "Delete", True),
             ]
         root = request.scope.get("root_path", "")
-        return self.fragment(request, "job.html", page="job", heading=f"Job {job_id}", job=job, job_id=job_id,
+        heading = Markup("Job ") + _shown(job_id)
+        return self.fragment(request, "job.html", page="job", heading=heading, job=job, job_id=job_id,
             history=history, history_cut=cut, job_actions=actions,
             fragment_url=f"{root}/job?id={_q(job_id)}&fragment=1",
         )  # fmt: skip
