@@ -105,8 +105,6 @@ WORKER = """
 import sys
 from sqlalchemy import MetaData
 from fencing import History, JobStore, history_table
-
-from .served import served
 sys.path.insert(0, {tests!r})
 from backends import engine_for
 # the application's workers record the ownership history, as the dashboard reads it

@@ -248,6 +248,22 @@ class Overview:
             # every state: a range on the index's first column keeps its order, no sort
             None: view.where(t.c.done <= done).order_by(t.c.done, *by_age).limit(limit),
         }
+        #: the same states listed by id: how a prefix is walked, as a range of the primary
+        #: key. ``done + 0`` and ``until + 0`` are the same values in a form no index serves,
+        #: so no planner prefers the ready index's range and a sort to the key's walk
+        done_, until_ = t.c.done + _constant(0), t.c.until + _constant(0)
+        live_ = done_ == _constant(0)
+        self._by_id: dict[str | None, Select[Any]] = {
+            name: view.where(condition).order_by(t.c.id).limit(limit)
+            for name, condition in (
+                ("ready", and_(live_, until_ <= now, t.c.fence < max_fence)),
+                ("held", and_(live_, until_ > now, t.c.owner.is_not(None))),
+                ("deferred", and_(live_, until_ > now, t.c.owner.is_(None))),
+                ("poisoned", and_(live_, until_ <= now, t.c.fence >= max_fence)),
+                ("done", done_ == done),
+                (None, done_ <= done),
+            )
+        }
         self._pages: dict[tuple[str | None, bool, bool], Select[Any]] = {}
         of_job = and_(t.c.id == bindparam("job_id", type_=KEY_TYPE), t.c.done != tombstone)
         self._job = view.where(of_job)
@@ -326,8 +342,10 @@ class Overview:
         longest waiting (or soonest expiring) first: by ``until``, then id.
 
         ``after``: the :attr:`JobView.cursor` of the last job of the previous page; the walk
-        goes on from there. ``prefix``: only ids that start with it, listed in the same order
-        (the prefix is matched exactly, byte for byte: ``%`` and ``_`` are characters).
+        goes on from there. ``prefix``: only ids that start with it (matched exactly, case
+        and all: ``%`` and ``_`` are characters), listed **by id**: the prefix is a range of
+        the primary key, walked in its order, so a rare prefix costs its own rows, not a
+        walk of the whole table.
         """
         if state not in self._lists:
             raise InvalidArgument(f"state must be one of {', '.join(STATES)} or None, got {state!r}")
@@ -344,6 +362,7 @@ class Overview:
                 return []  # no stored id starts with what this backend cannot store
             else:
                 params["prefix"] = _glob_prefix(prefix) if self._sqlite else _like_prefix(prefix)
+                params["prefix_low"] = prefix
         if after is not None:
             params.update(after_done=after.done, after_until=after.until, after_id=after.job_id)
         stmt = self._listing(state, paged=after is not None, prefixed=prefix is not None)
@@ -357,24 +376,33 @@ class Overview:
         if stmt is None:
             t = self.table
             where: list[ColumnElement[bool]] = []
-            if paged:
-                # a row value: PostgreSQL, SQLite and MariaDB start the index range at it
-                order: list[ColumnElement[Any]] = [t.c.until, t.c.id]
-                cursor: list[ColumnElement[Any]] = [
-                    bindparam("after_until", type_=Double()),
-                    bindparam("after_id", type_=KEY_TYPE),
-                ]
-                if state is None:
-                    order.insert(0, t.c.done)
-                    cursor.insert(0, bindparam("after_done", type_=Integer()))
-                where.append(tuple_(*order) > tuple_(*cursor))
             if prefixed:
+                # by id: the prefix is a range of the primary key, walked in its order
                 pattern = bindparam("prefix", type_=KEY_TYPE)
-                if self._sqlite:  # SQLite's LIKE folds ASCII case; GLOB does not
+                if self._sqlite:  # SQLite's LIKE folds ASCII case; GLOB does not (and uses the key)
                     where.append(t.c.id.op("GLOB")(pattern))
                 else:
                     where.append(t.c.id.like(pattern, escape="\\"))
-            stmt = self._lists[state].where(*where) if where else self._lists[state]
+                if self._postgresql:
+                    # PostgreSQL derives a key range from LIKE only in the C collation: the
+                    # bounds say it in any (the pattern still decides what matches)
+                    where.append(t.c.id >= bindparam("prefix_low", type_=KEY_TYPE))
+                if paged:
+                    where.append(t.c.id > bindparam("after_id", type_=KEY_TYPE))
+                stmt = self._by_id[state].where(*where)
+            else:
+                if paged:
+                    # a row value: PostgreSQL, SQLite and MariaDB start the index range at it
+                    order: list[ColumnElement[Any]] = [t.c.until, t.c.id]
+                    cursor: list[ColumnElement[Any]] = [
+                        bindparam("after_until", type_=Double()),
+                        bindparam("after_id", type_=KEY_TYPE),
+                    ]
+                    if state is None:
+                        order.insert(0, t.c.done)
+                        cursor.insert(0, bindparam("after_done", type_=Integer()))
+                    where.append(tuple_(*order) > tuple_(*cursor))
+                stmt = self._lists[state].where(*where) if where else self._lists[state]
             self._pages[key] = stmt
         return stmt
 

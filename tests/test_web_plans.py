@@ -1,0 +1,115 @@
+"""The dashboard's queries at 100,000 jobs, on every backend: each walks an index, none sorts.
+
+Every listing a page shows (each state, every state, from the start or after a cursor, with
+an id prefix or without) walks the ready index ``(done, until, id)`` in its order and stops at
+the page's limit; one job is found by its primary key; the refused writes by reason come from
+the history's ``at`` index. The summary is the exception, by nature: its counts read every
+row, once per interval for every viewer (the feed), and its cost is measured in
+``benchmarks/web.py``, not here. Fresh tables (no statistics) and analyzed ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, MetaData
+from sqlalchemy.sql import Executable
+
+from fencing import JobStore, history_table
+from fencing.overview import STATES, Cursor, Overview
+from tests.test_plans import BACKLOG, analyze, explain, load, postgresql_nodes
+
+pytestmark = pytest.mark.sync_only("the plans of the statements the dashboard sends")
+
+pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'fencing[web]'")
+
+from fencing.web.feed import Feed
+
+
+def listings(ov: Overview) -> dict[str, tuple[Executable, dict[str, Any]]]:
+    """Every listing statement the pages send, with bind values of a real page."""
+    found: dict[str, tuple[Executable, dict[str, Any]]] = {}
+    after = Cursor(0, 1050.0, "job-0050000")
+    for state in (*STATES, None):
+        for paged in (False, True):
+            for prefixed in (False, True):
+                params: dict[str, Any] = {"limit": 51, "max_fence": 5 if state == "poisoned" else 2**63 - 1}
+                if paged:
+                    params.update(after_done=after.done, after_until=after.until, after_id=after.job_id)
+                if prefixed:
+                    params["prefix"] = "job-00123*" if ov._sqlite else "job-00123%"
+                    params["prefix_low"] = "job-00123"
+                name = f"{state or 'every state'}{' after a cursor' if paged else ''}{' by prefix' if prefixed else ''}"
+                found[name] = (ov._listing(state, paged=paged, prefixed=prefixed), params)
+    found["one job"] = (ov._job, {"job_id": "job-0012345", "max_fence": 2**63 - 1})
+    return found
+
+
+def problems_of(engine: Engine, table: str, name: str, stmt: Executable, params: dict[str, Any]) -> list[str]:
+    dialect = engine.dialect.name
+    with engine.connect() as conn:
+        if dialect == "sqlite":
+            details = [str(r[-1]) for r in explain(conn, "EXPLAIN QUERY PLAN ", stmt, params)]
+            found = [f"{name}: {d}" for d in details if "TEMP B-TREE" in d]
+            found += [f"{name}: full scan ({d})" for d in details if d == f"SCAN {table}"]
+        elif dialect == "postgresql":
+            conn.exec_driver_sql("SET LOCAL enable_sort = off")  # what Overview.reading sends
+            [[plan]] = explain(conn, "EXPLAIN (FORMAT JSON) ", stmt, params)
+            nodes = list(postgresql_nodes(plan[0]["Plan"]))
+            found = [f"{name}: sequential scan" for n in nodes if n["Node Type"] == "Seq Scan"]
+            found += [f"{name}: {n['Node Type']}" for n in nodes if "Sort" in n["Node Type"]]
+        else:
+            rows = [dict(r._mapping) for r in explain(conn, "EXPLAIN ", stmt, params)]
+            found = [f"{name}: full scan" for r in rows if r["type"] == "ALL"]
+            found += [f"{name}: {r['Extra']}" for r in rows if "filesort" in str(r.get("Extra") or "")]
+        conn.rollback()
+    return found
+
+
+@pytest.mark.parametrize("statistics", ["fresh", "analyzed"])
+def test_every_listing_walks_an_index_at_100000_jobs(engine: Engine, statistics: str) -> None:
+    store = JobStore(engine)
+    store.create_table()
+    load(engine, store, 0, BACKLOG, tied=False)
+    if statistics == "analyzed":
+        analyze(engine, store)
+    ov = Overview(engine)
+    problems: list[str] = []
+    for name, (stmt, params) in listings(ov).items():
+        problems += problems_of(engine, store.table.name, name, stmt, params)
+    assert problems == []
+
+
+def test_the_refusals_by_reason_use_the_histories_at_index(engine: Engine) -> None:
+    history = history_table(MetaData())
+    history.create(engine)
+    store = JobStore(engine)
+    store.create_table()
+    from sqlalchemy import bindparam, insert
+
+    from fencing.schema import KEY_TYPE
+
+    stmt = insert(history).values(
+        job_id=bindparam("k", type_=KEY_TYPE), event=bindparam("e"), at=bindparam("a")
+    )
+    rows = [
+        {"k": f"j{n}", "e": "refused" if n % 10 == 0 else "claim", "a": float(n)}
+        for n in range(BACKLOG)
+    ]
+    with engine.begin() as conn:
+        for at in range(0, BACKLOG, 10_000):
+            conn.execute(stmt, rows[at : at + 10_000])
+    analyze(engine, store)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            {"sqlite": "ANALYZE", "postgresql": f"ANALYZE {history.name}"}.get(
+                engine.dialect.name, f"ANALYZE TABLE {history.name}"
+            )
+        )
+    feed = Feed(Overview(engine), history=history)
+    problems = problems_of(
+        engine, history.name, "refusals by reason", feed._by_reason, {"since": BACKLOG - 3600.0}
+    )
+    # a GROUP BY may sort what the range found (an hour of refusals), never the table
+    assert [p for p in problems if "Sort" not in p and "TEMP B-TREE" not in p and "filesort" not in p] == []
