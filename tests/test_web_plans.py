@@ -24,7 +24,7 @@ pytestmark = pytest.mark.sync_only("the plans of the statements the dashboard se
 
 pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'fencing[web]'")
 
-from fencing.web.feed import Feed
+from fencing.web.feed import Feed  # noqa: E402
 
 
 def listings(ov: Overview) -> dict[str, tuple[Executable, dict[str, Any]]]:
@@ -40,7 +40,8 @@ def listings(ov: Overview) -> dict[str, tuple[Executable, dict[str, Any]]]:
                 if prefixed:
                     params["prefix"] = "job-00123*" if ov._sqlite else "job-00123%"
                     params["prefix_low"] = "job-00123"
-                name = f"{state or 'every state'}{' after a cursor' if paged else ''}{' by prefix' if prefixed else ''}"
+                how = (" after a cursor" if paged else "") + (" by prefix" if prefixed else "")
+                name = f"{state or 'every state'}{how}"
                 found[name] = (ov._listing(state, paged=paged, prefixed=prefixed), params)
     found["one job"] = (ov._job, {"job_id": "job-0012345", "max_fence": 2**63 - 1})
     return found
@@ -93,10 +94,7 @@ def test_the_refusals_by_reason_use_the_histories_at_index(engine: Engine) -> No
     stmt = insert(history).values(
         job_id=bindparam("k", type_=KEY_TYPE), event=bindparam("e"), at=bindparam("a")
     )
-    rows = [
-        {"k": f"j{n}", "e": "refused" if n % 10 == 0 else "claim", "a": float(n)}
-        for n in range(BACKLOG)
-    ]
+    rows = [{"k": f"j{n}", "e": "refused" if n % 10 == 0 else "claim", "a": float(n)} for n in range(BACKLOG)]
     with engine.begin() as conn:
         for at in range(0, BACKLOG, 10_000):
             conn.execute(stmt, rows[at : at + 10_000])
