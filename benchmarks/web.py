@@ -239,12 +239,10 @@ def main() -> int:
             for page, t in got["pages"].items():
                 print(f"  {page:<28} {t['median_ms']:8.1f} {t['p95_ms']:8.1f}")
             c, f = got["cycles"], got["feed"]
-            print(
-                f"  claim -> complete: {c['http']:,.0f}/s over HTTP, {c['direct']:,.0f}/s on the store ({c['ratio']:.2f})"
-            )
-            print(
-                f"  feed: {f['streams']} streams for {f['seconds']:.1f} s: {f['reads']} reads in {f['intervals']:.1f} intervals"
-            )
+            http, direct = f"{c['http']:,.0f}/s over HTTP", f"{c['direct']:,.0f}/s on the store"
+            print(f"  claim -> complete: {http}, {direct} ({c['ratio']:.2f})")
+            reads = f"{f['reads']} reads in {f['intervals']:.1f} intervals"
+            print(f"  feed: {f['streams']} streams for {f['seconds']:.1f} s: {reads}")
     if args.json:
         write_json(args.json, figures)
     return 0
