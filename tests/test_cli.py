@@ -890,3 +890,14 @@ def test_locks_and_leader_show_the_history_when_the_table_exists(
     # a revoke with another table's name is made, and recorded nowhere
     assert cli("locks", "other", "--revoke", "--history-table", "elsewhere").code == 0
     assert [e.event for e in recorded.store.history("other")][-1] == "claim"
+
+
+def test_serve_without_the_web_extra_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    db = tmp_path / "jobs.db"
+    assert main(["init", "--url", str(db)]) == 0
+    monkeypatch.setitem(sys.modules, "starlette", None)
+    monkeypatch.delitem(sys.modules, "fencing.tools.serve", raising=False)
+    assert main(["serve", "--url", str(db)]) == 1
+    assert "pip install 'fencing[web]'" in capsys.readouterr().err

@@ -11,6 +11,8 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -100,3 +102,50 @@ def test_curl_without_a_valid_token_gets_401_and_changes_nothing(api: str, store
     status, kind, problem = curl(f"{api}/claim", {"owner": "x", "ttl": 30}, token="not-the-token-at-all")
     assert status == 401 and kind == "application/problem+json" and problem["error"] == "Unauthorized"
     assert store.holder("locked-out") is None
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_fencing_serve_runs_the_dashboard_and_the_api(store: JobStore, target: str, tmp_path: Any) -> None:
+    """The command as a user runs it: its own process, the dashboard at /, the API at /api."""
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed")
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# workers\n{TOKEN} curl-worker\n")
+    store.enqueue("served")
+    port = free_port()
+    argv = [sys.executable, "-m", "fencing", "serve", "--url", target, "--port", str(port)]
+    with subprocess.Popen(
+        [*argv, "--api-tokens", str(tokens), "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                probe = subprocess.run(
+                    ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/"],
+                    capture_output=True,
+                    text=True,
+                )
+                if probe.stdout == "200":
+                    break
+                assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+                assert time.monotonic() < deadline, "fencing serve did not answer within 30 s"
+                time.sleep(0.2)
+            status, _, body = curl(f"http://127.0.0.1:{port}/api/claim", {"owner": "cli", "ttl": 30})
+            assert status == 200 and body["leases"][0]["job_id"] == "served"
+            page = subprocess.run(
+                ["curl", "-s", f"http://127.0.0.1:{port}/jobs?state=held"], capture_output=True, text=True
+            ).stdout
+            assert 'data-job="served"' in page and "actions off" in page
+        finally:
+            proc.terminate()
+            proc.wait(15)
