@@ -9,7 +9,9 @@ the live feed costs one read per interval however many watch. The browser tests
 from __future__ import annotations
 
 import asyncio
+import html as html_module
 import re
+import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,10 +108,10 @@ def test_every_id_and_result_is_escaped(viewer: TestClient, store: JobStore, job
     store.enqueue(job_id)
     [lease] = store.claim_next(job_id, ttl=60)
     assert store.complete(lease, job_id)
-    for url in ("/jobs", "/jobs?state=done", "/job?id=" + __import__("urllib.parse").parse.quote(job_id)):
+    for url in ("/jobs", "/jobs?state=done", "/job?id=" + urllib.parse.quote(job_id)):
         html = page(viewer, url)
         assert "<script>alert" not in html and "<img src=x" not in html
-    html = page(viewer, "/job?id=" + __import__("urllib.parse").parse.quote(job_id))
+    html = page(viewer, "/job?id=" + urllib.parse.quote(job_id))
     assert "<bdi>" in html  # the id is isolated from the text around it
 
 
@@ -207,6 +209,16 @@ def test_release_delete_and_enqueue_from_the_page(operator: TestClient, store: J
     )
     assert "said=enqueued" in new.headers["location"] and store.state("n<1>") is not None
     assert not store.complete(lease, "late")
+
+
+@pytest.mark.parametrize("text", ["'; DROP TABLE jobs; --", '" OR 1=1 --', "%", "_", "\\", "*", "[a-z]"])
+def test_a_prefix_is_data_never_sql(viewer: TestClient, store: JobStore, text: str) -> None:
+    store.enqueue(text + "-mine")
+    store.enqueue("unrelated")
+    html = page(viewer, "/jobs?prefix=" + urllib.parse.quote(text))
+    shown = re.findall(r'<tr data-job="([^"]+)"', html)
+    assert [html_module.unescape(s) for s in shown] == [text + "-mine"]
+    assert store.state("unrelated") is not None  # the table is there, untouched
 
 
 def test_sizes_are_bounded(operator: TestClient, store: JobStore) -> None:
