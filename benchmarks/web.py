@@ -11,7 +11,8 @@ table), the first page of every state, the ready jobs' first page, a page deep i
 a cursor at the middle), a prefix matching 100 ids, one job with its history.
 
 **HTTP lease cycles.** One client (``httpx``, one kept-alive connection) runs claim ->
-complete through :func:`fencing.web.lease_api` on uvicorn on this machine, for ``--seconds``;
+complete through the lease API of ``fencing serve`` (its own process, uvicorn) on this
+machine, for ``--seconds``;
 beside it, the same cycle called on the store directly (``claim_next`` then ``complete``).
 Cycles/s and the ratio: what HTTP and JSON add to the store's two transactions.
 
@@ -30,7 +31,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,12 +44,12 @@ from typing import Any
 import httpx
 from harness import cli, env
 from harness.report import percentile, write_json
-from sqlalchemy import Engine, MetaData, bindparam, create_engine, insert, update
+from sqlalchemy import Engine, MetaData, bindparam, create_engine, insert, literal, type_coerce, update
 
 import fencing
 from fencing import History, JobStore, history_table
 from fencing.schema import KEY_TYPE
-from fencing.web import bearer_tokens, dashboard, lease_api
+from fencing.web import dashboard
 
 TOKEN = "benchmark-token-0123456789"
 
@@ -93,16 +96,17 @@ def load(engine: Engine, store: JobStore, jobs: int) -> None:
         for at in range(0, jobs, 10_000):
             conn.execute(add, rows[at : at + 10_000])
         key = bindparam("k", type_=KEY_TYPE)
+        by_id = type_coerce(t.c.id, KEY_TYPE) == key  # the id as the store binds it (MariaDB: bytes)
         conn.execute(
-            update(t).where(t.c.id == key).values(done=1, result="r", fence=1),
+            update(t).where(by_id).values(done=1, result="r", fence=1),
             [{"k": f"job-{n:07d}"} for n in range(0, jobs, 10)],
         )
         conn.execute(
-            update(t).where(t.c.id == key).values(owner="w", fence=1, until=now + 3600),
+            update(t).where(by_id).values(owner=literal("w", KEY_TYPE), fence=1, until=now + 3600),
             [{"k": f"job-{n:07d}"} for n in range(1, jobs, 10)],
         )
         conn.execute(
-            update(t).where(t.c.id == key).values(until=now + 3600),
+            update(t).where(by_id).values(until=now + 3600),
             [{"k": f"job-{n:07d}"} for n in range(2, jobs, 100)],
         )
     analyze = {"sqlite": "ANALYZE", "postgresql": f"ANALYZE {t.name}"}.get(
@@ -147,7 +151,45 @@ def pages(
     return figures
 
 
-def cycles(engine: Engine, store: JobStore, seconds: float) -> dict[str, float]:
+@contextlib.contextmanager
+def serving(where: str, scratch: str) -> Iterator[str]:
+    """``fencing serve`` on ``where`` (a SQLite path or a URL) with the API at ``/api``."""
+    tokens = os.path.join(scratch, "tokens")
+    with open(tokens, "w") as f:
+        f.write(f"{TOKEN} bench\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [
+        sys.executable,
+        "-m",
+        "fencing",
+        "serve",
+        "--url",
+        where,
+        "--port",
+        str(port),
+        "--api-tokens",
+        tokens,
+    ]
+    with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/api/openapi.json", timeout=1).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("fencing serve did not start") from None
+                    time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}/api"
+        finally:
+            proc.terminate()
+            proc.wait(15)
+
+
+def cycles(engine: Engine, store: JobStore, seconds: float, where: str, scratch: str) -> dict[str, float]:
     with engine.begin() as conn:
         conn.execute(store.table.delete())
     count = 200_000
@@ -168,8 +210,12 @@ def cycles(engine: Engine, store: JobStore, seconds: float) -> dict[str, float]:
     started = time.perf_counter()
     n = direct()
     direct_rate = n / (time.perf_counter() - started)
-    app = lease_api(plain, authorize=bearer_tokens({TOKEN: "bench"}))
-    with served(app) as url, httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+    # the API in a process of its own, as it is deployed (`fencing serve`), so client and
+    # server do not share one interpreter's lock
+    with (
+        serving(where, scratch) as url,
+        httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) as http,
+    ):
         done, started = 0, time.perf_counter()
         end = started + seconds
         while time.perf_counter() < end:
@@ -231,7 +277,8 @@ def main() -> int:
                 load(engine, store, args.jobs)
                 got = {"pages": pages(engine, store, history, args.jobs, args.requests)}
                 got["feed"] = feed_reads(engine, args.streams, args.feed_seconds, 1.0)
-                got["cycles"] = cycles(engine, store, args.seconds)
+                where = backends[name] or os.path.join(scratch, "web.db")
+                got["cycles"] = cycles(engine, store, args.seconds, where, scratch)
                 figures[name] = got
             finally:
                 engine.dispose()

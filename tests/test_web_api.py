@@ -59,7 +59,7 @@ def test_claim_complete_cycle_carries_the_fence_in_every_answer(client: TestClie
     assert done.status_code == 200
     body = done.json()
     assert body["completed"] is True and body["replayed"] is False
-    assert body["job"]["state"] == "done" and body["job"]["fence"] == 1 and body["job"]["result"] == "ok"
+    assert body["lease"]["fence"] == 1 and body["lease"]["job_id"] == "a"
     state = client.get("/jobs/a", headers=AUTH)
     assert state.status_code == 200 and state.json()["job"]["fence"] == 1
     assert store.state("a") is not None and store.state("a").result == "ok"  # type: ignore[union-attr]
@@ -92,7 +92,8 @@ def test_a_retried_completion_answers_as_the_first_and_never_overwrites(
     retry = post(client, "/complete", {"lease": lease, "result": "v1"})
     assert first.status_code == retry.status_code == 200
     assert retry.json()["completed"] is True and retry.json()["replayed"] is True
-    assert retry.json()["job"]["fence"] == first.json()["job"]["fence"] == 1
+    assert retry.json()["job"]["fence"] == first.json()["lease"]["fence"] == 1
+    assert retry.json()["job"]["state"] == "done" and retry.json()["job"]["result"] == "v1"
     other = post(client, "/complete", {"lease": lease, "result": "v2"})
     assert other.status_code == 409 and other.json()["reason"] == "done"
     assert store.state("r").result == "v1"  # type: ignore[union-attr]

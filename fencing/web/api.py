@@ -5,17 +5,19 @@ application (``app.mount("/leases", lease_api(store, authorize=...))``)::
 
     POST /claim     {"owner": "w1", "ttl": 30, "limit": 1, "max_attempts": 5}
                     -> 200 {"leases": [{"job_id", "owner", "fence", "until"}, ...]}
-    POST /renew     {"lease": {"job_id", "owner", "fence"}, "ttl": 30}  -> 200 {"lease": ...}
-    POST /complete  {"lease": {...}, "result": "..."}                   -> 200 {"completed": true, "job": ...}
-    POST /release   {"lease": {...}, "delay": 60}                       -> 200 {"released": true, "job": ...}
-    POST /enqueue   {"job_id": "...", "ready_at": null}                 -> 201 / 200 {"enqueued": ...}
+    POST /renew     {"lease": {"job_id", "owner", "fence"}, "ttl": 30} -> 200 {"lease": ...}
+    POST /complete  {"lease": {...}, "result": "..."}   -> 200 {"completed": true, "lease": ...}
+    POST /release   {"lease": {...}, "delay": 60}       -> 200 {"released": true, "lease": ...}
+    POST /enqueue   {"job_id": "...", "ready_at": null} -> 201 / 200 {"enqueued": ...}
     GET  /jobs/ID   -> 200 {"job": {"job_id", "state", "owner", "fence", "until", "result", "now"}}
     GET  /openapi.json
 
-Every answer carries the fence (the lease's, and the job's current one). A write the guard
-refuses answers ``409`` with the reason (:data:`fencing.REASONS`), the holder and the current
-fence, as problem details (:mod:`fencing.web.problems`); bad input ``422`` naming the field;
-a database that cannot answer ``503`` with ``Retry-After``.
+Every answer carries the fence (the lease's, and the job's current one). A completion or
+release that was accepted answers with the lease it ended (no read: the guard let it
+through); a replayed one also with the job's row. A write the guard refuses answers ``409``
+with the reason (:data:`fencing.REASONS`), the holder and the current fence, as problem
+details (:mod:`fencing.web.problems`); bad input ``422`` naming the field; a database that
+cannot answer ``503`` with ``Retry-After``.
 
 **Retries never double-apply.** A completion retried with the same lease (its answer lost
 on the way back) finds the job done *by that lease*, with that result, and answers ``200``
@@ -220,15 +222,15 @@ class _Api:
         _known(body, "lease", "result")
         lease, result = _lease(body), _field(body, "result")
         done = await run_in_threadpool(self.store.complete, lease, result)
+        if done:  # the row is what the guard let through: no read to answer
+            return JSONResponse({"completed": True, "replayed": False, "lease": lease_json(lease)})
         job = await self.job(lease.job_id)
-        if done:
-            return JSONResponse(
-                {"completed": True, "replayed": False, "job": None if job is None else job_json(job)}
-            )
         if job is not None and job.state == "done" and (job.owner, job.fence) == (lease.owner, lease.fence):
             # done by this very lease (a fence is handed out once): this is a retry
             if job.result == result:
-                return JSONResponse({"completed": True, "replayed": True, "job": job_json(job)})
+                return JSONResponse(
+                    {"completed": True, "replayed": True, "lease": lease_json(lease), "job": job_json(job)}
+                )
             return problem(
                 409,
                 "Refused",
@@ -245,11 +247,13 @@ class _Api:
         _known(body, "lease", "delay")
         lease, delay = _lease(body), body.get("delay")
         released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay))
+        if released:
+            return JSONResponse({"released": True, "replayed": False, "lease": lease_json(lease)})
         job = await self.job(lease.job_id)
-        replay = job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence
-        if released or replay:
+        if job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence:
+            # released already, and nobody claimed it since: this is a retry
             return JSONResponse(
-                {"released": True, "replayed": not released, "job": None if job is None else job_json(job)}
+                {"released": True, "replayed": True, "lease": lease_json(lease), "job": job_json(job)}
             )
         return self.refused("release", lease, job)
 
@@ -404,9 +408,10 @@ OPENAPI: dict[str, Any] = {
                 "Store the result under the current, live lease (a retry answers as the first)",
                 _object(["lease", "result"], lease=_LEASE, result={"type": ["string", "null"]}),
                 _object(
-                    ["completed", "replayed", "job"],
+                    ["completed", "replayed", "lease"],
                     completed={"const": True},
                     replayed={"type": "boolean"},
+                    lease=_LEASE,
                     job=_JOB,
                 ),
             )
@@ -416,9 +421,10 @@ OPENAPI: dict[str, Any] = {
                 "Give the lease back (claimable at once, or after delay seconds); the fence is kept",
                 _object(["lease"], lease=_LEASE, delay={"type": ["number", "null"]}),
                 _object(
-                    ["released", "replayed", "job"],
+                    ["released", "replayed", "lease"],
                     released={"const": True},
                     replayed={"type": "boolean"},
+                    lease=_LEASE,
                     job=_JOB,
                 ),
             )

@@ -177,6 +177,7 @@ class Feed:
             return await asyncio.shield(self._reading)
         loop = asyncio.get_running_loop()
         self._reading = loop.create_future()
+        started = time.monotonic()  # intervals count from each read's start: a steady pace
         try:
             snapshot = await run_in_threadpool(self._read)
         except BaseException as exc:
@@ -185,7 +186,7 @@ class Feed:
             raise
         finally:
             reading, self._reading = self._reading, None
-        self.snapshot, self._read_at = snapshot, time.monotonic()
+        self.snapshot, self._read_at = snapshot, started
         reading.set_result(snapshot)
         if self._changed is not None:
             async with self._changed:
