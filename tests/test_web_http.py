@@ -31,6 +31,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 TOKEN = "curl-token-0123456789"
 
+# a server and curl processes: once per database (the newest python and SQLAlchemy)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def store(engine: Engine) -> JobStore:
