@@ -46,6 +46,7 @@ from sqlalchemy import (
     func,
     inspect,
     literal_column,
+    or_,
     select,
     tuple_,
 )
@@ -218,6 +219,9 @@ class Overview:
         self.keys = keys
         self._postgresql = engine.dialect.name == "postgresql"
         self._sqlite = engine.dialect.name == "sqlite"
+        #: PostgreSQL and SQLite start an index range at a row value ``(until, id) > (u, i)``;
+        #: MariaDB walks the index from its start then, and needs the order spelled out
+        self._ranges_at_row_values = self._postgresql or self._sqlite
         t = table
         now = database_now()
         done, tombstone = _constant(1), _constant(TOMBSTONE)
@@ -368,6 +372,21 @@ class Overview:
         stmt = self._listing(state, paged=after is not None, prefixed=prefix is not None)
         return [JobView.from_row(r) for r in self._rows(stmt, params, conn, self.table)]
 
+    def _after(self, every_state: bool) -> ColumnElement[bool]:
+        """After the cursor's place in the walk (``(done,)`` ``until, id`` in the ready index)."""
+        t = self.table
+        u: ColumnElement[float] = bindparam("after_until", type_=Double())
+        i = bindparam("after_id", type_=KEY_TYPE)
+        d = bindparam("after_done", type_=Integer())
+        if not self._ranges_at_row_values:
+            # the same order spelled out: its leading bound (until >= u, within done = d) is
+            # the range the walk starts at
+            later = and_(t.c.until >= u, or_(t.c.until > u, t.c.id > i))
+            return or_(t.c.done > d, and_(t.c.done == d, later)) if every_state else later
+        if every_state:
+            return tuple_(t.c.done, t.c.until, t.c.id) > tuple_(d, u, i)
+        return tuple_(t.c.until, t.c.id) > tuple_(u, i)
+
     def _listing(self, state: str | None, *, paged: bool, prefixed: bool) -> Select[Any]:
         """The listing of ``state``, from its start or after a cursor, of every id or of a
         prefix's: each of the 24 shapes built once, when first asked for."""
@@ -392,16 +411,7 @@ class Overview:
                 stmt = self._by_id[state].where(*where)
             else:
                 if paged:
-                    # a row value: PostgreSQL, SQLite and MariaDB start the index range at it
-                    order: list[ColumnElement[Any]] = [t.c.until, t.c.id]
-                    cursor: list[ColumnElement[Any]] = [
-                        bindparam("after_until", type_=Double()),
-                        bindparam("after_id", type_=KEY_TYPE),
-                    ]
-                    if state is None:
-                        order.insert(0, t.c.done)
-                        cursor.insert(0, bindparam("after_done", type_=Integer()))
-                    where.append(tuple_(*order) > tuple_(*cursor))
+                    where.append(self._after(state is None))
                 stmt = self._lists[state].where(*where) if where else self._lists[state]
             self._pages[key] = stmt
         return stmt
