@@ -95,6 +95,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if callspec is not None and callspec.params.get("store") == asyncfront.ASYNC:
             item.add_marker(pytest.mark.async_front)
             wanted = wanted and item.get_closest_marker("sync_only") is None
+        if item.get_closest_marker("long") is not None:
+            # minutes long by design: exempt from the run's per-test timeout (pyproject.toml)
+            item.add_marker(pytest.mark.timeout(0))
         (keep if wanted and (long or item.get_closest_marker("long") is None) else drop).append(item)
     if drop:
         # deselected, not skipped: they run in the pass for their own backend

@@ -897,7 +897,14 @@ def test_serve_without_the_web_extra_says_what_to_install(
 ) -> None:
     db = tmp_path / "jobs.db"
     assert main(["init", "--url", str(db)]) == 0
+    # as where it is not installed: starlette and uvicorn unimportable, also when an earlier test
+    # of this process imported them (a cached submodule would be found without its package),
+    # and fencing's web modules imported afresh
+    for name in [n for n in sys.modules if n.partition(".")[0] in ("starlette", "uvicorn")]:
+        monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "starlette", None)
-    monkeypatch.delitem(sys.modules, "fencing.tools.serve", raising=False)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    for name in [n for n in sys.modules if n.startswith(("fencing.web", "fencing.tools.serve"))]:
+        monkeypatch.delitem(sys.modules, name)
     assert main(["serve", "--url", str(db)]) == 1
     assert "pip install 'fencing[web]'" in capsys.readouterr().err
