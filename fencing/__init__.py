@@ -34,6 +34,7 @@ from .engine.sqlite import create_engine as create_sqlite_engine
 from .lease.thread import Heartbeat
 from .locks.election import Election
 from .locks.named import HeldLock, Locks, locks, locks_table
+from .sql.attempts import attempts_table
 from .sql.schema import jobs, jobs_table, metadata
 from .store.history import History, HistoryEntry, history_table, holder_at
 from .store.jobstore import JobStore
@@ -68,6 +69,7 @@ __all__ = [
     "PoolTimeout",
     "SchemaMismatch",
     "TableMissing",
+    "attempts_table",
     "configure_sqlite",
     "create_sqlite_engine",
     "fence_marks_table",

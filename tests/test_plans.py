@@ -20,10 +20,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Connection, Engine, bindparam, create_engine, event, insert, text
+from sqlalchemy import Connection, Engine, MetaData, Table, bindparam, create_engine, event, insert, text
 from sqlalchemy.sql import Executable
 
-from fencing import JobStore
+from fencing import JobStore, attempts_table
 from fencing.schema import KEY_TYPE
 from fencing.sql.statements import Statements
 
@@ -69,12 +69,18 @@ def explain(conn: Connection, prefix: str, stmt: Executable, params: dict[str, A
 
 
 def hot_statements(
-    store: JobStore, clock: str, limit: int = LIMIT
+    store: JobStore,
+    clock: str,
+    limit: int = LIMIT,
+    *,
+    attempts: Table | None = None,
+    max_fence: int = FENCE_MAX,
 ) -> dict[str, tuple[Executable, dict[str, Any]]]:
     """Every statement claim_next, poisoned and complete_many send on this backend, with
-    bind values for a claim of ``limit`` jobs and a batch of ``limit`` completions."""
-    s = Statements(store.table, clock)  # type: ignore[arg-type]
-    params: dict[str, Any] = {"holder": "w", "limit": limit, "max_fence": FENCE_MAX}
+    bind values for a claim of ``limit`` jobs and a batch of ``limit`` completions (the
+    statements of a store that requeues, with ``attempts``)."""
+    s = Statements(store.table, clock, attempts=attempts)  # type: ignore[arg-type]
+    params: dict[str, Any] = {"holder": "w", "limit": limit, "max_fence": max_fence}
     params.update({"now": 5e9, "new_until": 5e9 + 30} if clock == "caller" else {"ttl": 30.0})
     ids = {f"id_{i}": f"job-{i:07d}" for i in range(limit)}
     batch = {
@@ -201,6 +207,47 @@ def test_every_hot_statement_walks_an_index_in_claim_order(
                 problems += mariadb_problems(name, table, [dict(row._mapping) for row in result])
             conn.rollback()
     assert problems == []
+
+
+@pytest.mark.sync_only("the plans of the statements both fronts send")
+@pytest.mark.parametrize("statistics", ["fresh", "analyzed"])
+def test_a_store_that_requeues_claims_by_the_same_walk(
+    backlog: JobStore, engine: Engine, statistics: str
+) -> None:
+    """With an attempts table (1,000 requeued jobs in it), claim_next(max_attempts=5) and
+    poisoned still walk the ready index in claim order: the base is looked up by its key,
+    only for a job at max_attempts or above, and nothing is sorted."""
+    attempts = attempts_table(MetaData(), f"{backlog.table.name}_attempts")
+    attempts.create(engine)
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(attempts).values(id=bindparam("k", type_=KEY_TYPE), base=bindparam("b")),
+                [{"k": f"job-{n:07d}", "b": 0} for n in range(0, BACKLOG, BACKLOG // 1000)],
+            )
+        if statistics == "analyzed":
+            analyze(engine, backlog)
+        table = backlog.table.name
+        dialect = engine.dialect.name
+        problems: list[str] = []
+        for name, (stmt, params) in hot_statements(
+            backlog, "database", attempts=attempts, max_fence=5
+        ).items():
+            with engine.connect() as conn:
+                if dialect == "sqlite":
+                    problems += sqlite_problems(
+                        name, table, explain(conn, "EXPLAIN QUERY PLAN ", stmt, params)
+                    )
+                elif dialect == "postgresql":
+                    [[plan]] = explain(conn, "EXPLAIN (FORMAT JSON) ", stmt, params)
+                    problems += postgresql_problems(name, table, plan[0]["Plan"])
+                else:
+                    result = explain(conn, "EXPLAIN ", stmt, params)
+                    problems += mariadb_problems(name, table, [dict(row._mapping) for row in result])
+                conn.rollback()
+        assert problems == []
+    finally:
+        attempts.drop(engine)
 
 
 # -- what the engine visits -----------------------------------------------------------------

@@ -181,12 +181,21 @@ class AsyncJobStore:
     #: the sync store it bridges to
     _bridged: type[JobStore] = _BridgedJobStore
 
-    def __init__(self, engine: AsyncEngine, table: Table = jobs, *, history: History | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: Table = jobs,
+        *,
+        history: History | None = None,
+        attempts: Table | None = None,
+    ) -> None:
         self.sync_store: JobStore = self._bridged(
-            sync_engine(engine, "AsyncJobStore"), table, history=history
+            sync_engine(engine, "AsyncJobStore"), table, history=history, attempts=attempts
         )
         self.engine = engine
         self.table = table
+        #: where :meth:`requeue` keeps a job's attempts base (see :attr:`JobStore.attempts`)
+        self.attempts = attempts
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -282,6 +291,11 @@ class AsyncJobStore:
 
     async def delete(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
         return await run(self.sync_store.delete, job_id, conn=caller_sync(conn))
+
+    async def requeue(
+        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        return await run(self.sync_store.requeue, job_id, now=now, conn=caller_sync(conn))
 
     async def check(
         self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None

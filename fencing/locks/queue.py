@@ -208,14 +208,16 @@ class LockStore(JobStore):
     """The store of a locks table: a :class:`~fencing.JobStore` whose claims respect the
     waiters' queue (:meth:`WaitQueue.guard`), and whose ``create_table`` creates the queue."""
 
-    def __init__(self, engine: Any, table: Table, *, history: History | None = None) -> None:
+    def __init__(
+        self, engine: Any, table: Table, *, history: History | None = None, attempts: Table | None = None
+    ) -> None:
         self.waiters = waiters_of(table) if isinstance(table, Table) else None
         dialect = getattr(getattr(engine, "dialect", None), "name", None)
         #: on PostgreSQL, what wakes a freed lock's waiters (:mod:`fencing.locks.wakeups`)
         self.notifier = (
             Notifier(table, self.waiters) if self.waiters is not None and dialect == "postgresql" else None
         )
-        super().__init__(engine, table, history=history)
+        super().__init__(engine, table, history=history, attempts=attempts)
 
     def _freed_notice(self) -> ColumnElement[Any] | None:
         return None if self.notifier is None else self.notifier.notice

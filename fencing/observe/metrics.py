@@ -5,9 +5,9 @@
 ``claim_next.calls`` and ``claim_next.jobs`` for the claims of workers, ``claim.accepted`` /
 ``claim.empty`` for claims of a named job (empty: not claimable), ``fenced.accepted`` for
 a fenced block that passed its final check (and committed, or in the caller's transaction
-released its savepoint), ``revoke.accepted``, ``delete.accepted``; ``lock.retried`` for a
-transaction run again after it lost a lock race (deadlock, serialization failure, SQLite
-busy after ``BEGIN``), ``lock.busy`` for a
+released its savepoint), ``revoke.accepted``, ``delete.accepted``, ``requeue.accepted``;
+``lock.retried`` for a transaction run again after it lost a lock race (deadlock,
+serialization failure, SQLite busy after ``BEGIN``), ``lock.busy`` for a
 :class:`~fencing.DatabaseBusy` raised. ``FenceMarks.metrics`` counts ``accept.accepted``,
 ``accept.refused.older fence``, ``record_once.recorded`` and ``record_once.duplicate``. A
 counter appears once it is first counted.

@@ -32,6 +32,7 @@ from sqlalchemy import (
     literal,
     literal_column,
     null,
+    or_,
     select,
     text,
     union_all,
@@ -46,6 +47,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from ..core.checks import FENCE_MAX
 from ..core.clock import database_now
+from .attempts import exhausted, within_attempts
 from .schema import KEY_TYPE, as_text
 
 #: a condition a claim of one job must also meet, given the clock's ``now`` (bind parameters
@@ -151,9 +153,12 @@ class Statements:
         *,
         claim_guard: ClaimGuard | None = None,
         freed_notice: ColumnElement[Any] | None = None,
+        attempts: Table | None = None,
     ) -> None:
         t = table
         self.table = table
+        #: where a requeue keeps a job's attempts base (:mod:`fencing.sql.attempts`), if anywhere
+        self.attempts = attempts
         self.clock = clock
         now: ColumnElement[float]
         new_until: ColumnElement[float]
@@ -285,7 +290,8 @@ class Statements:
         # -- the next ready jobs --------------------------------------------------------------
         #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
         #: (max_fence <= 2**63-1, so a job at the last fence is never ready)
-        ready = and_(t.c.done == _ZERO, t.c.until <= now, t.c.fence < bindparam("max_fence"))
+        max_fence: ColumnElement[int] = bindparam("max_fence")
+        ready = and_(t.c.done == _ZERO, t.c.until <= now, within_attempts(t, attempts, max_fence))
         #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie) by
         #: id: the order of the ready index (done, until, id), so no backend sorts. SKIP
         #: LOCKED: a worker never waits for rows another worker is claiming (ignored on
@@ -307,7 +313,7 @@ class Statements:
         self._ready_again = and_(
             unindexed(t.c.done) == _ZERO,
             unindexed(t.c.until) <= now,
-            unindexed(t.c.fence) < bindparam("max_fence"),
+            within_attempts(t, attempts, max_fence, fence=unindexed(t.c.fence)),
         )
         self._pick = pick
         self._ready = ready
@@ -317,11 +323,26 @@ class Statements:
         #: jobs claimed max_fence times or more and not held: retries exhausted
         self.poisoned: Executable = (
             select(*row)
-            .where(t.c.done == _ZERO, t.c.fence >= bindparam("max_fence"), t.c.until <= now)
+            .where(t.c.done == _ZERO, exhausted(t, attempts, max_fence), t.c.until <= now)
             .order_by(*longest_ready)
         )
         self._now = now
         self._lease_live = lease_live
+        if attempts is not None:
+            a = attempts
+            #: a requeue: a job not done and not held (a deferred one ready now, an expired
+            #: lease's owner cleared); its fence kept, so every token handed out stays stale
+            self.requeue: Executable = (
+                update(t)
+                .where(job, t.c.done == _ZERO, or_(t.c.owner.is_(None), t.c.until <= now))
+                .values(owner=null(), until=case((t.c.until > now, now), else_=t.c.until))
+            )
+            #: then its attempts count from its fence now: the base replaced, under the row
+            #: lock the requeue took (so two requeues of a job are one after the other)
+            self.forget_base: Executable = a.delete().where(a.c.id == _key("job_id"))
+            self.set_base: Executable = a.insert().from_select(
+                ["id", "base"], select(t.c.id, t.c.fence).where(job)
+            )
         #: the same, for a row found by its primary key: never a way into the ready index
         self._lease_live_by_key = unindexed(t.c.until) > now
         self._batches: dict[tuple[str, int], Executable] = {}

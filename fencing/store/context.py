@@ -210,11 +210,19 @@ class JobsContext(Context):
         history: History | None,
         claim_guard: ClaimGuard | None = None,
         freed_notice: ColumnElement[Any] | None = None,
+        attempts: Table | None = None,
     ) -> None:
         super().__init__(engine, bridged=bridged)
         self.table = table
-        self.by_caller = Statements(table, "caller", claim_guard=claim_guard, freed_notice=freed_notice)
-        self.by_database = Statements(table, "database", claim_guard=claim_guard, freed_notice=freed_notice)
+        #: where a requeue keeps a job's attempts base (:mod:`fencing.sql.attempts`), if anywhere
+        self.attempts = attempts
+        rules: dict[str, Any] = {
+            "claim_guard": claim_guard,
+            "freed_notice": freed_notice,
+            "attempts": attempts,
+        }
+        self.by_caller = Statements(table, "caller", **rules)
+        self.by_database = Statements(table, "database", **rules)
         #: the shortest ttl seen (SQLite: a fenced block holding the write lock longer than a
         #: fraction of it is logged)
         self.shortest_ttl = float("inf")

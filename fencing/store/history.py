@@ -71,7 +71,7 @@ from ..sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE, as_text
 __all__ = ["EVENTS", "PRUNE_BATCH", "History", "HistoryEntry", "history_table", "holder_at"]
 
 #: what a history row records
-EVENTS = ("claim", "renew", "release", "complete", "fenced", "revoke", "delete", "refused")
+EVENTS = ("claim", "renew", "release", "complete", "fenced", "revoke", "delete", "requeue", "refused")
 
 #: history rows deleted per transaction by a prune (:meth:`fencing.JobStore.prune_history`)
 PRUNE_BATCH = 1000
@@ -190,7 +190,7 @@ def holder_at(entries: Sequence[HistoryEntry], at: float) -> HistoryEntry | None
             break
         if e.event in ("claim", "renew"):
             current = e
-        elif e.event in ("release", "complete", "revoke", "delete"):
+        elif e.event in ("release", "complete", "revoke", "delete", "requeue"):
             current = None
     return current
 

@@ -17,6 +17,7 @@ from sqlalchemy import ColumnElement, Connection, Engine, Table
 from ..core.errors import InvalidArgumentType
 from ..observe.metrics import StoreMetrics
 from ..runtime.execution import CallerConnection
+from ..sql.attempts import check_attempts_table
 from ..sql.schema import ensure_jobs_table, jobs
 from ..sql.statements import ClaimGuard
 from .batches import WorkerBatches
@@ -46,7 +47,14 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
     #: only way an asyncio driver's engine is taken
     async_front = False
 
-    def __init__(self, engine: Engine, table: Table = jobs, *, history: History | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        table: Table = jobs,
+        *,
+        history: History | None = None,
+        attempts: Table | None = None,
+    ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
         if not isinstance(table, Table):
@@ -55,6 +63,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             raise InvalidArgumentType(
                 f"history must be a fencing.History (around a history table), got {type(history).__name__}"
             )
+        attempts = check_attempts_table(attempts)
         #: what every part of the store shares: the runner, the dialect's plan, the checks,
         #: the statements on both clocks, the holds and the history's hook
         self._ctx = JobsContext(
@@ -64,11 +73,15 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             history=history,
             claim_guard=self._claim_guard(),
             freed_notice=self._freed_notice(),
+            attempts=attempts,
         )
         self.engine = engine
         self.table = table
         #: how this store records ownership history (fencing.store.history), if it does
         self.history_config = history
+        #: where :meth:`requeue` keeps a job's attempts base (:func:`fencing.attempts_table`);
+        #: ``None``: this store does not requeue
+        self.attempts = attempts
 
     def _claim_guard(self) -> ClaimGuard | None:
         """What a claim of one job must also meet, in its WHERE (a subclass's rule: named
@@ -116,6 +129,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
 
     def create_table(self, *, conn: CallerConnection | None = None) -> None:
         """Create the jobs table if missing (idempotent); raise if an existing one differs.
+        The history and attempts tables too, if the store has them.
 
         On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
         """
@@ -126,6 +140,8 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         ensure_jobs_table(conn, self.table)
         if self.history_config is not None:
             self.history_config.table.create(conn, checkfirst=True)
+        if self.attempts is not None:
+            self.attempts.create(conn, checkfirst=True)
 
     # -- the ownership history (fencing.store.history) -----------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from sqlalchemy.sql import Executable
 
 from ..core.checks import FENCE_MAX, check_now, check_time, fence_can_match, show_value
-from ..core.errors import FencesExhausted, InvalidArgumentType
+from ..core.errors import ConfigurationError, FencesExhausted, InvalidArgumentType
 from ..core.values import JobState, Lease, Refusal
 from ..observe.refusals import never_current
 from ..runtime.execution import CallerConnection, Executor
@@ -342,6 +342,41 @@ class LeaseOperations:
             ctx.metrics.ended("delete", job_id)
             logger.info("deleted job %r", job_id, extra={"path": "delete", "job_id": job_id})
         return deleted
+
+    def requeue(self, job_id: str, *, now: float | None = None, conn: CallerConnection | None = None) -> bool:
+        """Give a job its attempts back: ``claim_next(max_attempts=N)`` may take it ``N`` more
+        times, counted from its fence now (kept in the store's ``attempts`` table: the fence
+        never goes down, so every token handed out stays stale). A deferred job is ready at
+        once. ``False`` if missing, done, deleted or held by a live lease (revoke it first).
+
+        ``now``: the caller's clock that judges whether a lease is live (``None``: the
+        database's). :class:`ConfigurationError` if the store has no attempts table
+        (``JobStore(engine, table, attempts=fencing.attempts_table(metadata))``)."""
+        ctx = self._ctx
+        if ctx.attempts is None:
+            raise ConfigurationError(
+                "requeue needs a table for the attempts' bases: JobStore(engine, table, "
+                "attempts=fencing.attempts_table(metadata)), created by store.create_table()"
+            )
+        job_id = ctx.job_key("job_id", job_id)
+        s, clock = ctx.clock(now)
+        params = {"job_id": job_id, **clock}
+        outcome = ctx.outcome()
+
+        def unit(x: Executor) -> bool:
+            if x.count(s.requeue, params) != 1:
+                return False
+            # under the row lock the requeue took: the base is the fence it left
+            x.count(s.forget_base, params)
+            x.count(s.set_base, params)
+            outcome.copy("requeue", job_id, clock)
+            return True
+
+        requeued = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
+        if requeued:
+            ctx.metrics.ended("requeue", job_id)
+            logger.info("requeued job %r", job_id, extra={"path": "requeue", "job_id": job_id})
+        return requeued
 
     def claim_many(
         self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
