@@ -31,7 +31,7 @@ from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
 import fencing.tools.cli
-from fencing import FenceMarks, History, JobStore, history_table, holder_at
+from fencing import FenceMarks, History, JobStore, attempts_table, history_table, holder_at
 from fencing.cli import main
 from fencing.overview import Overview
 from fencing.schema import KEY_TYPE
@@ -41,7 +41,7 @@ ODD_IDS = ['it\'s "q"', "ünï 日本", "two\nlines", "back\\slash `tick` ; DROP
 SCRIPT = Path(sys.executable).with_name("fencing")
 TIMEOUT = 60
 #: the database commands
-COMMANDS = ("init", "enqueue", "jobs", "show", "stats", "revoke", "release", "delete", "marks")
+COMMANDS = ("init", "enqueue", "jobs", "show", "stats", "revoke", "release", "delete", "requeue", "marks")
 
 
 @dataclass
@@ -442,6 +442,33 @@ def test_delete_leaves_a_tombstone_that_keeps_the_fence(cli: Any, queue: JobStor
     assert cli("enqueue", "d", "--json").records == [{"id": "d", "new": True}]
     lease = queue.claim("d", "w", ttl=300)
     assert lease is not None and lease.fence == 2  # above every fence it had
+
+
+def test_requeue_gives_a_poisoned_job_its_attempts_back_with_the_workers_attempts_table(
+    cli: Any, engine: Engine
+) -> None:
+    recorded = History(history_table(MetaData()), retention=None)
+    workers = JobStore(engine, history=recorded, attempts=attempts_table(MetaData()))
+    workers.create_table()
+    workers.enqueue("p", ready_at=0.0)
+    workers.enqueue("h", ready_at=0.0)
+    [first] = workers.claim_next("w", ttl=1.0, now=1.0, max_attempts=1)
+    [held] = workers.claim_next("w", ttl=300.0, max_attempts=1)
+    assert (first.job_id, held.job_id) == ("h", "p")  # by id: both ready since 0
+    ran = cli("requeue", "h")
+    assert ran.code == 0, ran.err
+    said = "requeued job 'h' (it was ready; fence 1 kept): its attempts count again from fence 1"
+    assert ran.out == said + ", and it is ready\n"
+    [again] = workers.claim_next("w2", ttl=300.0, max_attempts=1)
+    assert (again.job_id, again.fence) == (first.job_id, 2)
+    assert [e.event for e in workers.history(first.job_id)] == ["claim", "requeue", "claim"]
+    # a held job: nothing changed, and the reason
+    refused = cli("requeue", held.job_id, "--json")
+    assert refused.code == 1 and refused.records == [{"id": held.job_id, "requeued": False, "state": "held"}]
+    assert "it is held; nothing changed" in refused.err and workers.holder(held.job_id) == held
+    # another attempts table's name: it does not exist, nothing changed
+    missing = cli("requeue", held.job_id, "--attempts-table", "elsewhere")
+    assert missing.code == 1 and "no attempts table 'elsewhere'" in missing.err
 
 
 def test_odd_ids_round_trip_through_every_command(

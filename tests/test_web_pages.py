@@ -22,7 +22,7 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 
 from starlette.testclient import TestClient
 
-from fencing import History, JobStore, history_table
+from fencing import History, JobStore, attempts_table, history_table
 from fencing.web import dashboard
 
 HOSTILE = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(1)>", "\u202eevil\u202c.txt", "a&b;c"]
@@ -209,6 +209,57 @@ def test_release_delete_and_enqueue_from_the_page(operator: TestClient, store: J
     )
     assert "said=enqueued" in new.headers["location"] and store.state("n<1>") is not None
     assert not store.complete(lease, "late")
+
+
+def requeue_button(html: str) -> str | None:
+    """The attributes of the Requeue form's button (``None``: no such form)."""
+    found = re.search(r'name="action" value="requeue">.*?<button type="submit" ?([^>]*)>', html, re.S)
+    return None if found is None else found.group(1).strip()
+
+
+def test_a_poisoned_job_is_requeued_from_the_page(engine: Engine, history: Any) -> None:
+    """With the workers' attempts table, the poisoned job's page offers Requeue: pressed, the
+    job is ready again for claim_next(max_attempts=...), its fence kept; a held job's Requeue
+    is disabled and a post of it changes nothing; without the table the action is refused."""
+    attempts = attempts_table(MetaData())
+    s = JobStore(engine, history=History(history, retention=None), attempts=attempts)
+    s.create_table()
+    s.enqueue("p", ready_at=0.0)
+    s.enqueue("h", ready_at=0.0)
+    [first] = s.claim_next("w", ttl=1.0, now=1.0, max_attempts=1)
+    assert first.job_id in ("p", "h")
+    [held] = s.claim_next("w", ttl=600.0, max_attempts=1)
+    poisoned = first.job_id
+    app = dashboard(engine, history=history, attempts=attempts, max_attempts=1, authorize=lambda r: "alice")
+    with TestClient(app, base_url="http://dash.test") as client:
+        html = page(client, f"/job?id={poisoned}")
+        assert "poisoned" in html and requeue_button(html) == ""
+        token = csrf_of(html)
+        answer = client.post(
+            "/act", data={"action": "requeue", "id": poisoned, "csrf": token}, follow_redirects=False
+        )
+        assert "said=requeued" in answer.headers["location"]
+        assert [j.job_id for j in s.poisoned(1)] == []
+        [again] = s.claim_next("w2", ttl=600.0, max_attempts=1)
+        assert (again.job_id, again.fence) == (poisoned, 2)
+        assert [e.event for e in s.history(poisoned)][-2:] == ["requeue", "claim"]
+        held_page = page(client, f"/job?id={held.job_id}")
+        assert requeue_button(held_page) == "disabled"
+        refused = client.post(
+            "/act", data={"action": "requeue", "id": held.job_id, "csrf": token}, follow_redirects=False
+        )
+        assert "said=unchanged" in refused.headers["location"] and s.holder(held.job_id) == held
+    plain = dashboard(engine, history=history, authorize=lambda r: "alice")
+    with TestClient(plain, base_url="http://dash.test") as client:
+        html = page(client, f"/job?id={held.job_id}")
+        assert requeue_button(html) is None
+        answer = client.post(
+            "/act",
+            data={"action": "requeue", "id": held.job_id, "csrf": csrf_of(html)},
+            follow_redirects=False,
+        )
+        assert answer.status_code == 422 and "attempts table" in answer.text
+        assert s.holder(held.job_id) == held
 
 
 @pytest.mark.parametrize("text", ["'; DROP TABLE jobs; --", '" OR 1=1 --', "%", "_", "\\", "*", "[a-z]"])

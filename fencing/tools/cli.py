@@ -42,6 +42,7 @@ from ..core.values import Lease
 from ..engine.sqlite import create_engine as create_sqlite_engine
 from ..fronts import cache
 from ..locks.named import Locks, locks_table
+from ..sql.attempts import attempts_table
 from ..sql.dberrors import DB_ERRORS, database_errors, wrap_database_error
 from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
@@ -257,6 +258,16 @@ def _history_table(use: str) -> Arg:
         default="fencing_history",
         metavar="NAME",
         help=f"the ownership history table {use}",
+    )
+
+
+def _attempts_table(use: str) -> Arg:
+    """``--attempts-table``: the table of the workers' requeued jobs' attempts bases."""
+    return arg(
+        "--attempts-table",
+        default="fencing_attempts",
+        metavar="NAME",
+        help=f"the attempts table (fencing.attempts_table) {use}",
     )
 
 
@@ -578,6 +589,15 @@ def _history_in(db: _Database, name: str) -> History | None:
     return History(history_table(MetaData(), name, schema=db.table.schema), retention=None)
 
 
+def _attempts_in(db: _Database, name: str) -> Table | None:
+    """The attempts table ``name`` beside the command's table (:func:`fencing.attempts_table`),
+    or ``None`` if there is no such table."""
+    with database_errors(name):
+        if not sqlalchemy.inspect(db.engine).has_table(name, schema=db.table.schema):
+            return None
+    return attempts_table(MetaData(), name, schema=db.table.schema)
+
+
 def _recording(db: _Database, name: str) -> JobStore | None:
     """A store on the command's table that records the ownership history in table ``name``,
     or ``None`` if there is no such table."""
@@ -737,17 +757,28 @@ def _one_job(
     """``revoke``, ``release``, ``delete``: the job is read with its row locked, judged and
     changed by the store in one transaction, so what is judged is what is changed. Exit
     code 1 when nothing changed (no such job, or with ``held_only`` a job nobody holds)."""
-    did = f"{name}d"  # revoked, released, deleted
+    did = f"{name}d"  # revoked, released, deleted, requeued
 
     def run(call: Call) -> int:
         args, db, out = call.args, call.db, call.out
         # the change is recorded in the ownership history, in its transaction, when there is one
         store = _recording(db, args.history_table) or db.store
+        if name == "requeue":
+            attempts = _attempts_in(db, args.attempts_table)
+            if attempts is None:
+                return call.fail(
+                    f"no attempts table {args.attempts_table!r}: requeue needs the one the workers' "
+                    "store keeps (JobStore(..., attempts=fencing.attempts_table(metadata)), or "
+                    "--attempts-table NAME); nothing changed"
+                )
+            store = JobStore(db.engine, db.table, history=store.history_config, attempts=attempts)
         try:
             with db.transaction(wait=args.wait) as conn:
                 job = db.overview.job(args.id, conn=conn, lock=True)
                 if job is None or (held_only and job.state != "held") or not change(args, store, conn, job):
                     why = "no such job" if job is None else f"it is {job.state}, not held"
+                    if job is not None and not held_only:
+                        why = f"it is {job.state}"
                     if out.json:
                         out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
                     return call.fail(f"job {args.id!r}: {why}; nothing changed")
@@ -787,6 +818,13 @@ def _released(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], s
     )
 
 
+def _requeued(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
+    return {"state": job.state, "fence": job.fence, "base": job.fence}, (
+        f"requeued job {job.job_id!r} (it was {job.state}; fence {job.fence} kept): its attempts "
+        f"count again from fence {job.fence}, and it is ready"
+    )
+
+
 def _deleted(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
     holder = f" by {job.owner!r}" if job.state == "held" else ""
     return {"state": job.state, "owner": job.owner, "fence": job.fence}, (
@@ -815,6 +853,7 @@ def _serve(call: Call) -> int:
         db.table,
         history=None if history is None else history.table,
         locks=locks,
+        attempts=_attempts_in(db, args.attempts_table),
         interval=args.interval,
         max_attempts=args.max_attempts,
         tokens=tokens,
@@ -1170,6 +1209,19 @@ COMMANDS: tuple[Command, ...] = (
         change=lambda args, store, conn, job: store.delete(job.job_id, conn=conn),
         told=_deleted,
     ),
+    _one_job(
+        "requeue",
+        help="give a poisoned job its attempts back (its fence kept): claim_next may take it again",
+        description="Requeue a job nobody holds (JobStore.requeue): claim_next(max_attempts=N) "
+        "may take it N more times, counted from its fence now, which is kept (every token handed "
+        "out stays stale); a deferred job is ready at once. Needs the attempts table the workers' "
+        "store keeps (fencing.attempts_table). Exit code 1, nothing changed, if the job is held, "
+        "done or missing.",
+        held_only=False,
+        change=lambda args, store, conn, job: store.requeue(job.job_id, conn=conn),
+        told=_requeued,
+        arguments=(_attempts_table("(%(default)s) the workers' store keeps the bases in"),),
+    ),
     Command(
         "locks",
         help="named locks: who holds each, with which token, until when; revoke one",
@@ -1262,6 +1314,7 @@ COMMANDS: tuple[Command, ...] = (
             arg("--api-tokens", metavar="FILE", help="serve the lease API at /api for these bearer tokens"),
             _max_attempts("what the workers pass to claim_next"),
             _history_table("shown (timelines, refusals) when it exists"),
+            _attempts_table("(%(default)s): when it exists, poisoned jobs count from their requeue"),
             arg(
                 "--locks-table",
                 default="fencing_locks",

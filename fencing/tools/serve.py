@@ -50,15 +50,24 @@ def app_for(
     history: Table | None,
     locks: Table | None,
     interval: float,
+    attempts: Table | None = None,
     max_attempts: int | None,
     tokens: dict[str, str] | None,
 ) -> Starlette:
-    """The app ``fencing serve`` runs: the dashboard at ``/``, the lease API at ``/api``."""
+    """The app ``fencing serve`` runs: the dashboard at ``/``, the lease API at ``/api``
+    (with ``attempts``, a requeued job's attempts count from its requeue in both)."""
     routes = []
     if tokens is not None:
-        routes.append(Mount("/api", lease_api(JobStore(engine, table), authorize=bearer_tokens(tokens))))
+        store = JobStore(engine, table, attempts=attempts)
+        routes.append(Mount("/api", lease_api(store, authorize=bearer_tokens(tokens))))
     board = dashboard(
-        engine, table, history=history, locks=locks, interval=interval, max_attempts=max_attempts
+        engine,
+        table,
+        history=history,
+        locks=locks,
+        interval=interval,
+        max_attempts=max_attempts,
+        attempts=attempts,
     )
     routes.append(Mount("/", board))
     return Starlette(routes=routes, lifespan=board.router.lifespan_context)

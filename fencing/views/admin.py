@@ -1,9 +1,9 @@
-"""What an operator changes: revoke, release or delete one job, judged and changed in one transaction.
+"""What an operator changes in one job (revoke, release, delete, requeue), in one transaction.
 
-The CLI's ``revoke``/``release``/``delete`` and the dashboard's actions share these: the
-job's row is read locked (``SELECT ... FOR UPDATE``; on SQLite the write lock is taken first),
-judged, and changed by the store in the same transaction, so what is judged is what is
-changed. A worker's open fenced block holds the row: the change waits for it at most
+The CLI's ``revoke``/``release``/``delete``/``requeue`` and the dashboard's actions share
+these: the job's row is read locked (``SELECT ... FOR UPDATE``; on SQLite the write lock is
+taken first), judged, and changed by the store in the same transaction, so what is judged is
+what is changed. A worker's open fenced block holds the row: the change waits for it at most
 ``wait`` seconds, then fails with :class:`~fencing.DatabaseBusy` and changes nothing.
 """
 
@@ -68,10 +68,15 @@ def _delete(store: JobStore, conn: Connection, job: JobView, delay: float | None
     return store.delete(job.job_id, conn=conn)
 
 
+def _requeue(store: JobStore, conn: Connection, job: JobView, delay: float | None) -> bool:
+    return store.requeue(job.job_id, conn=conn)
+
+
 Change = Callable[[JobStore, Connection, JobView, "float | None"], bool]
 
-#: the changes an operator makes to one job; ``release`` only of a held job
-CHANGES: dict[str, Change] = {"revoke": _revoke, "release": _release, "delete": _delete}
+#: the changes an operator makes to one job; ``release`` only of a held job; ``requeue`` with
+#: the store's attempts table, of a job nobody holds
+CHANGES: dict[str, Change] = {"revoke": _revoke, "release": _release, "delete": _delete, "requeue": _requeue}
 
 
 def change_job(

@@ -12,8 +12,9 @@ A job's state is decided in SQL, exactly as the store's guards decide it:
   ``ready_at`` or released with a ``delay``);
 * ``ready``: what :meth:`JobStore.claim_next` with the same ``max_attempts`` may take;
 * ``poisoned``: not done, not held, claimed ``max_attempts`` times or more (the fence counts
-  claims), so ``claim_next(max_attempts=...)`` skips it. Without ``max_attempts`` only a
-  job at the last fence (2**63-1, never claimable again) is poisoned.
+  claims; since its last requeue, with the store's ``attempts`` table), so
+  ``claim_next(max_attempts=...)`` skips it. Without ``max_attempts`` only a job at the last
+  fence (2**63-1, never claimable again) is poisoned.
 
 Listing a state walks the ready index ``(done, until, id)`` in its order and stops at the
 limit, as ``claim_next`` does, so it costs the same at any backlog (``poisoned`` filters the
@@ -55,6 +56,7 @@ from sqlalchemy.sql import Executable, Select
 from ..core.checks import FENCE_MAX, check_count, check_text, check_time, show_value
 from ..core.clock import database_now
 from ..core.errors import InvalidArgument, InvalidArgumentType
+from ..sql.attempts import check_attempts_table, exhausted, within_attempts
 from ..sql.dberrors import DB_ERRORS, wrap_database_error
 from ..sql.schema import ID_MAX_BYTES, KEY_TYPE, as_text, jobs
 from ..sql.statements import TOMBSTONE, Statements
@@ -207,6 +209,7 @@ class Overview:
         *,
         marks: Table = fence_marks,
         keys: Table = idempotency_keys,
+        attempts: Table | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
@@ -217,6 +220,8 @@ class Overview:
         self.table = table
         self.marks = marks
         self.keys = keys
+        #: the store's attempts table (a requeued job's attempts count from its base), if any
+        self.attempts = attempts = check_attempts_table(attempts)
         self._postgresql = engine.dialect.name == "postgresql"
         self._sqlite = engine.dialect.name == "sqlite"
         #: PostgreSQL and SQLite start an index range at a row value ``(until, id) > (u, i)``;
@@ -228,10 +233,10 @@ class Overview:
         # equality on the index's first column, so until bounds the range that is walked
         live = t.c.done == _constant(0)
         max_fence = bindparam("max_fence", type_=BigInteger())
-        ready = and_(live, t.c.until <= now, t.c.fence < max_fence)
+        ready = and_(live, t.c.until <= now, within_attempts(t, attempts, max_fence))
         held = and_(live, t.c.until > now, t.c.owner.is_not(None))
         deferred = and_(live, t.c.until > now, t.c.owner.is_(None))
-        poisoned = and_(live, t.c.until <= now, t.c.fence >= max_fence)
+        poisoned = and_(live, t.c.until <= now, exhausted(t, attempts, max_fence))
         state = case(
             (t.c.done == done, _constant("done")),
             (held, _constant("held")),
@@ -260,10 +265,10 @@ class Overview:
         self._by_id: dict[str | None, Select[Any]] = {
             name: view.where(condition).order_by(t.c.id).limit(limit)
             for name, condition in (
-                ("ready", and_(live_, until_ <= now, t.c.fence < max_fence)),
+                ("ready", and_(live_, until_ <= now, within_attempts(t, attempts, max_fence))),
                 ("held", and_(live_, until_ > now, t.c.owner.is_not(None))),
                 ("deferred", and_(live_, until_ > now, t.c.owner.is_(None))),
-                ("poisoned", and_(live_, until_ <= now, t.c.fence >= max_fence)),
+                ("poisoned", and_(live_, until_ <= now, exhausted(t, attempts, max_fence))),
                 ("done", done_ == done),
                 (None, done_ <= done),
             )

@@ -15,11 +15,12 @@ script of its own; no build step, nothing fetched from elsewhere, so it works of
 * ``/events``: the live feed (server-sent events) every page listens to: one read of the
   table per interval for all of them (:mod:`fencing.web.feed`).
 
-**Actions** (revoke, release, delete, enqueue) are off unless the application passes
-``authorize`` (:mod:`fencing.web.auth`): without it no page shows them and every ``POST``
-answers ``403``, nothing changed. Each form carries a CSRF token that must match the
-dashboard's cookie (``SameSite=Strict``), and a cross-site ``Origin`` is refused; each action
-is logged on ``fencing.web`` with who did it, and recorded in the history when there is one.
+**Actions** (revoke, release, delete, enqueue; requeue with the store's ``attempts`` table)
+are off unless the application passes ``authorize`` (:mod:`fencing.web.auth`): without it
+no page shows them and every ``POST`` answers ``403``, nothing changed. Each form carries a
+CSRF token that must match the dashboard's cookie (``SameSite=Strict``), and a cross-site
+``Origin`` is refused; each action is logged on ``fencing.web`` with who did it, and
+recorded in the history when there is one.
 """
 
 from __future__ import annotations
@@ -77,11 +78,12 @@ SAID = {
     "revoked": "Revoked: the holder's fence is stale now; its next write will be refused.",
     "released": "Released: the lease was ended (the fence is kept); the job is claimable again.",
     "deleted": "Deleted: a tombstone keeps the fence, so the id never hands out an old token.",
+    "requeued": "Requeued: its attempts count again from its fence now (kept); it is ready.",
     "enqueued": "Enqueued.",
     "exists": "A job with this id exists already: nothing changed.",
     "unchanged": "Nothing changed: the job was not in a state this action applies to.",
 }
-_DID = {"revoke": "revoked", "release": "released", "delete": "deleted"}
+_DID = {"revoke": "revoked", "release": "released", "delete": "deleted", "requeue": "requeued"}
 
 _SECURITY_HEADERS = [
     (
@@ -197,18 +199,19 @@ class _Dashboard:
         interval: float,
         max_streams: int,
         max_attempts: int | None,
+        attempts: Table | None,
         wait: float | None,
         title: str,
     ) -> None:
         self.engine = engine
         self.table = table
         self.history = history
-        self.overview = Overview(engine, table, marks=marks, keys=keys)
+        self.overview = Overview(engine, table, marks=marks, keys=keys, attempts=attempts)
         self.locks = None if locks is None else Overview(engine, locks)
         recorded = None if history is None else History(history, retention=None)
         # the dashboard's own store, for the actions: it records them in the history and
         # never prunes it (retention=None: the application's store prunes)
-        self.store = JobStore(engine, table, history=recorded)
+        self.store = JobStore(engine, table, history=recorded, attempts=attempts)
         self.authorize = authorize
         self.max_streams = max_streams
         self.max_attempts = max_attempts
@@ -331,6 +334,9 @@ class _Dashboard:
                 ("release", "Release", job.state == "held"),
                 ("delete", "Delete", True),
             ]
+            if self.store.attempts is not None:
+                # its attempts given back: a job nobody holds (a held one: revoke it first)
+                actions.insert(2, ("requeue", "Requeue", job.state in ("poisoned", "ready", "deferred")))
         root = request.scope.get("root_path", "")
         heading = Markup("Job ") + _shown(job_id)
         return self.fragment(request, "job.html", page="job", heading=heading, job=job, job_id=job_id,
@@ -406,6 +412,8 @@ class _Dashboard:
                 "enqueue of job %r by %s on the dashboard: %s", job_id, who, "added" if added else "exists"
             )
             said = "enqueued" if added else "exists"
+        elif action == "requeue" and self.store.attempts is None:
+            raise InvalidArgument("requeue needs the attempts table: dashboard(..., attempts=...)")
         elif action in _DID:
             changed = await run_in_threadpool(
                 lambda: change_job(action, self.store, self.overview, job_id, wait=self.wait)
@@ -468,6 +476,7 @@ def dashboard(
     interval: float = 1.0,
     max_streams: int = 100,
     max_attempts: int | None = None,
+    attempts: Table | None = None,
     wait: float | None = 10.0,
     title: str = "fencing",
 ) -> Starlette:
@@ -478,12 +487,14 @@ def dashboard(
     ``authorize(request)`` turns the actions on: it answers who is asking (logged with each
     action) or ``None`` (``403``). ``interval``: seconds between the feed's reads;
     ``max_streams``: event streams open at once (``503`` past it); ``max_attempts``: what the
-    workers pass to ``claim_next``, for the ``poisoned`` state; ``wait``: the longest an
+    workers pass to ``claim_next``, for the ``poisoned`` state; ``attempts``: the workers'
+    store's attempts table (:func:`fencing.attempts_table`), which turns on the requeue of a
+    poisoned job and counts its attempts from its last requeue; ``wait``: the longest an
     action waits for a job's row held by a worker's fenced block.
     """
     if not isinstance(engine, Engine):
         raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
-    for name, value in (("history", history), ("locks", locks)):
+    for name, value in (("history", history), ("locks", locks), ("attempts", attempts)):
         if value is not None and not isinstance(value, Table):
             raise InvalidArgumentType(
                 f"{name} must be a sqlalchemy Table or None, got {type(value).__name__}"
@@ -501,7 +512,8 @@ def dashboard(
         raise InvalidArgumentType(f"title must be a str, got {type(title).__name__}")
     d = _Dashboard(
         engine, table, history=history, locks=locks, marks=marks, keys=keys, authorize=authorize,
-        interval=interval, max_streams=max_streams, max_attempts=max_attempts, wait=wait, title=title,
+        interval=interval, max_streams=max_streams, max_attempts=max_attempts, attempts=attempts,
+        wait=wait, title=title,
     )  # fmt: skip
     routes = [
         Route("/", d.guarded(d.overview_page), methods=["GET"]),
