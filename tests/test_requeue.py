@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, inspect, select
 
 from fencing import (
@@ -275,3 +277,114 @@ def test_the_overview_counts_a_requeued_job_ready_as_the_claim_does(store: JobSt
     # the same store's overview without the attempts table counts fences only
     plain = Overview(store.engine, store.table)
     assert [j.job_id for j in plain.jobs("poisoned", max_attempts=1)] == ["a", "b"]
+
+
+# -- against a small model -------------------------------------------------------------------
+
+MAX_ATTEMPTS = 2
+#: (operation, job, seconds): claim_next by one of two workers, requeue, revoke, complete
+#: the latest lease of the job, or let time pass
+OPERATIONS = st.tuples(
+    st.sampled_from(["claim_next", "requeue", "revoke", "complete", "tick"]),
+    st.sampled_from(["a", "b"]),
+    st.sampled_from([0.0, 5.0, 30.0]),
+)
+
+
+class AttemptsModel:
+    """The rules of requeue and max_attempts in plain Python: a job's attempts are its fence
+    less its base (the fence at its last requeue)."""
+
+    def __init__(self) -> None:
+        self.rows = {job: {"owner": None, "until": 0.0, "fence": 0, "done": False} for job in "ab"}
+        self.base: dict[str, int] = {}
+
+    def ready(self, job: str, now: float) -> bool:
+        r = self.rows[job]
+        attempts = r["fence"] - self.base.get(job, 0)
+        return not r["done"] and r["until"] <= now and attempts < MAX_ATTEMPTS
+
+    def claim_next(self, owner: str, now: float) -> tuple[str, int] | None:
+        ready = sorted((r["until"], job) for job, r in self.rows.items() if self.ready(job, now))
+        if not ready:
+            return None
+        job = ready[0][1]
+        r = self.rows[job]
+        r.update(owner=owner, until=now + TTL, fence=r["fence"] + 1)
+        return job, r["fence"]
+
+    def requeue(self, job: str, now: float) -> bool:
+        r = self.rows[job]
+        if r["done"] or (r["owner"] is not None and r["until"] > now):
+            return False
+        r.update(owner=None, until=min(r["until"], now))
+        self.base[job] = r["fence"]
+        return True
+
+    def revoke(self, job: str) -> bool:
+        r = self.rows[job]
+        if r["done"]:
+            return False
+        r.update(owner=None, until=0.0, fence=r["fence"] + 1)
+        return True
+
+    def complete(self, job: str, owner: str, fence: int, now: float) -> bool:
+        r = self.rows[job]
+        if r["done"] or r["owner"] != owner or r["fence"] != fence or r["until"] <= now:
+            return False
+        r.update(done=True)
+        return True
+
+
+@pytest.mark.sync_only("the rules are the sync store's; the async front carries them (tested above)")
+def test_requeue_and_max_attempts_follow_the_model(store: JobStore) -> None:
+    t, a = store.table, store.attempts
+    assert a is not None
+    examples = 60 if store.engine.dialect.name == "sqlite" else 25
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.lists(OPERATIONS, max_size=25))
+    def run(operations: list[tuple[str, str, float]]) -> None:
+        with store.engine.begin() as conn:
+            conn.execute(a.delete())
+            conn.execute(t.delete())
+        for job in "ab":
+            store.enqueue(job, ready_at=0.0)
+        model, now, leases, turn = AttemptsModel(), 100.0, {}, 0
+        for op, job, seconds in operations:
+            if op == "tick":
+                now += seconds
+            elif op == "claim_next":
+                turn += 1
+                owner = f"w{turn % 2}"
+                got = store.claim_next(owner, ttl=TTL, now=now, max_attempts=MAX_ATTEMPTS)
+                expected = model.claim_next(owner, now)
+                assert [(lease.job_id, lease.fence) for lease in got] == ([expected] if expected else [])
+                leases.update({lease.job_id: lease for lease in got})
+            elif op == "requeue":
+                assert store.requeue(job, now=now) == model.requeue(job, now)
+            elif op == "revoke":
+                assert store.revoke(job) == model.revoke(job)
+            elif job in leases:
+                lease = leases[job]
+                assert store.complete(lease, "r", now=now) == model.complete(
+                    job, lease.owner, lease.fence, now
+                )
+            for name, row in model.rows.items():
+                state = store.state(name)
+                assert state is not None
+                assert (state.owner, state.until, state.fence, state.done) == (
+                    row["owner"],
+                    row["until"],
+                    row["fence"],
+                    row["done"],
+                ), (name, operations)
+            assert bases(store) == model.base
+            poisoned = {j.job_id for j in store.poisoned(MAX_ATTEMPTS, now=now)}
+            assert poisoned == {
+                j
+                for j, r in model.rows.items()
+                if not r["done"] and r["until"] <= now and not model.ready(j, now)
+            }
+
+    run()
