@@ -217,3 +217,34 @@ def test_a_database_that_is_down_answers_503_with_retry_after(tmp_path: Any) -> 
         answer = c.post("/claim", json={"owner": "w", "ttl": 30}, headers=AUTH)
     assert answer.status_code == 503 and answer.json()["error"] == "DatabaseUnavailable"
     assert answer.headers["retry-after"] == "1"
+
+
+def test_fencing_serves_app_counts_a_requeued_jobs_attempts_from_its_requeue(engine: Engine) -> None:
+    """fencing serve --attempts-table: the API's claim with max_attempts takes a job the
+    dashboard's Requeue gave its attempts back, above every fence it handed out."""
+    from sqlalchemy import MetaData
+
+    from fencing import attempts_table
+    from fencing.tools.serve import app_for
+
+    attempts = attempts_table(MetaData())
+    workers = JobStore(engine, attempts=attempts)
+    workers.create_table()
+    workers.enqueue("a", ready_at=0.0)
+    app = app_for(
+        engine, workers.table, history=None, locks=None, interval=1.0, max_attempts=1,
+        tokens={TOKEN: "worker-go"}, attempts=attempts,
+    )  # fmt: skip
+    with TestClient(app) as client:
+        [first] = post(client, "/api/claim", {"owner": "go-1", "ttl": 30, "max_attempts": 1}).json()["leases"]
+        assert post(client, "/api/release", {"lease": first}).status_code == 200
+        assert post(client, "/api/claim", {"owner": "go-1", "ttl": 30, "max_attempts": 1}).json() == {
+            "leases": []
+        }
+        assert workers.requeue("a")
+        [second] = post(client, "/api/claim", {"owner": "go-2", "ttl": 30, "max_attempts": 1}).json()[
+            "leases"
+        ]
+        assert (first["fence"], second["fence"]) == (1, 2)
+        page = client.get("/job?id=a")
+        assert page.status_code == 200 and "held" in page.text
