@@ -591,6 +591,45 @@ def test_a_cancelled_async_waiter_leaves_the_queue(target: str, engine: Engine) 
     asyncio.run(main())
 
 
+@pytest.mark.sync_only("drives the async locks from asyncio code of its own")
+def test_a_waiter_cancelled_while_it_queues_leaves_the_queue(
+    target: str, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancellation arrives while the waiter's ticket is being written: the write goes on
+    to its end (the bridge never cuts a driver call), and the ticket it answered is taken out
+    of the queue again, not left to lapse (other waiters would wait for it for keep seconds)."""
+    from fencing.asyncio import AsyncLocks
+    from fencing.locks.queue import WaitQueue
+
+    waiting: list[asyncio.Task[Any]] = []
+    enter = WaitQueue.enter
+
+    def enter_then_cancelled(self: WaitQueue, *args: Any, **kwargs: Any) -> int:
+        ticket = enter(self, *args, **kwargs)  # committed: the ticket is in the queue
+        waiting[0].cancel()  # the caller is cancelled before the answer reaches it
+        return ticket
+
+    monkeypatch.setattr(WaitQueue, "enter", enter_then_cancelled)
+
+    async def main() -> None:
+        async_engine = backends.async_engine_for(target)
+        try:
+            locks = AsyncLocks(async_engine, poll=0.05)
+            await locks.create_table()
+            held = await locks.try_acquire("busy", "holder", ttl=TTL)
+            assert held is not None
+            waiting.append(asyncio.create_task(locks.acquire("busy", "waiter", ttl=TTL, timeout=None)))
+            with pytest.raises(asyncio.CancelledError):
+                await waiting[0]
+            assert waiters_of(engine, locks) == 0
+            await locks.release(held)
+            assert await locks.try_acquire("busy", "newcomer", ttl=TTL) is not None
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(main())
+
+
 # -- the async front, on the loop ----------------------------------------------------------------
 
 

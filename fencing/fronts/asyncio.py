@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import logging
 import sys
@@ -618,8 +619,10 @@ async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any
     """Carry out ``rules`` in this task: each call through the bridge (a lease it took for a
     task cancelled meanwhile given back), each wait an ``asyncio.sleep``."""
 
-    async def give_back_lease(answer: object) -> None:
-        if isinstance(answer, Lease):
+    async def give_back_answer(step: Send, answer: object) -> None:
+        if step.undo is not None:  # what the call made for a task that is no longer there
+            await run(step.undo, answer)
+        elif isinstance(answer, Lease):
             await give_back(answer)
 
     try:
@@ -630,7 +633,7 @@ async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any
                     await _nap(step)
                     answer = None
                 else:
-                    answer = await run(step.call, give_back=give_back_lease)
+                    answer = await run(step.call, give_back=functools.partial(give_back_answer, step))
             except BaseException as exc:  # the rules leave the queue, then it goes on up
                 step = rules.throw(exc)
             else:

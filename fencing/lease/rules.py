@@ -96,10 +96,13 @@ class Send:
 
     A store's method (``local=False``) returns a coroutine on an async store: the task awaits
     it. A look into :mod:`fencing.runtime.holds` (``local=True``) must run where this thread's, or
-    inside asyncio's bridge this task's, holds are told apart."""
+    inside asyncio's bridge this task's, holds are told apart. ``undo``: what gives back what
+    the call made (its answer passed) when the task that asked was cancelled while it ran: the
+    call goes on to its end, so its answer, a waiter's ticket say, would otherwise be lost."""
 
     call: Callable[[], object]
     local: bool = False
+    undo: Callable[[Any], object] | None = None
 
 
 @dataclass(frozen=True)

@@ -216,13 +216,17 @@ class Locks:
         metrics.add("acquire.queued")
         queue, keep = self.queue, self.keep
         backoff = Backoff(wait, self.poll)
-        ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()))
+        # a task cancelled while it queued leaves the queue again (the ticket is answered late)
+        ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()), undo=queue.leave)
         refreshed = time.monotonic()
         listener: Listener | None = None
         try:
             notifier = self.store.notifier
             if notifier is not None:  # PostgreSQL: woken when the lock is freed
-                listener = yield Send(lambda: listen(self.engine, notifier.channel, name))
+                # a cancelled task's connection, answered late, is given back too
+                listener = yield Send(
+                    lambda: listen(self.engine, notifier.channel, name), undo=lambda late: late.close()
+                )
             while True:
                 pause = backoff.pause()
                 if pause is None:
@@ -232,7 +236,9 @@ class Locks:
                 if time.monotonic() - refreshed > keep / 3:
                     if not (yield Send(functools.partial(queue.refresh, ticket, keep=keep, now=read()))):
                         # stalled past keep: its place lapsed; back of the queue
-                        ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()))
+                        ticket = yield Send(
+                            lambda: queue.enter(name, owner, keep=keep, now=read()), undo=queue.leave
+                        )
                     refreshed = time.monotonic()
                 if (yield Send(functools.partial(queue.look, name, owner, ticket, now=read()))):
                     lease = yield Send(attempt)
