@@ -36,7 +36,7 @@ import nox
 nox.needs_version = ">=2024.3.2"
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "torture", "lint", "typecheck", "demo", "package"]
+nox.options.sessions = ["tests", "torture", "lint", "typecheck", "demo", "package", "docs"]
 
 ROOT = Path(__file__).resolve().parent
 
@@ -311,6 +311,16 @@ def typecheck(session: nox.Session) -> None:
     _install(session, "otel")
     session.install("mypy")
     session.run("mypy")
+
+
+@nox.session(python=NEWEST)
+def docs(session: nox.Session) -> None:
+    """The documentation site (mkdocs.yml, docs/), built with ``--strict``: a broken link, a
+    page missing from the nav or an API reference that does not resolve fails the session.
+    The pages' code runs in the tests (tests/test_docs.py)."""
+    _install(session, "docs")
+    with tempfile.TemporaryDirectory(prefix="fencing-site-") as site:
+        session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
 
 
 @nox.session(python=NEWEST)
