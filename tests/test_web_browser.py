@@ -154,15 +154,17 @@ def test_a_claim_by_another_process_appears_within_two_seconds(
     assert page.inner_text('tr[data-job="watched"] .state') == "ready"
     with stalled_worker(target) as worker:
         assert worker.stdout is not None
-        claimed_at = time.monotonic()
         job, fence = worker.stdout.readline().split()
+        # the worker printed its claim: from here (its start-up, seconds on a loaded machine,
+        # is not the page's to make up)
+        claimed_at = time.monotonic()
         assert (job, fence) == ("watched", "1")
         page.wait_for_function(
             "() => { const s = document.querySelector('tr[data-job=\"watched\"] .state');"
             " return s && s.textContent === 'held'; }",
             timeout=2000,
         )
-        assert time.monotonic() - claimed_at < 2.5  # 2 s, and the worker's print on the way
+        assert time.monotonic() - claimed_at < 2.5  # 2 s, and the print's way to this process
         assert "stalled-worker" in page.inner_text('tr[data-job="watched"]')
     assert page.problems == []
 
