@@ -307,8 +307,10 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=NEWEST)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the library and service.py (fencing.otel with its extra installed)."""
-    _install(session, "otel")
+    """mypy --strict on the library and service.py (fencing.otel and fencing.web with their extras)."""
+    # every module is checked, so every extra a module imports is installed (web: starlette,
+    # jinja2, uvicorn; otel)
+    _install(session, "otel", "web")
     session.install("mypy")
     session.run("mypy")
 
