@@ -61,13 +61,14 @@ class WorkerBatches:
 
         Ready: not done, lease expired or never taken, not deferred, and (with
         ``max_attempts``) claimed fewer than that many times, the fence being the attempt
-        count. The jobs that have been ready longest come first (by ``until``: enqueue
-        time, lease expiry or retry time; with :meth:`enqueue`'s default that is first-come
+        count (since the job's last :meth:`requeue`, with the store's ``attempts`` table).
+        The jobs that have been ready longest come first (by ``until``: enqueue time, lease
+        expiry or retry time; with :meth:`enqueue`'s default that is first-come
         first-served), ties by id (the order of the ready index, so the pick walks it from
         its start and stops at ``limit``, at any backlog); the order of the returned list
-        is the database's. On PostgreSQL and MariaDB workers
-        skip rows another worker is claiming (``FOR UPDATE SKIP LOCKED``); on SQLite
-        ``BEGIN IMMEDIATE`` serializes claims.
+        is the database's. On PostgreSQL and MariaDB workers skip rows another worker is
+        claiming (``FOR UPDATE SKIP LOCKED``); on SQLite ``BEGIN IMMEDIATE`` serializes
+        claims.
         """
         ctx = self._ctx
         outcome = ctx.outcome()
@@ -386,7 +387,8 @@ class WorkerBatches:
         self, max_attempts: int, *, now: float | None = None, conn: CallerConnection | None = None
     ) -> list[JobState]:
         """Jobs that :meth:`claim_next` with this ``max_attempts`` skips: not done, not
-        held, claimed ``max_attempts`` times or more. Longest ready first."""
+        held, claimed ``max_attempts`` times or more (since the last :meth:`requeue`, with
+        the store's ``attempts`` table). Longest ready first."""
         ctx = self._ctx
         s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
         params = {"max_fence": check_count("max_attempts", max_attempts), **clock}

@@ -2,8 +2,8 @@
 ``WHERE``; a refused write's reason is read in the same transaction.
 
 :class:`LeaseOperations` is the part of :class:`~fencing.JobStore` that a caller who knows
-the job id uses: enqueue, state, claim, renew, complete, release, revoke, delete and the
-claim race of :meth:`~LeaseOperations.claim_many`.
+the job id uses: enqueue, state, claim, renew, complete, release, revoke, delete, requeue
+and the claim race of :meth:`~LeaseOperations.claim_many`.
 """
 
 from __future__ import annotations
