@@ -484,8 +484,12 @@ def _inject(
     if kind == "kill-in-transaction":
         index = pool.wait_for(IN_TRANSACTION, rng)
     else:
+        # a plain kill: a worker outside a write transaction where there is one (a kill that
+        # lands inside one is told as such; on a loaded machine, busy writing after a server
+        # crash, every kill of a short run could land there and none count as plain)
         running = pool.running()
-        index = rng.choice(running) if running else None
+        outside = [i for i in running if pool.states[i] != IN_TRANSACTION]
+        index = rng.choice(outside or running) if running else None
     if index is None:
         return False
     in_transaction = pool.states[index] == IN_TRANSACTION
