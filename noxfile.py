@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import shutil
 import subprocess
 import tarfile
@@ -323,6 +324,34 @@ def docs(session: nox.Session) -> None:
     _install(session, "docs")
     with tempfile.TemporaryDirectory(prefix="fencing-site-") as site:
         session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
+        fetched = _fetched_from_the_web(Path(site))
+        if fetched:
+            shown = "\n".join(fetched)
+            session.error(f"the site fetches from the web when read (it must read offline):\n{shown}")
+        session.log(f"offline: no page, stylesheet or script of the site fetches from the web ({site})")
+
+
+#: what a browser fetches by itself when a page is read (a script, a stylesheet, a font, an
+#: image, a preconnect), as opposed to a link the reader may follow. (Material's script names
+#: two URLs it loads only on demand: a ResizeObserver polyfill for browsers without one, and
+#: mermaid for a page with a diagram; no page has one.)
+_FETCHED = re.compile(
+    r"""<(?:script|img|iframe|source)\b[^>]*\bsrc=["']?(?:https?:)?//[^"'\s>]+"""
+    r"""|<link\b[^>]*\bhref=["']?(?:https?:)?//[^"'\s>]+"""
+    r"""|@import\s+(?:url\()?["']?(?:https?:)?//[^"')\s]+"""
+    r"""|url\(\s*["']?(?:https?:)?//[^"')\s]+""",
+    re.I,
+)
+
+
+def _fetched_from_the_web(site: Path) -> list[str]:
+    """Every reference in the built site that a browser would fetch from another host."""
+    found = []
+    for path in sorted(site.rglob("*")):
+        if path.suffix in (".html", ".css", ".js") and path.is_file():
+            text = path.read_text(encoding="utf-8", errors="replace")
+            found += [f"{path.relative_to(site)}: {m.group(0)[:160]}" for m in _FETCHED.finditer(text)]
+    return found
 
 
 @nox.session(python=NEWEST)

@@ -1,4 +1,5 @@
-"""Every ``python`` block of the documentation site runs, page by page, in order.
+"""Every ``python`` block of the documentation site and of the README runs, page by page, in
+order; every ``fencing`` command line in their other blocks parses with the real parser.
 
 A page is run like a notebook: its blocks, top to bottom, in one namespace, in an empty
 directory of the test's own, so a renamed argument or a changed answer breaks this test, not a
@@ -13,12 +14,17 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+#: generated from the parser, and compared with it whole (its synopses are not command lines)
+CLI_REFERENCE = DOCS / "reference" / "cli.md"
 #: a fenced block at the start of a line: its language and its text
 BLOCK = re.compile(r"^```(\w+)[^\n]*\n(.*?)^```", re.S | re.M)
 RUNS_ON = re.compile(r"<!--\s*runs on:\s*([\w, ]+?)\s*(?:\(|-->)")
@@ -27,7 +33,12 @@ PYTHON = {"python", "py", "pycon"}
 
 
 def pages() -> list[Path]:
-    return sorted(DOCS.rglob("*.md"))
+    """Every page of the site, and the README (the front page people see first)."""
+    return [README, *sorted(DOCS.rglob("*.md"))]
+
+
+def _name(page: Path) -> str:
+    return str(page.relative_to(ROOT if page == README else DOCS))
 
 
 def python_blocks(page: Path) -> list[str]:
@@ -41,7 +52,7 @@ def runs_on(page: Path) -> tuple[str, ...]:
 
 def _params() -> list[object]:
     return [
-        pytest.param(page, id=str(page.relative_to(DOCS)), marks=pytest.mark.backend(*runs_on(page)))
+        pytest.param(page, id=_name(page), marks=pytest.mark.backend(*runs_on(page)))
         for page in pages()
         if python_blocks(page)
     ]
@@ -73,9 +84,7 @@ def run_blocks(page: Path, namespace: dict[str, object]) -> None:
             try:
                 exec(compile(code, f"{page.name}, block {number}", "exec"), namespace)
             except Exception as exc:
-                raise AssertionError(
-                    f"{page.relative_to(DOCS)}, block {number} failed: {exc!r}\n{code}"
-                ) from exc
+                raise AssertionError(f"{_name(page)}, block {number} failed: {exc!r}\n{code}") from exc
 
 
 def test_the_pages_have_code_and_the_landing_page_reaches_the_first_worker() -> None:
@@ -85,3 +94,69 @@ def test_the_pages_have_code_and_the_landing_page_reaches_the_first_worker() -> 
     assert len(python_blocks(DOCS / "tutorials" / "first-worker-postgresql.md")) == 4
     assert runs_on(DOCS / "tutorials" / "first-worker-postgresql.md") == ("postgresql",)
     assert "(tutorials/first-worker-postgresql.md)" in (DOCS / "index.md").read_text(encoding="utf-8")
+
+
+# -- the command lines ---------------------------------------------------------------------
+
+#: a command line of a shell or output block: ``fencing ...`` or ``python -m fencing ...``,
+#: after a prompt (``$ ``) where the block has prompts (its other lines are output), at the
+#: start of any line of a block without them
+COMMAND = re.compile(r"^\s*(\$\s+)?(?:python3? -m fencing|fencing)\s+(.*)$")
+
+
+def command_lines(page: Path) -> list[str]:
+    """The ``fencing`` command lines of a page's non-Python blocks: shell comments, pipes,
+    redirections and ``&&`` cut off, ``\\`` continuations joined."""
+    found = []
+    for language, code in BLOCK.findall(page.read_text(encoding="utf-8")):
+        if language in PYTHON:
+            continue
+        prompted = re.search(r"^\s*\$\s", code, re.M) is not None
+        for line in code.replace("\\\n", " ").splitlines():
+            match = COMMAND.match(line)
+            if match is not None and bool(match.group(1)) == prompted:
+                found.append(re.split(r"\s(?:#|\||&&|>|<)|;", " " + match.group(2))[0].strip())
+    return found
+
+
+def _command_params() -> list[object]:
+    return [
+        pytest.param(page, line, id=f"{_name(page)}: fencing {line}")
+        for page in pages()
+        if page != CLI_REFERENCE
+        for line in command_lines(page)
+    ]
+
+
+@pytest.mark.parametrize(("page", "line"), _command_params())
+def test_every_command_line_parses(page: Path, line: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A renamed option or command breaks this test, not a reader's paste. ``--url`` may be
+    left out (``$FENCING_URL``), as the pages say; ``--help`` lines exit 0."""
+    monkeypatch.setenv("FENCING_URL", "jobs.db")
+    from fencing.cli import build_parser
+
+    parser = build_parser("fencing")
+    code: object = None
+    try:
+        args = parser.parse_args(shlex.split(line))
+    except SystemExit as exit:  # --help and --version exit 0; a bad line exits 2
+        code = exit.code
+    else:
+        assert getattr(args, "run", None) is not None, f"{_name(page)}: `fencing {line}` names no command"
+    assert code in (None, 0), f"{_name(page)}: `fencing {line}` does not parse (exit {code})"
+
+
+def test_the_command_lines_are_found() -> None:
+    """The collector finds the pages' command lines (a prompt or a block it could not read
+    would leave them unchecked)."""
+    lines = [line for page in pages() for line in command_lines(page)]
+    assert len(lines) >= 10
+    assert any(line.startswith("torture") for line in lines)
+
+
+def test_the_cli_reference_is_the_parser() -> None:
+    from tests.cli_reference import render
+
+    assert CLI_REFERENCE.read_text(encoding="utf-8") == render(), (
+        "docs/reference/cli.md is out of date: python -m tests.cli_reference > docs/reference/cli.md"
+    )
