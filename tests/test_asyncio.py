@@ -70,6 +70,17 @@ def test_a_sync_store_on_an_asyncio_driver_is_refused_by_name(target: str) -> No
             JobStore(engine.sync_engine)
         with pytest.raises(ConfigurationError, match=r"asyncio driver.*AsyncFenceMarks"):
             fencing.FenceMarks(engine.sync_engine)
+        # the AsyncEngine itself: told which class takes it
+        with pytest.raises(
+            InvalidArgumentType,
+            match=r"got AsyncEngine: an AsyncEngine takes fencing\.asyncio\.AsyncJobStore$",
+        ):
+            JobStore(engine)  # type: ignore[arg-type]
+        with pytest.raises(
+            InvalidArgumentType,
+            match=r"got AsyncEngine: an AsyncEngine takes fencing\.asyncio\.AsyncFenceMarks$",
+        ):
+            fencing.FenceMarks(engine)  # type: ignore[arg-type]
 
     run(target, scenario)
 

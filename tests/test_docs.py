@@ -82,7 +82,7 @@ def run_blocks(page: Path, namespace: dict[str, object]) -> None:
         shown = io.StringIO()
         with contextlib.redirect_stdout(shown):
             try:
-                exec(compile(code, f"{page.name}, block {number}", "exec"), namespace)
+                exec(compile(code, f"{page.name}, block {number}", "exec", dont_inherit=True), namespace)
             except Exception as exc:
                 raise AssertionError(f"{_name(page)}, block {number} failed: {exc!r}\n{code}") from exc
 

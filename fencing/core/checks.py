@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from sqlalchemy import MetaData
+from sqlalchemy import Engine, MetaData
 
 from .errors import InvalidArgument, InvalidArgumentType
 
@@ -204,6 +204,17 @@ def check_new_table(metadata: object, name: object, schema: object) -> None:
     if key in metadata.tables:
         # SQLAlchemy would raise its own InvalidRequestError; a second definition is a bug
         raise InvalidArgument(f"metadata already holds a table {key!r}; pass another name or MetaData")
+
+
+def check_sync_engine(value: object, *, instead: str) -> None:
+    """``value`` is a sync ``Engine``; an ``AsyncEngine`` is told which class takes it
+    (``instead``, e.g. ``fencing.asyncio.AsyncJobStore``)."""
+    if isinstance(value, Engine):
+        return
+    from sqlalchemy.ext.asyncio import AsyncEngine  # only on the way to the error
+
+    hint = f": an AsyncEngine takes {instead}" if isinstance(value, AsyncEngine) else ""
+    raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(value).__name__}{hint}")
 
 
 def check_timeout(value: object, *, name: str = "timeout") -> float | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table
 
+from ..core.checks import check_sync_engine
 from ..core.errors import InvalidArgumentType
 from ..observe.metrics import StoreMetrics
 from ..runtime.execution import CallerConnection
@@ -55,8 +56,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         history: History | None = None,
         attempts: Table | None = None,
     ) -> None:
-        if not isinstance(engine, Engine):
-            raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
+        check_sync_engine(engine, instead="fencing.asyncio.AsyncJobStore")
         if not isinstance(table, Table):
             raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
         if history is not None and not isinstance(history, History):

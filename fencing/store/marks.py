@@ -45,7 +45,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
-from ..core.checks import FENCE_MAX, check_fence, check_new_table, show_value
+from ..core.checks import FENCE_MAX, check_fence, check_new_table, check_sync_engine, show_value
 from ..core.clock import database_now
 from ..core.errors import (
     ConfigurationError,
@@ -193,8 +193,7 @@ class FenceMarks:
     async_front = False
 
     def __init__(self, engine: Engine, marks: Table = fence_marks, keys: Table = idempotency_keys) -> None:
-        if not isinstance(engine, Engine):
-            raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
+        check_sync_engine(engine, instead="fencing.asyncio.AsyncFenceMarks")
         for name, table in (("marks", marks), ("keys", keys)):
             if not isinstance(table, Table):
                 raise InvalidArgumentType(f"{name} must be a sqlalchemy Table, got {type(table).__name__}")
