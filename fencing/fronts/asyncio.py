@@ -15,10 +15,11 @@ glue and durability settings as the sync engine), asyncpg and psycopg's async mo
 aiomysql or asyncmy for MariaDB/MySQL. Install one with its extra, e.g.
 ``pip install fencing[asyncpg]``.
 
-Cancellation (``task.cancel()``, ``asyncio.timeout``) at any await of an operation rolls
-its transaction back and gives the connection back to the pool (closed, if it could not be
-reset): nothing of the operation is kept, and a fenced block cancelled before it ended keeps
-none of its writes.
+Cancellation (``task.cancel()``, ``asyncio.timeout``) of an operation's caller: the
+operation runs to its end, committed or rolled back, and the ``CancelledError`` goes on at
+that boundary (a cancellation inside a driver call would drop the connection mid-transaction);
+a claim whose caller was cancelled meanwhile is given back (released, its fence kept), and a
+fenced block cancelled anywhere keeps none of its writes.
 """
 
 from __future__ import annotations
