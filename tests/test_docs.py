@@ -45,9 +45,22 @@ def python_blocks(page: Path) -> list[str]:
     return [code for language, code in BLOCK.findall(page.read_text(encoding="utf-8")) if language in PYTHON]
 
 
+#: the names a page may give a database (the suite's --db names), as the dialects the
+#: ``backend`` marker selects by (MariaDB's is mysql)
+DIALECTS = {"sqlite": "sqlite", "postgresql": "postgresql", "mariadb": "mysql", "mysql": "mysql"}
+
+
 def runs_on(page: Path) -> tuple[str, ...]:
+    """The dialects a page runs on: SQLite unless it says otherwise; a name it gives that is
+    not a database's is an error (a page would otherwise be deselected everywhere, silently)."""
     found = RUNS_ON.search(page.read_text(encoding="utf-8"))
-    return ("sqlite",) if found is None else tuple(n.strip() for n in found.group(1).split(","))
+    if found is None:
+        return ("sqlite",)
+    names = [n.strip() for n in found.group(1).split(",")]
+    unknown = sorted(set(names) - set(DIALECTS))
+    if unknown:
+        raise ValueError(f"{page}: runs on {unknown}? the databases are {sorted(DIALECTS)}")
+    return tuple(dict.fromkeys(DIALECTS[n] for n in names))
 
 
 def _params() -> list[object]:

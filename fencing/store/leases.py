@@ -49,13 +49,12 @@ class LeaseOperations:
         ``ready_at``: not claimable before this time on the caller's clock. The default
         ``None`` stamps the database's now, which :meth:`claim_next` (``now=None``) can
         claim at once and which makes it first-come first-served: it takes the jobs that
-        have been ready longest first, and jobs ready at the same instant in the order they
-        were enqueued on SQLite (the row's ``rowid``), by id on the servers (whose clocks
-        count microseconds, so separate enqueues rarely tie). ``ready_at=0`` is the
+        have been ready longest first, and jobs ready at the same instant by id (the ready
+        index is ``(done, until, id)``; SQLite's clock counts milliseconds, so enqueues within
+        one millisecond tie there, the servers' count microseconds). ``ready_at=0`` is the
         contract's row (``service.enqueue``): ready at once on any clock. A
         :meth:`delete`-d id comes back with its fence kept, so it never hands out an old
-        token again; on SQLite it keeps its old ``rowid`` too, so among jobs ready at the
-        same instant it sits where it was first enqueued.
+        token again.
         """
         ctx = self._ctx
         job_id = ctx.job_key("job_id", job_id)
