@@ -109,6 +109,19 @@ def test_the_pages_have_code_and_the_landing_page_reaches_the_first_worker() -> 
     assert "(tutorials/first-worker-postgresql.md)" in (DOCS / "index.md").read_text(encoding="utf-8")
 
 
+def test_the_readme_is_a_front_page_that_reaches_the_first_worker() -> None:
+    """The README is the front page: its ten lines (run above, as a page), the two commands,
+    and one click to the first fenced worker on PostgreSQL; everything else lives in docs/."""
+    text = README.read_text(encoding="utf-8")
+    assert len(python_blocks(README)) == 1
+    assert "python -m pip install . && python -m fencing demo" in text
+    assert "python -m pip install nox && python -m nox" in text
+    assert "(docs/tutorials/first-worker-postgresql.md)" in text
+    assert len(text.splitlines()) < 100, "the README is a front page: the rest belongs in docs/"
+    for target in re.findall(r"\]\((docs/[^)#]+)", text):
+        assert (ROOT / target).is_file(), f"the README links to {target}, which does not exist"
+
+
 # -- the command lines ---------------------------------------------------------------------
 
 #: a command line of a shell or output block: ``fencing ...`` or ``python -m fencing ...``,
