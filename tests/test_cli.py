@@ -504,6 +504,14 @@ def test_a_missing_table_is_said_with_the_way_out(cli: Any, engine: Engine) -> N
         ran = cli(*command)
         assert ran.code == 1, command
         assert ran.err == f"fencing {command[0]}: {MISSING}\n"
+    # a locks table is the application's Locks' to make, not `fencing init`'s
+    for command in (["locks"], ["leader", "scheduler"]):
+        ran = cli(*command)
+        assert (ran.code, ran.err) == (
+            1,
+            f"fencing {command[0]}: table 'fencing_locks' does not exist here; "
+            "the application's fencing.Locks(engine).create_table() creates it\n",
+        ), command
 
 
 def unreachable(target: str) -> str:

@@ -207,6 +207,21 @@ def test_the_openapi_document_names_every_route(client: TestClient) -> None:
     assert {p.replace("{job_id}", "{job_id:path}") for p in doc["paths"]} <= app_routes
 
 
+def test_the_openapi_document_names_every_answer_the_api_gives(client: TestClient) -> None:
+    """The statuses this module's tests see each route answer with are all in the document
+    (a generated client would otherwise fail on an answer it was never told of)."""
+    doc = client.get("/openapi.json").json()["paths"]
+    every = {"200", "401", "409", "422", "500", "503", "507"}
+    for path in ("/claim", "/renew", "/complete", "/release", "/enqueue"):
+        assert set(doc[path]["post"]["responses"]) >= every | {"400", "413", "415"}, path
+    assert "201" in doc["/enqueue"]["post"]["responses"]
+    assert set(doc["/jobs/{job_id}"]["get"]["responses"]) == every | {"404"}
+    added = client.post("/enqueue", json={"job_id": "openapi-1"}, headers=AUTH)
+    missing = client.get("/jobs/none-such", headers=AUTH)
+    not_json = client.post("/claim", content=b"{", headers={**AUTH, "Content-Type": "application/json"})
+    assert (added.status_code, missing.status_code, not_json.status_code) == (201, 404, 400)
+
+
 def test_a_database_that_is_down_answers_503_with_retry_after(tmp_path: Any) -> None:
     from sqlalchemy import create_engine
 

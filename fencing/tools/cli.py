@@ -57,6 +57,8 @@ __all__ = ["build_parser", "main"]
 
 Run = Callable[[argparse.Namespace], int]
 
+#: how a missing locks table comes to be (``fencing init`` makes a jobs table)
+LOCKS_TABLE_WAY_OUT = "the application's fencing.Locks(engine).create_table() creates it"
 #: where ``--url`` comes from when it is not given
 URL_VARIABLE = "FENCING_URL"
 #: ids enqueued per transaction: one commit (one fsync on SQLite) each, and a write lock
@@ -1491,7 +1493,9 @@ def _invoke(command: Command, parser: argparse.ArgumentParser, args: argparse.Na
         finally:
             db.engine.dispose()
     except TableMissing:
-        return _fail(parser, f"table {args.table!r} does not exist here; `fencing init` creates it")
+        # `fencing init` makes a jobs table; a locks table is made by the application's Locks
+        way_out = "`fencing init` creates it" if command.table == "jobs" else LOCKS_TABLE_WAY_OUT
+        return _fail(parser, f"table {args.table!r} does not exist here; {way_out}")
     except FencingError as exc:
         return _fail(parser, str(exc))
     except KeyboardInterrupt:

@@ -15,7 +15,7 @@ application (``app.mount("/leases", lease_api(store, authorize=...))``)::
 Every answer carries the fence (the lease's, and the job's current one). A completion or
 release that was accepted answers with the lease it ended (no read: the guard let it
 through); a replayed one also with the job's row. A write the guard refuses answers ``409``
-with the reason (:data:`fencing.REASONS`), the holder and the current fence, as problem
+with the reason (:data:`fencing.refusals.REASONS`), the holder and the current fence, as problem
 details (:mod:`fencing.web.problems`); bad input ``422`` naming the field; a database that
 cannot answer ``503`` with ``Retry-After``.
 
@@ -341,21 +341,39 @@ _PROBLEM = {
         "status": {"type": "integer"},
         "detail": {"type": "string"},
         "error": {"type": "string", "description": "the library's error name (Refused for a refused write)"},
-        "reason": {"type": "string", "description": "why a write was refused (fencing.REASONS)"},
+        "reason": {"type": "string", "description": "why a write was refused (fencing.refusals.REASONS)"},
         "holder": {"type": ["string", "null"]},
         "current_fence": {"type": ["integer", "null"]},
     },
 }
 
 
-def _operation(summary: str, request: dict[str, Any] | None, answer: dict[str, Any]) -> dict[str, Any]:
-    problems = {"$ref": "#/components/responses/Problem"}
+#: the problems every request may answer with: not authorized, an error of the library's
+#: (refused, bad input, a database that cannot answer, is full, or an error it does not name)
+_EVERY_PROBLEM = ("401", "409", "422", "500", "503", "507")
+#: and those of a request with a body: not JSON, too large, not application/json
+_BODY_PROBLEMS = ("400", "413", "415")
+
+
+def _operation(
+    summary: str,
+    request: dict[str, Any] | None,
+    answer: dict[str, Any],
+    *,
+    also: dict[str, dict[str, Any]] | None = None,
+    problems: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """An operation of the document: its ``200`` answer, ``also`` (other answers, e.g. a
+    ``201``), and every problem it may answer with (those of a body when it takes one)."""
+    problem = {"$ref": "#/components/responses/Problem"}
+    statuses = (*_EVERY_PROBLEM, *(_BODY_PROBLEMS if request is not None else ()), *problems)
     op: dict[str, Any] = {
         "summary": summary,
         "security": [{"bearer": []}],
         "responses": {
             "200": {"description": "done", "content": {"application/json": {"schema": answer}}},
-            **dict.fromkeys(("401", "409", "413", "415", "422", "503"), problems),
+            **(also or {}),
+            **dict.fromkeys(sorted(statuses), problem),
         },
     }
     if request is not None:
@@ -434,11 +452,23 @@ OPENAPI: dict[str, Any] = {
                 "Register a job (201), or find it registered already (200, nothing changed)",
                 _object(["job_id"], job_id={"type": "string"}, ready_at={"type": ["number", "null"]}),
                 _object(["enqueued", "job"], enqueued={"type": "boolean"}, job=_JOB),
+                also={
+                    "201": {
+                        "description": "added",
+                        "content": {
+                            "application/json": {
+                                "schema": _object(["enqueued", "job"], enqueued={"const": True}, job=_JOB)
+                            }
+                        },
+                    }
+                },
             )
         },
         "/jobs/{job_id}": {
             "get": {
-                **_operation("The job's row and state, read now", None, _object(["job"], job=_JOB)),
+                **_operation(
+                    "The job's row and state, read now", None, _object(["job"], job=_JOB), problems=("404",)
+                ),
                 "parameters": [
                     {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],
