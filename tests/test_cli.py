@@ -455,10 +455,23 @@ def test_requeue_gives_a_poisoned_job_its_attempts_back_with_the_workers_attempt
     [first] = workers.claim_next("w", ttl=1.0, now=1.0, max_attempts=1)
     [held] = workers.claim_next("w", ttl=300.0, max_attempts=1)
     assert (first.job_id, held.job_id) == ("h", "p")  # by id: both ready since 0
+
+    def poisoned(*more: str) -> tuple[list[str], str, int]:
+        """What jobs, show and stats tell of "h" with --max-attempts 1."""
+        at_most = ("--max-attempts", "1", "--json", *more)
+        listed = [r["id"] for r in cli("jobs", "--state", "poisoned", *at_most).records]
+        [shown] = cli("show", "h", *at_most).records
+        [summary] = cli("stats", *at_most).records
+        return listed, shown["state"], summary["poisoned"]
+
+    assert poisoned() == (["h"], "poisoned", 1)  # its lease expired at 1.0 after its one attempt
     ran = cli("requeue", "h")
     assert ran.code == 0, ran.err
     said = "requeued job 'h' (it was ready; fence 1 kept): its attempts count again from fence 1"
     assert ran.out == said + ", and it is ready\n"
+    # counted from the requeue, as the workers' claim_next counts it (the fence is still 1)
+    assert poisoned() == ([], "ready", 0)
+    assert poisoned("--attempts-table", "elsewhere") == (["h"], "poisoned", 1)  # no such table: by fence
     [again] = workers.claim_next("w2", ttl=300.0, max_attempts=1)
     assert (again.job_id, again.fence) == (first.job_id, 2)
     assert [e.event for e in workers.history(first.job_id)] == ["claim", "requeue", "claim"]
