@@ -271,7 +271,7 @@ def soak(session: nox.Session, db: str) -> None:
     async workers in one run, no simulated work, every fault kind: frozen, killed, killed
     inside the transaction, revoked; on PostgreSQL and MariaDB the server crashed too (a
     private one, started from the binaries installed here, never the shared one); SQLite has
-    no server to crash. Prints the figures the README shows. Outside CI: CI runs 3,000
+    no server to crash. Prints the figures docs/explanation/proof.md shows. Outside CI: CI runs 3,000
     operations per database."""
     _install(session, "test", *filter(None, DATABASES.values()))
     operations = session.posargs[0] if session.posargs else "1000000"

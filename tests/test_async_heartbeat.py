@@ -511,7 +511,7 @@ def test_stop_inside_a_fenced_block_returns_at_once(target: str) -> None:
 def test_stop_inside_a_block_joined_to_an_unbegun_connection_returns_at_once(
     target: str, begun: bool
 ) -> None:
-    # the README's pattern joined to the caller's AsyncConnection in commit-as-you-go style:
+    # the documented pattern joined to the caller's AsyncConnection in commit-as-you-go style:
     # the block's first check is what begins its transaction
     ttl, interval = 3.0, 0.05
 

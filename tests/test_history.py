@@ -195,7 +195,8 @@ def test_a_fenced_block_records_its_commit_and_a_lost_block_its_refusal_after_th
 def test_a_joined_blocks_refusal_outlives_the_callers_rollback(
     recorded: JobStore, engine: Engine, lost_at: str, caller: str
 ) -> None:
-    # the README's ORM pattern: the LeaseLost rolls the caller's transaction back, which took
+    # the documented ORM pattern (docs/how-to/join-a-session.md): the LeaseLost rolls the
+    # caller's transaction back, which took
     # the refusal written into it along (the metrics counted it, the history never showed it)
     s = recorded
     s.enqueue("j", ready_at=0)

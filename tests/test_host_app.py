@@ -667,7 +667,7 @@ def test_sqlite_application_transactions_begin_deferred_unless_asked(engine: Eng
         conn.execution_options(fencing_begin="IMMEDIATE")
         conn.execute(select(fencing.jobs)).all()
         conn.commit()
-    with Session(engine) as session:  # the README's way for an ORM unit of work
+    with Session(engine) as session:  # the documented way for an ORM unit of work
         session.connection(execution_options={"fencing_begin": "IMMEDIATE"})
         session.commit()
     store.enqueue("j")

@@ -229,7 +229,8 @@ def test_a_block_nested_on_the_outer_blocks_connection_joins_its_transaction(
 def test_a_block_joined_to_a_connection_holds_from_its_first_check_even_before_autobegin(
     store: JobStore, results: Table, begun: bool
 ) -> None:
-    # the README's worker pattern in SQLAlchemy 2.0's commit-as-you-go style: the caller's
+    # the documented worker pattern (docs/tutorials/worker-pool-sqlite.md) in SQLAlchemy
+    # 2.0's commit-as-you-go style: the caller's
     # Connection has no transaction until the block's first check begins one
     ttl = 3.0
     lease = claimed(store, ttl)

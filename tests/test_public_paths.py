@@ -1,7 +1,7 @@
 """The layout behind the public paths: what users import still is what the library runs.
 
-The code lives in layers (``fencing/core``, ``sql``, ``engine``, ...; the README's "How the
-code is laid out"); the paths users import from are re-exports over them, and must stay
+The code lives in layers (``fencing/core``, ``sql``, ``engine``, ...; "The layers of the
+house" in docs/explanation/design.md); the paths users import from are re-exports over them, and must stay
 the very same objects, so a re-export that went stale or a monkeypatch-visible copy fails
 here. ``lint-imports`` (``nox -s lint``) checks the layers themselves.
 """

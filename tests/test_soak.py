@@ -10,7 +10,7 @@ server to crash: its "server" is the file, which a killed worker (inside its tra
 too) leaves to SQLite's own recovery.
 
 CI runs a short version (:data:`SHORT` operations per database); ``nox -s soak -- OPERATIONS``
-runs the long one (default 1,000,000), outside CI, and prints the figures the README shows.
+runs the long one (default 1,000,000), outside CI, and prints the figures docs/explanation/proof.md shows.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def soak_config(url: str, faults: tuple[str, ...], journal_dir: Path | None = No
 
 
 def figures(run: Any) -> dict[str, Any]:
-    """The README's row: operations, faults of each kind, stale writes refused, violations,
+    """The row of docs/explanation/proof.md: operations, faults of each kind, stale writes
+    refused, violations,
     duration, and the controller's peak memory (the verdict's, mostly)."""
     tally = run.verdict.tallies
     refused = sum(n for key, n in tally.items() if key[:2] == ("write", "refused"))

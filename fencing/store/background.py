@@ -8,7 +8,7 @@ Neither belongs inside the operation that finds it to do:
   over every other writer meanwhile.
 * **A joined block's refusal.** A block that joined the caller's transaction and lost its lease
   raises :class:`~fencing.LeaseLost`, and the caller then rolls its transaction back (the
-  README's ORM pattern does): a history row written into that transaction would go with it.
+  documented ORM pattern does): a history row written into that transaction would go with it.
   Written at once in a transaction of the store's own, it would wait for the caller's own lock
   (SQLite's write lock), on the caller's thread: a wait on itself.
 
