@@ -329,7 +329,17 @@ def docs(session: nox.Session) -> None:
             shown = "\n".join(fetched)
             session.error(f"the site fetches from the web when read (it must read offline):\n{shown}")
         session.log(f"offline: no page, stylesheet or script of the site fetches from the web ({site})")
+        roles = [
+            str(page.relative_to(site))
+            for page in Path(site).rglob("*.html")
+            if _RAW_ROLE.search(page.read_text(encoding="utf-8"))
+        ]
+        if roles:  # docs/hooks/rst_roles.py shows them as the code they name
+            session.error(f"Sphinx roles shown raw on: {', '.join(roles)}")
 
+
+#: a docstring's Sphinx role as Markdown renders it: the role's name before the code
+_RAW_ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):<code>")
 
 #: what a browser fetches by itself when a page is read (a script, a stylesheet, a font, an
 #: image, a preconnect), as opposed to a link the reader may follow. (Material's script names
