@@ -273,6 +273,11 @@ class Operation:
     aim: bytes = b"UPDATE"
     #: on the locks table (a Locks operation), not the jobs table
     locks: bool = False
+    #: what a claim may answer once a cut fired: a connection lost before anything committed
+    #: is tried again once on a fresh one (as a dead idle connection is), and the cut
+    #: session's row locks may linger on the server until it reads the end of the stream, so
+    #: SKIP LOCKED passes those rows over: fewer jobs (none, even), as the answer says
+    after_cut: Callable[[Change, Setup, Any], bool] | None = None
 
     def setup(self, direct: JobStore, direct_locks: Locks, trial: int) -> Setup:
         ids = [f"t{trial:05d}-{i}" for i in range(self.ready)]
@@ -392,6 +397,7 @@ OPERATIONS = [
         lambda f, s: f.store.claim_next("w", ttl=60.0),
         lambda c, s: _claimed_n(c, 1),
         lambda c, s, a: len(a) == 1 and _leases_match(c, a),
+        after_cut=lambda c, s, a: len(a) <= 1 and _claimed_n(c, len(a)) and _leases_match(c, a),
     ),
     Operation(
         "claim_next(3)",
@@ -400,6 +406,7 @@ OPERATIONS = [
         lambda f, s: f.store.claim_next("w", ttl=60.0, limit=3),
         lambda c, s: _claimed_n(c, 3),
         lambda c, s, a: len(a) == 3 and _leases_match(c, a),
+        after_cut=lambda c, s, a: len(a) <= 3 and _claimed_n(c, len(a)) and _leases_match(c, a),
     ),
     Operation(
         "renew",
@@ -599,7 +606,11 @@ def judge(op: Operation, kind: str, answer: Any, change: Change, setup: Setup, f
     what = f"{op.name}, cut {fired}: {kind} ({answer!r}); changed {sorted(change.keys)}"
     if kind == "answered":
         # every operation here changes its rows when it succeeds, once: as its answer says
-        assert op.whole(change, setup) and op.answered(change, setup, answer), what
+        whole = op.whole(change, setup) and op.answered(change, setup, answer)
+        # (a claim after a cut: fewer jobs, skipped while the cut session's locks lingered;
+        # CI once saw MariaDB's answer [] so; an uncut run always takes them all)
+        short = fired is not None and op.after_cut is not None and op.after_cut(change, setup, answer)
+        assert whole or short, what
     elif kind == "unavailable":
         assert not change.keys, what
         assert fired is not None, what
