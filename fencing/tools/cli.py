@@ -328,6 +328,12 @@ def _existing_attempts(engine: Engine, table: Table, args: argparse.Namespace) -
     name = getattr(args, "attempts_table", None)
     if name is None or getattr(args, "max_attempts", None) is None:
         return None
+    return _attempts_beside(engine, table, name)
+
+
+def _attempts_beside(engine: Engine, table: Table, name: str) -> Table | None:
+    """The attempts table ``name`` beside ``table`` (:func:`fencing.attempts_table`), or
+    ``None`` if there is no such table."""
     with database_errors(name):
         if not sqlalchemy.inspect(engine).has_table(name, schema=table.schema):
             return None
@@ -612,12 +618,8 @@ def _history_in(db: _Database, name: str) -> History | None:
 
 
 def _attempts_in(db: _Database, name: str) -> Table | None:
-    """The attempts table ``name`` beside the command's table (:func:`fencing.attempts_table`),
-    or ``None`` if there is no such table."""
-    with database_errors(name):
-        if not sqlalchemy.inspect(db.engine).has_table(name, schema=db.table.schema):
-            return None
-    return attempts_table(MetaData(), name, schema=db.table.schema)
+    """The attempts table ``name`` beside the command's table, or ``None``."""
+    return _attempts_beside(db.engine, db.table, name)
 
 
 def _recording(db: _Database, name: str) -> JobStore | None:
