@@ -388,3 +388,97 @@ def test_requeue_and_max_attempts_follow_the_model(store: JobStore) -> None:
             }
 
     run()
+
+
+@pytest.fixture(params=["sync", asyncfront.ASYNC])
+def unrecorded(request: pytest.FixtureRequest, engine: Engine, target: str) -> Iterator[Any]:
+    """A requeueing store without a history: nothing else to write at the end, so the store may
+    choose its shortest way to run a write (on PostgreSQL, one statement in autocommit)."""
+    chosen = {k: v for k, v in tables().items() if k != "history"}
+    if request.param == "sync":
+        s = JobStore(engine, **chosen)
+        s.create_table()
+        yield s
+        return
+    from fencing.asyncio import AsyncJobStore
+
+    loop = asyncio.new_event_loop()
+    async_engine = backends.async_engine_for(target)
+    try:
+        blocking = asyncfront.BlockingAsyncStore(AsyncJobStore(async_engine, **chosen), loop)
+        blocking.create_table()
+        request.node._fencing_loop = loop  # type: ignore[attr-defined]
+        yield blocking
+    finally:
+        asyncfront.dispose(async_engine, loop)
+        loop.close()
+
+
+#: a trigger that makes every insert into the attempts table fail, per dialect
+_FAILING_INSERT = {
+    "sqlite": [
+        "CREATE TRIGGER rq_boom BEFORE INSERT ON rq_attempts BEGIN SELECT RAISE(ABORT, 'injected'); END"
+    ],
+    "postgresql": [
+        "CREATE OR REPLACE FUNCTION rq_boom() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'injected'; END $$ "
+        "LANGUAGE plpgsql",
+        "CREATE TRIGGER rq_boom BEFORE INSERT ON rq_attempts FOR EACH ROW EXECUTE FUNCTION rq_boom()",
+    ],
+    "mysql": [
+        "CREATE TRIGGER rq_boom BEFORE INSERT ON rq_attempts FOR EACH ROW "
+        "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'injected'"
+    ],
+}
+
+
+def test_a_requeue_that_fails_part_way_changes_nothing(unrecorded: JobStore, engine: Engine) -> None:
+    """requeue writes the job, then its base out and in: one transaction. Its last statement
+    failing (here a trigger) leaves the job and its base as they were: a poisoned job stays
+    poisoned and is not half requeued (on PostgreSQL it once ran its writes in autocommit)."""
+    store = unrecorded
+    store.enqueue("j", ready_at=0.0)
+    claim_until_poisoned(store, "j", 3, 100.0)
+    assert store.requeue("j", now=1000.0)
+    for n in range(2):
+        lease = store.claim("j", "w", ttl=TTL, now=2000.0 + n * 100)
+        assert lease is not None
+        assert store.release(lease)
+    before_job, before_bases = store.state("j"), bases(store)
+    assert before_bases == {"j": 3}
+    with engine.begin() as conn:
+        for sql in _FAILING_INSERT[engine.dialect.name]:
+            conn.exec_driver_sql(sql)
+    with pytest.raises(Exception, match="injected"):
+        store.requeue("j", now=4000.0)
+    assert store.state("j") == before_job
+    assert bases(store) == before_bases
+    assert [j.job_id for j in store.poisoned(3, now=4000.0)] == []  # still 2 of its 3 attempts used
+
+
+def test_concurrent_requeues_of_one_job_each_answer_and_none_fails(engine: Engine) -> None:
+    """Operators requeueing one job at once: each answers True or False; none fails half-way
+    (on PostgreSQL they once raised unique violations after committing part of their writes).
+    Threads of the sync store, without a history: the rules are the same on the async front."""
+    store = JobStore(engine, **{k: v for k, v in tables().items() if k != "history"})
+    store.create_table()
+    store.enqueue("j", ready_at=0.0)
+    answers: list[bool] = []
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def operator() -> None:
+        try:
+            start.wait()
+            for _ in range(15):
+                answers.append(store.requeue("j"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=operator) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert len(answers) == 60 and all(answers)  # a ready job is requeued every time
+    assert bases(store) == {"j": 0}

@@ -371,7 +371,8 @@ class LeaseOperations:
             outcome.copy("requeue", job_id, clock)
             return True
 
-        requeued = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
+        # three writes (the job, then its base out and in): one transaction, never ``single``
+        requeued = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome)
         if requeued:
             ctx.metrics.ended("requeue", job_id)
             logger.info("requeued job %r", job_id, extra={"path": "requeue", "job_id": job_id})
