@@ -33,7 +33,7 @@ from .engine.sqlite import configure as configure_sqlite
 from .engine.sqlite import create_engine as create_sqlite_engine
 from .lease.thread import Heartbeat
 from .locks.election import Election
-from .locks.named import HeldLock, Locks, locks, locks_table
+from .locks.named import HeldLock, Locks, locks_table
 from .sql.attempts import attempts_table
 from .sql.schema import jobs, jobs_table, metadata
 from .store.history import History, HistoryEntry, history_table, holder_at
@@ -78,7 +78,6 @@ __all__ = [
     "idempotency_keys_table",
     "jobs",
     "jobs_table",
-    "locks",
     "locks_table",
     "metadata",
 ]

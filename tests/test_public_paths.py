@@ -48,6 +48,21 @@ def test_every_name_of_the_package_is_importable_and_documented_in_all() -> None
     assert JobStore is fencing.JobStore
 
 
+def test_the_locks_subpackage_is_reached_through_the_package() -> None:
+    # the package once exported the default locks Table as fencing.locks, which hid the
+    # subpackage: fencing.locks.named raised AttributeError (fencing.locks_table() makes the table)
+    assert "locks" not in fencing.__all__
+    assert fencing.locks is sys.modules["fencing.locks"]
+    code = (
+        "import fencing\n"
+        "print(fencing.locks.named.Locks is fencing.Locks,"
+        " fencing.locks.election.Election is fencing.Election)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "True"]
+
+
 @pytest.mark.parametrize(
     ("logger", "module"),
     [
