@@ -339,6 +339,93 @@ def test_a_deposed_leader_is_told_and_its_term_refused(sync_locks: Locks) -> Non
         assert election.term is not None and election.term > 2
 
 
+def released_within(locks: Any, name: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while locks.holder(name) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_leader_that_stops_inside_its_own_fenced_block_steps_down_after_it(
+    sync_locks: Locks, engine: Engine, target: str
+) -> None:
+    # stop() used to join the campaign, whose release waited for the block's own row lock:
+    # PostgreSQL hung for ever, SQLite for its busy timeout, MariaDB retried its lock waits
+    metadata = MetaData()
+    work = Table("leader_work", metadata, Column("term", Integer))
+    metadata.create_all(engine)
+    election = Election(sync_locks, "scheduler", "a", ttl=30.0, retry=0.05).start()
+    stopped_in: list[float] = []
+    done = threading.Event()
+
+    def step_down_from_inside() -> None:
+        with election.fenced() as conn:
+            conn.execute(insert(work).values(term=election.term))
+            started = time.monotonic()
+            election.stop()
+            stopped_in.append(time.monotonic() - started)
+            assert election.is_leader  # it leads until the block ends
+        done.set()
+
+    try:
+        assert election.elected.wait(10.0)
+        leader = threading.Thread(target=step_down_from_inside, daemon=True)
+        leader.start()
+        assert done.wait(10.0), "stop() inside the leader's own fenced block did not return"
+        assert stopped_in[0] < 1.0
+        assert released_within(sync_locks, "scheduler", 5.0), "the term was not released after the block"
+        assert not election.is_leader and not election.elected.is_set()
+        with engine.connect() as conn:
+            assert [row.term for row in conn.execute(select(work.c.term))] == [1]  # committed under it
+        election.stop()  # joins the campaign, which has ended
+        assert not election._thread.is_alive()  # type: ignore[union-attr]
+    finally:
+        if not done.is_set() and "://" in target:
+            backends.end_other_sessions(target)  # the hung release's and the block's sessions
+        election.stop()
+
+
+@pytest.mark.sync_only("drives the async election from asyncio code of its own")
+def test_an_async_leader_that_stops_inside_its_own_fenced_block_steps_down_after_it(
+    target: str, engine: Engine
+) -> None:
+    from fencing.asyncio import AsyncElection, AsyncLocks
+
+    metadata = MetaData()
+    work = Table("leader_work", metadata, Column("term", Integer))
+    metadata.create_all(engine)
+
+    async def main() -> float:
+        async_engine = backends.async_engine_for(target)
+        try:
+            locks = AsyncLocks(async_engine)
+            await locks.create_table()
+            election = AsyncElection(locks, "scheduler", "a", ttl=30.0, retry=0.05)
+            async with election:
+                await asyncio.wait_for(election.elected.wait(), 10.0)
+                async with election.fenced() as conn:
+                    await conn.execute(insert(work).values(term=election.term))
+                    started = time.monotonic()
+                    # wait_for: on Python 3.11 a task of its own, which the block's hold covers too
+                    await asyncio.wait_for(election.stop(), 5.0)
+                    took = time.monotonic() - started
+                    assert election.is_leader
+                deadline = time.monotonic() + 5.0
+                while await locks.holder("scheduler") is not None:
+                    assert time.monotonic() < deadline, "the term was not released after the block"
+                    await asyncio.sleep(0.01)
+                assert not election.is_leader and not election.elected.is_set()
+            return took
+        finally:
+            await async_engine.dispose()
+
+    assert asyncio.run(main()) < 1.0
+    with engine.connect() as conn:
+        assert [row.term for row in conn.execute(select(work.c.term))] == [1]
+
+
 def test_an_election_refuses_bad_arguments(sync_locks: Locks) -> None:
     with pytest.raises(InvalidArgument, match="name"):
         Election(sync_locks, "", "a")

@@ -47,6 +47,7 @@ from ..locks.election import DEFAULT_TTL, ElectionRules
 from ..locks.named import DEFAULT_POLL, HeldBase, Locks, locks, lost_reporter, report_lost, timed_out
 from ..locks.queue import LockStore
 from ..observe.metrics import StoreMetrics
+from ..runtime import holds
 from ..sql.schema import jobs
 from ..store.history import History, HistoryEntry
 from ..store.jobstore import JobStore
@@ -729,12 +730,16 @@ class AsyncElection(ElectionRules):
         return self
 
     async def stop(self, *, resign: bool = True) -> None:
-        """Stop campaigning and wait for the task; if leading, step down now (``resign``)."""
+        """Stop campaigning and wait for the task; if leading, step down now (``resign``).
+        Inside a fenced block on the term it returns at once, and the candidate steps down
+        when the block ends (:meth:`fencing.Election.stop`)."""
         self._resign = resign
         self._stopping = True
         self._wake.set()
         task = self._task
         if task is not None and task is not asyncio.current_task():
+            if holds.HELD[0] and await run(self._caller_holds_the_name):
+                return  # the release would wait for the caller's own block: it follows the block
             await asyncio.wait({task})
 
     async def resign(self) -> None:

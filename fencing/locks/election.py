@@ -49,8 +49,9 @@ from typing import Any
 from ..core.checks import check_interval, check_lock_name, check_ttl
 from ..core.errors import InvalidArgumentType, LeaseLost
 from ..core.values import Lease
-from ..lease.rules import Rules, Send, Steps, Wait
+from ..lease.rules import HOLD_POLL, Rules, Send, Steps, Wait
 from ..lease.thread import Heartbeat
+from ..runtime import holds
 from ..runtime.execution import CallerConnection
 from ..store.jobstore import JobStore
 from .named import Locks
@@ -158,6 +159,19 @@ class ElectionRules(abc.ABC):
             raise LeaseLost(f"{self.candidate!r} does not lead {self.name!r}")
         return lease
 
+    def _holds_key(self) -> holds.Key | None:
+        """Where this process's fenced blocks on the locks' rows are seen
+        (:mod:`fencing.runtime.holds`)."""
+        key: holds.Key | None = getattr(self.locks.store, "holds_key", None)
+        return key
+
+    def _caller_holds_the_name(self) -> bool:
+        """Whether the caller (this thread; inside asyncio's bridge, its task) holds, in a
+        fenced block or a ``check(conn=)``, what the campaign's writes on the name wait for:
+        the name's row (SQLite: the database's write lock)."""
+        key = self._holds_key()
+        return key is not None and holds.held_here(key, self.name) is not None
+
     # -- the rules ---------------------------------------------------------------------------
 
     def _campaign_rules(self) -> Rules:
@@ -208,18 +222,12 @@ class ElectionRules(abc.ABC):
         while not self._stopping and heartbeat.held:
             # woken by the heartbeat's loss or a stop; the local deadline may pass unreported
             yield Wait(time.monotonic() + self._retry)
-        self._set_elected(False)
-        kept = heartbeat.held
-        yield Send(heartbeat.stop)
+        if self._stopping and self._resign:
+            kept = yield from self._resign_rules(heartbeat)
+        else:
+            kept = yield from self._step_down(heartbeat)
         held = time.perf_counter() - began
         if kept:  # stopped while leading
-            if self._resign:
-                try:
-                    yield Send(functools.partial(self.locks.release, heartbeat.lease))
-                except Exception:
-                    logger.warning(
-                        "election %r: could not resign; the term runs out", self.name, exc_info=True
-                    )
             how = "resigned" if self._resign else "stopped"
             self._metrics.term_ended(how, held)
             logger.info(
@@ -236,6 +244,38 @@ class ElectionRules(abc.ABC):
             yield from self._log_deposed(lease.fence, heartbeat.reason, held)
             yield from self._notify(self._on_deposed, heartbeat.lease, heartbeat.reason)
         self._heartbeat = None
+
+    def _step_down(self, heartbeat: Any) -> Generator[Send | Wait, Any, bool]:
+        """Stop leading: whether the term was still held when its heartbeat stopped."""
+        self._set_elected(False)
+        kept = bool(heartbeat.held)
+        yield Send(heartbeat.stop)
+        return kept
+
+    def _resign_rules(self, heartbeat: Any) -> Generator[Send | Wait, Any, bool]:
+        """Step down and release the term once no fenced block of this process holds its row
+        (the stopping caller's own, maybe: :meth:`Election.stop` inside ``fenced()``): the
+        release would wait for that block's lock, and the block may be waiting for this stop.
+        The block ends under the term; the release follows it, and a block that begins
+        meanwhile waits for the release (:func:`fencing.runtime.holds.renewing`)."""
+        key = self._holds_key()
+        while heartbeat.held:
+            kept = False
+            with contextlib.nullcontext() if key is None else holds.renewing(key, self.name) as blocking:
+                if blocking is None:
+                    kept = yield from self._step_down(heartbeat)
+                    if kept:
+                        try:
+                            yield Send(functools.partial(self.locks.release, heartbeat.lease))
+                        except Exception:
+                            logger.warning(
+                                "election %r: could not resign; the term runs out", self.name, exc_info=True
+                            )
+            if blocking is None:
+                return kept
+            while blocking.live() and heartbeat.held:
+                yield Wait(time.monotonic() + HOLD_POLL)
+        return (yield from self._step_down(heartbeat))  # lost meanwhile: nothing to release
 
     def _fields(self, event: str, term: int, **more: Any) -> dict[str, Any]:
         """A ``fencing.election`` line's structured fields."""
@@ -372,12 +412,22 @@ class Election(ElectionRules):
     def stop(self, *, resign: bool = True) -> None:
         """Stop campaigning and join the thread; if leading, step down now (``resign``:
         release the term's lease, so another candidate takes over at its next try) or let
-        the lease run out. Idempotent."""
+        the lease run out. Idempotent.
+
+        Called inside a fenced block on the term (a leader stepping down from inside its
+        work: ``with election.fenced(): ... election.stop()``), it returns at once without
+        joining: the release would wait for the block's own row lock. The candidate leads
+        until the block ends (its writes commit under the term, or roll back as usual), then
+        steps down and releases the term; the thread ends then. The same for any block or
+        ``check(conn=)`` of the calling thread on the name's row (SQLite: holding the
+        database's write lock)."""
         self._resign = resign
         self._stopping = True
         self._wake.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
+            if self._caller_holds_the_name():
+                return  # the campaign ends after the caller's block (and is joined at exit)
             thread.join()
         _RUNNING.discard(self)
 
