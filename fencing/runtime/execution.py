@@ -59,7 +59,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-from sqlalchemy import Connection, Engine, Table, TypeDecorator
+from sqlalchemy import Connection, Engine, Table, TypeDecorator, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
@@ -309,7 +309,7 @@ class _PipelinedExecutor(_DriverExecutor):
         pipe = self.pipe
         self.sent = cursor = pipe.cursor()
         with pipe.pipeline():
-            pipe.command("BEGIN")
+            pipe.command(pipe.begin())
             for setup in prelude:
                 pipe.send(pipe.cursor(), self.compiled(setup).sql)
             pipe.send(cursor, c.sql, c.args(params))
@@ -336,16 +336,22 @@ class BlockExecutor:
     block's end with its ``COMMIT`` (one more). From :meth:`Runner.block`.
 
     psycopg waits for the answer to the ``BEGIN`` it sends itself, even in a pipeline; so the
-    first statement is sent in autocommit after a ``BEGIN`` of the executor's own, and the
-    connection stays in autocommit (inside that transaction, which every statement of the
-    block joins) until it ends: :meth:`restore` puts it back as the pool gave it."""
+    first statement is sent in autocommit after a ``BEGIN`` of the executor's own (with the
+    isolation level the engine set: :meth:`Pipe.begin`), and the connection stays in
+    autocommit (inside that transaction, which every statement of the block joins) until it
+    ends: :meth:`restore` puts it back as the pool gave it.
 
-    __slots__ = ("begun", "compiled", "conn", "core", "pipe", "profile", "runner")
+    In autocommit, a statement sent with no transaction open would commit on its own: so
+    whenever none is (the block committed or rolled back inside itself, by Core or by raw
+    SQL), the next statement, the block's (:meth:`before_statement`, a listener on the
+    block's ``Connection``) or the store's, begins one first, as psycopg does out of
+    autocommit; the block's end then checks the lease in that transaction."""
+
+    __slots__ = ("compiled", "conn", "core", "pipe", "profile", "runner")
 
     def __init__(self, core: Connection, runner: Runner) -> None:
         self.conn: Any = core.connection.dbapi_connection
         self.compiled = runner._compiled_for
-        self.begun = False
         self.core = core
         self.runner = runner
         self.profile = runner._profile
@@ -354,16 +360,29 @@ class BlockExecutor:
     def _send(self, stmt: Executable, params: Mapping[str, Any]) -> tuple[_Compiled, Any]:
         c = self.compiled(stmt)
         pipe = self.pipe
-        begin = not self.begun and not self.conn.autocommit and pipe.idle()
-        self.begun = True
-        if begin:
-            self.profile.autocommit(self.conn, True)
+        begin = self._must_begin()
         cursor = pipe.cursor()
         with pipe.pipeline():
-            if begin:
-                pipe.command("BEGIN")
+            if begin is not None:
+                pipe.command(begin)
             pipe.send(cursor, c.sql, c.args(params))
         return c, cursor
+
+    def _must_begin(self) -> str | None:
+        """The ``BEGIN`` to send with the next statement if no transaction is open, the
+        driver put in autocommit for it (see the class), before its pipeline: psycopg waits
+        for the server to set autocommit in one)."""
+        if not self.pipe.idle():
+            return None
+        if not self.conn.autocommit:
+            self.profile.autocommit(self.conn, True)
+        return self.pipe.begin()
+
+    def before_statement(self, *_: Any) -> None:
+        """A ``before_cursor_execute`` listener on the block's ``Connection``: the block's own
+        statement runs in a transaction even after the block ended one inside itself."""
+        if self.conn.autocommit and self.pipe.idle():
+            self.pipe.command(self.pipe.begin())
 
     def restore(self) -> None:
         """Once the block's transaction has ended: the connection out of autocommit again,
@@ -395,8 +414,11 @@ class BlockExecutor:
         way leaves the outcome unknown (:class:`OutcomeUnknown` says so)."""
         c = self.compiled(stmt)
         pipe = self.pipe
+        begin = self._must_begin()  # the block ended its transaction and sent nothing since
         try:
             with pipe.pipeline():
+                if begin is not None:
+                    pipe.command(begin)
                 pipe.command("SAVEPOINT fencing_end")
                 pipe.send(pipe.cursor(), c.sql, c.args(params))
                 pipe.command("RELEASE SAVEPOINT fencing_end")
@@ -586,8 +608,45 @@ class Runner:
         A block that ``fork()``-ed: the child never ends, returns or closes the parent's
         transaction (it raises :class:`ConfigurationError` instead); the parent's is untouched.
         """
-        with self._transaction(write, single, pipelined=False) as (conn, _):
+        with self._transaction(write, single, pipelined=False, block=False) as (conn, _):
             yield conn
+
+    def _keep_in_a_transaction(self, conn: Connection, executor: BlockExecutor | None) -> None:
+        """Listeners on a block's ``Connection``: a statement of the block that finds no
+        transaction open (the block ended one itself, by Core or by raw SQL) begins one first,
+        as the store's own ``BEGIN`` would, instead of committing on its own; the block's end
+        check then runs in that transaction. Drivers out of autocommit (psycopg's Core path,
+        pymysql) begin one by themselves; SQLite's and asyncpg's are begun by the library
+        (:meth:`EngineProfile.begin_again`), the pipelined block's by its executor."""
+        if executor is not None:
+            event.listen(conn, "before_cursor_execute", executor.before_statement)
+            return
+        dbapi = conn.connection.dbapi_connection
+        profile = self._profile
+        #: SQLAlchemy began a transaction that its driver (or the engine's listener) begins
+        #: with the next statement
+        fresh = [True]
+
+        def began(_: Any) -> None:
+            fresh[0] = True
+
+        def before_statement(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+            if fresh[0] or statement.startswith("BEGIN"):
+                fresh[0] = False
+                return
+            if profile.ended_its_transaction(dbapi):
+                profile.begin_again(dbapi, self.errors)
+
+        event.listen(conn, "begin", began)
+        event.listen(conn, "before_cursor_execute", before_statement)
+
+    def _isolated(self, dbapi_connection: Any) -> bool:
+        """Whether the engine chose an isolation level for its transactions (on the engine,
+        or on each connection: ``create_engine(isolation_level=...)``): then the store's
+        transactions have it too, and none runs in autocommit."""
+        return "isolation_level" in self.engine.get_execution_options() or self._profile.isolated(
+            dbapi_connection
+        )
 
     @contextlib.contextmanager
     def block(self) -> Iterator[tuple[Connection, BlockExecutor | None]]:
@@ -596,12 +655,12 @@ class Runner:
         (psycopg) and nothing observes the engine (else the store's statements go through
         Core, for them to be seen), else None."""
         pipelined = self._profile.pipelines and self._fast and not self._observers
-        with self._transaction(True, False, pipelined=pipelined) as both:
+        with self._transaction(True, False, pipelined=pipelined, block=True) as both:
             yield both
 
     @contextlib.contextmanager
     def _transaction(
-        self, write: bool, single: bool, *, pipelined: bool
+        self, write: bool, single: bool, *, pipelined: bool, block: bool
     ) -> Iterator[tuple[Connection, BlockExecutor | None]]:
         self._usable_here()
         generation = forks.GENERATION[0]
@@ -615,27 +674,32 @@ class Runner:
             self._know_durability(fairy)
             refuse_autocommit_connection(conn, self._autocommit)
             options = self._profile.begin_options(write=write)
-            if single:  # one statement, its own transaction (see run); reset at checkin
+            if single and not self._isolated(fairy.dbapi_connection):
+                # one statement, its own transaction (see run); reset at checkin
                 if self._profile.closed_by_server(fairy.dbapi_connection):
                     _retire_older(pool, fairy, None)
                     conn.invalidate()  # nothing was sent: the next statement reconnects
                 options = {**options, "isolation_level": "AUTOCOMMIT"}
             if options:
                 conn.execution_options(**options)
-            trans = conn.begin()
+            conn.begin()
             if pipelined:
                 executor = BlockExecutor(conn, self)
+            if block:  # the caller's statements: never one outside the block's transaction
+                self._keep_in_a_transaction(conn, executor)
+            # the transaction the connection has when the block ends is the one to end: a
+            # block may have committed (or rolled back) its first one and begun another
             try:
                 yield conn, executor
             except BaseException:
                 if forks.GENERATION[0] == generation:
                     with contextlib.suppress(Exception):  # a dead connection: the block's error matters
-                        trans.rollback()
+                        conn.rollback()
                 raise
             if forks.GENERATION[0] != generation:
                 raise forked_away()
             try:
-                trans.commit()
+                conn.commit()
             except self.errors as exc:
                 if self._lost(exc, fairy.dbapi_connection):
                     # the COMMIT was sent, or may have been: the block's writes may be kept
@@ -721,8 +785,12 @@ class Runner:
             cursor = info.get(_CURSOR)
             if cursor is None:  # one cursor per connection, made once
                 cursor = info[_CURSOR] = conn.cursor()
+            if single and self._isolated(conn):
+                # the engine's isolation level: BEGIN with it, pipelined with the statement and
+                # COMMIT where the driver can (one round trip still), else a transaction as usual
+                single = committing = self._profile.pipelines
             if single:
-                result, ended = self._autocommitted(unit, cursor, conn, prelude)
+                result, ended = self._autocommitted(unit, cursor, conn, prelude, self._isolated(conn))
                 return result
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
@@ -758,24 +826,31 @@ class Runner:
             self._checkin(held, lean, pool, ended)
 
     def _autocommitted(
-        self, unit: Callable[[Executor], T], cursor: Any, conn: Any, prelude: Sequence[Executable]
+        self,
+        unit: Callable[[Executor], T],
+        cursor: Any,
+        conn: Any,
+        prelude: Sequence[Executable],
+        pipelined: bool = False,
     ) -> tuple[T, bool]:
         """Run ``unit`` with the driver in autocommit, then out of it again: its answer, and
         whether the connection is back out of autocommit (else the pool must not keep it as
-        it is; a unit's own error is the one raised). With a ``prelude``, its first statement
-        is pipelined in a transaction of its own (:class:`_PipelinedExecutor`)."""
+        it is; a unit's own error is the one raised). With a ``prelude`` (or ``pipelined``),
+        its first statement is pipelined in a transaction of its own
+        (:class:`_PipelinedExecutor`), which begins as the driver would begin it."""
         profile = self._profile
         profile.autocommit(conn, True)
         restored = False
         executor: _DriverExecutor
-        if prelude:
+        pipelined = pipelined or bool(prelude)
+        if pipelined:
             executor = _PipelinedExecutor(cursor, self._compiled_for, conn, prelude, profile)
         else:
             executor = _DriverExecutor(cursor, self._compiled_for)
         try:
             result = unit(executor)
         except BaseException:
-            if prelude:  # the pipeline's transaction, if it failed open: autocommit needs it ended
+            if pipelined:  # the pipeline's transaction, if it failed open: autocommit needs it ended
                 with contextlib.suppress(Exception):
                     conn.rollback()
             raise
@@ -789,7 +864,8 @@ class Runner:
         committing = False
         try:
             with self.transaction(write=write, single=single) as conn:
-                committing = single and write  # in autocommit, the statement is the COMMIT
+                # in autocommit, the statement is the COMMIT
+                committing = write and conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT"
                 result = unit(CoreExecutor(conn))
                 committing = True  # the block's end sends COMMIT
             return result
