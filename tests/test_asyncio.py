@@ -443,6 +443,80 @@ def test_a_fenced_block_cancelled_anywhere_keeps_all_or_nothing(target: str, syn
     cancelled_at_every_step(target, sync_engine, prepare, block, whole)
 
 
+def _cancelled_at_its_commit(
+    target: str, lose_the_lease: bool, driver: str | None = None
+) -> tuple[BaseException | None, int, bool]:
+    """A fenced block whose caller is cancelled while its end commits (a listener on the
+    engine's COMMIT cancels it, so the store runs through Core): what the caller got, the
+    receipts kept, and whether the job is done."""
+    outcome: list[Any] = []
+
+    async def scenario(engine: AsyncEngine, store: AsyncJobStore) -> None:
+        async with engine.begin() as conn:
+            await conn.run_sync(lambda c: receipts.create(c, checkfirst=True))
+            await conn.execute(receipts.delete())
+            await conn.execute(fencing.jobs.delete())
+        await store.enqueue("a", ready_at=0.0)
+        # the caller's clock: a lease that runs out while the block sleeps, when it must
+        lease = await store.claim("a", "w", ttl=0.05 if lose_the_lease else TTL, now=0.0)
+        assert lease is not None
+        armed: list[asyncio.Task[Any]] = []
+
+        def cancel_the_caller(*_: Any) -> None:
+            if armed:
+                armed.pop().cancel()  # while the COMMIT (or the end's ROLLBACK) is on its way
+
+        sqlalchemy.event.listen(engine.sync_engine, "commit", cancel_the_caller)
+        sqlalchemy.event.listen(engine.sync_engine, "rollback", cancel_the_caller)
+
+        async def block() -> None:
+            async with store.fenced(lease, now=0.0, complete=True, result="r") as conn:
+                await conn.execute(receipts.insert().values(job="a", n=1))
+                if lose_the_lease:  # past its until by the end check: LeaseLost, rolled back
+                    await asyncio.sleep(0.1)
+                armed.append(task)
+
+        task = asyncio.ensure_future(block())
+        try:
+            await task
+            outcome.append(None)
+        except BaseException as exc:  # what the caller was told
+            outcome.append(exc)
+        sqlalchemy.event.remove(engine.sync_engine, "commit", cancel_the_caller)
+        sqlalchemy.event.remove(engine.sync_engine, "rollback", cancel_the_caller)
+        async with engine.connect() as conn:
+            outcome.append(len((await conn.execute(select(receipts))).all()))
+        state = await store.state("a")
+        outcome.append(state is not None and state.done)
+
+    run(target, scenario, driver)
+    return outcome[0], outcome[1], outcome[2]
+
+
+def test_a_fenced_block_cancelled_while_it_commits_says_it_committed(target: str) -> None:
+    """Cancelled while its COMMIT is on its way, the block that committed exits normally: its
+    caller learns the writes are kept (it once got CancelledError, and a retry paid twice)."""
+    told, kept, done = _cancelled_at_its_commit(target, lose_the_lease=False)
+    assert told is None
+    assert (kept, done) == (1, True)
+
+
+def test_a_fenced_block_cancelled_while_its_end_fails_is_cancelled_and_kept_nothing(target: str) -> None:
+    """Cancelled while its end rolls it back (the lease ran out): CancelledError, nothing kept."""
+    told, kept, done = _cancelled_at_its_commit(target, lose_the_lease=True)
+    assert isinstance(told, asyncio.CancelledError)
+    assert isinstance(told.__cause__, LeaseLost)
+    assert (kept, done) == (0, False)
+
+
+@pytest.mark.backend("postgresql")
+def test_a_fenced_block_cancelled_at_its_end_on_asyncpg_says_what_happened(target: str) -> None:
+    """The suite's PostgreSQL driver is psycopg's async mode: asyncpg too."""
+    assert _cancelled_at_its_commit(target, False, "postgresql+asyncpg") == (None, 1, True)
+    told, kept, done = _cancelled_at_its_commit(target, True, "postgresql+asyncpg")
+    assert isinstance(told, asyncio.CancelledError) and (kept, done) == (0, False)
+
+
 # -- every driver ------------------------------------------------------------------------------
 
 

@@ -18,8 +18,11 @@ aiomysql or asyncmy for MariaDB/MySQL. Install one with its extra, e.g.
 Cancellation (``task.cancel()``, ``asyncio.timeout``) of an operation's caller: the
 operation runs to its end, committed or rolled back, and the ``CancelledError`` goes on at
 that boundary (a cancellation inside a driver call would drop the connection mid-transaction);
-a claim whose caller was cancelled meanwhile is given back (released, its fence kept), and a
-fenced block cancelled anywhere keeps none of its writes.
+a claim whose caller was cancelled meanwhile is given back (released, its fence kept). A
+fenced block cancelled before its end keeps none of its writes; one cancelled while its end
+(the final check and ``COMMIT``) is on its way says what happened: it exits normally when it
+committed (its writes are kept: do not run it again), raises :class:`~fencing.OutcomeUnknown`
+when the answer was lost, and ``CancelledError`` when nothing was kept.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 from sqlalchemy.util.concurrency import greenlet_spawn
 
 from ..core import bridge
-from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost
+from ..core.errors import ConfigurationError, InvalidArgumentType, LeaseLost, OutcomeUnknown
 from ..core.values import JobState, Lease
 from ..lease.rules import Send, Steps, Wait
 from ..lease.task import AsyncHeartbeat
@@ -117,6 +120,19 @@ async def run(
     mid-transaction, and aiosqlite's thread then keeps that transaction, and SQLite's write
     lock, open. An operation is short (its lock waits are bounded by the engine's), so the
     cancellation takes effect at its boundary instead."""
+    task, cancelled = await _to_its_end(fn, *args, **kwargs)
+    result = task.result()
+    if cancelled:
+        if give_back is not None:
+            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
+                await asyncio.shield(give_back(result))
+        raise asyncio.CancelledError
+    return result
+
+
+async def _to_its_end(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[asyncio.Future[T], bool]:
+    """Run ``fn`` in the bridge to its end whatever happens to the caller meanwhile: its
+    finished task, and whether the caller was cancelled while it ran."""
     token = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
     try:  # the task copies the context: its locks are the caller's (fencing.core.bridge)
         task = _start(greenlet_spawn(fn, *args, **kwargs))
@@ -129,14 +145,8 @@ async def run(
         except asyncio.CancelledError:
             cancelled = True  # the caller's: the operation goes on to its end
         except BaseException:
-            break  # the operation's own error: raised below
-    result = task.result()
-    if cancelled:
-        if give_back is not None:
-            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
-                await asyncio.shield(give_back(result))
-        raise asyncio.CancelledError
-    return result
+            break  # the operation's own error: the caller reads it from the task
+    return task, cancelled
 
 
 def _start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
@@ -402,6 +412,14 @@ class AsyncJobStore:
 
             async with store.fenced(lease, complete=True, result="paid") as conn:
                 await conn.execute(invoices.insert().values(job=lease.job_id, total=99))
+
+        **Cancelled at its end.** Once the block's body is done, its end (the final check,
+        then ``COMMIT``) runs to its answer, which no cancellation can take back. A
+        cancellation (``task.cancel()``, ``asyncio.timeout``) that arrives meanwhile gets
+        the truth: the block exits normally if it committed (the writes are kept, so a
+        retry would apply them twice; ``asyncio.current_task().cancelling()`` still tells
+        a task that it was asked to stop), :class:`~fencing.OutcomeUnknown` if the
+        connection died with the answer, and ``CancelledError`` if nothing was kept.
         """
         sync_conn = caller_sync(conn)
         block = self.sync_store.fenced(lease, now=now, complete=complete, result=result, conn=sync_conn)
@@ -423,7 +441,13 @@ class AsyncJobStore:
         except BaseException as exc:
             await run(block.__exit__, type(exc), exc, exc.__traceback__)
             raise
-        await run(block.__exit__, None, None, None)
+        ended, cancelled = await _to_its_end(block.__exit__, None, None, None)
+        failed = ended.exception()
+        if not cancelled or isinstance(failed, OutcomeUnknown):
+            ended.result()  # committed, or the end's own error
+        elif failed is not None:  # cancelled, and nothing of the block was kept
+            raise asyncio.CancelledError from failed
+        # cancelled while its COMMIT was on its way, and committed: it says so by ending normally
 
 
 class AsyncFenceMarks:
