@@ -830,3 +830,32 @@ def _eventually(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return condition()
+
+
+@pytest.mark.backend("sqlite")
+def test_a_store_write_while_the_callers_own_session_holds_the_write_lock_is_refused_at_once(
+    tmp_path: Any,
+) -> None:
+    """SQLite: a store operation without ``conn=`` while the caller's own Session has written
+    (and so holds the database's write lock) would wait for it until ``busy_timeout`` and
+    then blame "other writers": it is refused at once, naming ``conn=``, and changes nothing.
+    A Session that only read holds no write lock and is not in the way."""
+    engine = fencing.create_sqlite_engine(str(tmp_path / "self.db"), busy_timeout=30.0)
+    try:
+        store = JobStore(engine)
+        store.create_table()
+        Base.metadata.create_all(engine)
+        with Session(engine) as session, session.begin():
+            session.add(Invoice(job="a", total=1))
+            session.flush()  # written: this Session now holds the write lock
+            started = time.monotonic()
+            with pytest.raises(ConfigurationError, match=r"holds SQLite's write lock itself.*conn="):
+                store.enqueue("a")
+            assert time.monotonic() - started < 15.0  # not the 30 s busy_timeout
+            assert store.enqueue("b", conn=session)  # in the Session's transaction: fine
+        assert store.state("a") is None and store.state("b") is not None
+        with Session(engine) as session, session.begin():
+            session.execute(select(Invoice)).all()  # a read: no write lock
+            assert store.enqueue("c")
+    finally:
+        engine.dispose()

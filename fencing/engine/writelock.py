@@ -45,9 +45,10 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ..core import bridge
-from ..core.errors import DatabaseBusy
+from ..core.errors import ConfigurationError, DatabaseBusy
 from ..sql.dberrors import is_transient
 from . import forks
 
@@ -129,6 +130,27 @@ def busy_error(budget: float, exc: BaseException | None) -> DatabaseBusy:
     )
 
 
+def _changes(dbapi_connection: Any) -> int | None:
+    """The rows a SQLite driver connection has changed since it opened (``None`` if unknown):
+    the sqlite3 module's, or aiosqlite's under SQLAlchemy's adapter."""
+    inner = getattr(dbapi_connection, "_connection", dbapi_connection)
+    changes = getattr(inner, "total_changes", None)
+    return changes if isinstance(changes, int) else None
+
+
+def _open(dbapi_connection: Any) -> bool:
+    """Whether a SQLite driver connection is in a transaction (not if it was closed)."""
+    inner = getattr(dbapi_connection, "_connection", dbapi_connection)
+    try:
+        return bool(inner.in_transaction)
+    except Exception:
+        return False
+
+
+#: how many callers' transactions a write lock remembers before it forgets ended ones
+_CALLERS_KEPT = 64
+
+
 def sidecar_path(database: str | None) -> str | None:
     """The priority file of a database file, or ``None`` (in memory, a URI, no ``fcntl``)."""
     if fcntl is None or not database or database == ":memory:" or database.startswith("file:"):
@@ -177,6 +199,7 @@ class WriteLock:
     """
 
     __slots__ = (
+        "_callers",
         "_fd",
         "_full_sql",
         "_generation",
@@ -202,6 +225,39 @@ class WriteLock:
         self._next_look = 0.0
         self._generation = forks.GENERATION[0]
         self._lock = threading.Lock()  # opening the sidecar
+        #: the application's own transactions on this engine's connections, by who runs them
+        #: (a thread, or an asyncio task: :func:`fencing.core.bridge.holder`): each driver
+        #: connection with the count of its changes when its transaction began
+        self._callers: dict[Any, list[tuple[Any, int]]] = {}
+
+    def note_callers_transaction(self, dbapi_connection: Any) -> None:
+        """An application's transaction began on ``dbapi_connection`` (the engine's ``begin``
+        listener): if it writes, it holds the write lock until it ends, and a store write of
+        the same caller would wait for it (:meth:`caller_holds_the_lock`)."""
+        changes = _changes(dbapi_connection)
+        if changes is None:
+            return
+        key = bridge.holder()
+        if len(self._callers) > _CALLERS_KEPT:  # callers gone (threads, tasks): their transactions ended
+            for other in [k for k, held in self._callers.items() if not any(_open(c) for c, _ in held)]:
+                del self._callers[other]
+        kept = [(c, n) for c, n in self._callers.get(key, ()) if _open(c) and c is not dbapi_connection]
+        kept.append((dbapi_connection, changes))
+        self._callers[key] = kept
+
+    def caller_holds_the_lock(self) -> bool:
+        """Whether a transaction of this caller's own, on another connection of the engine,
+        has written and not ended: it holds the write lock, which it cannot release while
+        the caller waits for it."""
+        key = bridge.holder()
+        held = self._callers.get(key)
+        if not held:
+            return False
+        held[:] = [(c, n) for c, n in held if _open(c)]
+        if not held:
+            del self._callers[key]
+            return False
+        return any((_changes(c) or 0) > n for c, n in held)
 
     def begin(
         self,
@@ -253,6 +309,14 @@ class WriteLock:
         """Wait for the lock (:meth:`_wait`), with the connection's busy handler lowered for
         the wait unless it is already (``lowered``), and restored afterwards."""
         restore = self.handler_sql if lowered else self._full_sql
+        if lowered and lost is not _BEGUN and self.caller_holds_the_lock():
+            raise ConfigurationError(
+                "this thread (or task) holds SQLite's write lock itself, in a transaction of its own "
+                "on another connection of this engine (an ORM Session or a Connection that has "
+                "written and not yet committed): the store's write would wait for it until "
+                "busy_timeout. Run the operation in that transaction with conn= (your Session or "
+                "Connection), or commit it first; nothing was changed"
+            )
         if not lowered and self._short_sql is not None:
             execute(self._short_sql)
             wait.changed = True
