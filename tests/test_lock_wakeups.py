@@ -18,7 +18,7 @@ import sqlalchemy
 from sqlalchemy import Engine
 
 from fencing import Lease, Locks
-from fencing.locks import waiting
+from fencing.locks import waiting, wakeups
 from fencing.locks.wakeups import channel_of, listen
 from tests import backends
 
@@ -59,7 +59,10 @@ def waiters(locks: Locks) -> int:
 
 def test_only_postgresql_notifies(locks: Locks, engine: Engine) -> None:
     assert (locks.store.notifier is not None) == (engine.dialect.name == "postgresql")
-    assert (listen(locks.engine, "fencing:x", "x") is not None) == (engine.dialect.name == "postgresql")
+    listener = listen(locks.engine, "fencing:x", "x")
+    assert (listener is not None) == (engine.dialect.name == "postgresql")
+    if listener is not None:
+        listener.close()
 
 
 def test_a_freed_lock_notifies_only_when_it_has_waiters(locks: Locks, engine: Engine) -> None:
@@ -158,6 +161,75 @@ def test_a_waiter_gives_its_listening_connection_back_as_it_found_it(
         engine.dispose()
 
 
+def listening_sessions(target: str) -> int:
+    """Sessions on the test's database whose last statement was a LISTEN: the listeners."""
+    admin = sqlalchemy.create_engine(target, poolclass=sqlalchemy.pool.NullPool)
+    try:
+        with admin.connect() as conn:
+            return int(
+                conn.exec_driver_sql(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND query LIKE 'LISTEN %%'"
+                ).scalar_one()
+            )
+    finally:
+        admin.dispose()
+
+
+def eventually(check: Any, within: float) -> bool:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+#: as many waiters as the engine's pool has connections
+POOL = 3
+
+
+def test_waiters_share_one_listening_connection_that_is_not_the_pools(target: str) -> None:
+    # each waiter kept a pooled connection to LISTEN on: with as many waiters as the pool has
+    # connections, the holder's heartbeat could not renew (it lost the lock) and the waiters'
+    # own looks ran out of the pool (PoolTimeout)
+    if not target.startswith("postgresql"):
+        pytest.skip("notifications are PostgreSQL's")
+    engine = sqlalchemy.create_engine(target, pool_size=POOL, max_overflow=0, pool_timeout=1)
+    try:
+        locks = Locks(engine, poll=0.2)
+        locks.create_table()
+        outcomes: dict[str, object] = {}
+
+        def wait(owner: str) -> None:
+            try:
+                lease = locks.acquire("busy", owner, ttl=TTL, timeout=60.0)
+                outcomes[owner] = lease
+                if lease is not None:
+                    locks.release(lease)
+            except Exception as exc:
+                outcomes[owner] = exc
+
+        with locks.hold("busy", "holder", ttl=1.0) as lock:  # renewed every 1/3 s, on the pool
+            threads = [threading.Thread(target=wait, args=(f"w{n}",), daemon=True) for n in range(POOL)]
+            for thread in threads:
+                thread.start()
+            assert eventually(lambda: waiters(locks) == POOL, 30.0), "the waiters never queued"
+            assert eventually(lambda: listening_sessions(target) == 1, 5.0), listening_sessions(target)
+            time.sleep(2.0)  # twice the ttl: only renewals keep the lock
+            assert lock.held, lock._heartbeat.reason
+            assert listening_sessions(target) == 1  # one for them all, whatever their number
+        for thread in threads:
+            thread.join(60)
+        assert {owner: isinstance(got, Lease) for owner, got in outcomes.items()} == {
+            f"w{n}": True for n in range(POOL)
+        }, outcomes
+        # closed once no one has waited for a while
+        assert eventually(lambda: listening_sessions(target) == 0, wakeups.LINGER + 5.0)
+    finally:
+        engine.dispose()
+
+
 # -- the async front: asyncpg and psycopg's async mode ---------------------------------------
 
 
@@ -197,6 +269,56 @@ def test_an_async_waiter_is_woken_by_the_release(async_url: str, top_of_each_spa
 
     after = asyncio.run(main())
     assert after < WOKEN_WITHIN, f"took {after:.3f} s after the release"
+
+
+def test_async_waiters_share_one_listening_connection_that_is_not_the_pools(
+    async_url: str, target: str
+) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from fencing.asyncio import AsyncLocks
+
+    async def main() -> dict[str, object]:
+        engine = create_async_engine(async_url, pool_size=POOL, max_overflow=0, pool_timeout=1)
+        outcomes: dict[str, object] = {}
+        try:
+            locks = AsyncLocks(engine, poll=0.2)
+            await locks.create_table()
+
+            async def wait(owner: str) -> None:
+                try:
+                    lease = await locks.acquire("busy", owner, ttl=TTL, timeout=60.0)
+                    outcomes[owner] = lease
+                    if lease is not None:
+                        await locks.release(lease)
+                except Exception as exc:
+                    outcomes[owner] = exc
+
+            async def count() -> int:
+                return await asyncio.to_thread(listening_sessions, target)
+
+            async with locks.hold("busy", "holder", ttl=1.0) as lock:
+                tasks = [asyncio.create_task(wait(f"w{n}")) for n in range(POOL)]
+                deadline = time.monotonic() + 10
+                while await count() != 1:
+                    assert time.monotonic() < deadline, "no listening connection, or more than one"
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(2.0)  # twice the ttl: only renewals keep the lock
+                assert lock.held, lock._heartbeat.reason
+                assert await count() == 1
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
+            deadline = time.monotonic() + 5
+            while await count() != 0:  # closed by the last waiting task to leave
+                assert time.monotonic() < deadline, "the listening connection was left open"
+                await asyncio.sleep(0.05)
+            return outcomes
+        finally:
+            await engine.dispose()
+
+    outcomes = asyncio.run(main())
+    assert {owner: isinstance(got, Lease) for owner, got in outcomes.items()} == {
+        f"w{n}": True for n in range(POOL)
+    }, outcomes
 
 
 def test_a_cancelled_async_waiter_stops_listening(async_url: str) -> None:

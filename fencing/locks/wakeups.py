@@ -7,32 +7,54 @@ revoke, a delete: :class:`Notifier`) sends ``NOTIFY`` on the locks table's chann
 lock's name, in the freeing transaction (so a release in the caller's own transaction
 notifies at its commit, and one rolled back never does); a waiter that hears its lock's name
 looks at once. The backoff stays the bound: an expired holder frees the lock without anyone
-notifying, a notification can be missed (a connection lost), and the other databases have no
-notifications; none of that costs more than the ``poll`` it costs without them.
+notifying, a notification can be missed (a connection lost, a waiter that began listening
+just after it was sent), and the other databases have no notifications; none of that costs
+more than the ``poll`` it costs without them.
 
 What it costs: nothing more for the freeing operation (its ``UPDATE`` returns the
-notification, :class:`Notifier`: the same one statement and round trip), and a waiter keeps
-one connection of the engine's pool for the time it waits, listening. Drivers:
-psycopg (3.2 or later: ``notifies(timeout=)``) in its sync and async modes, and asyncpg;
-another driver (psycopg2, pg8000) waits by backoff alone.
+notification, :class:`Notifier`: the same one statement and round trip), and **one**
+listening connection per engine and process, whatever the number of waiters: each waiter
+subscribes to it (:class:`Listener`) for its lock's name. That connection is not taken from
+the engine's pool, so waiters never take the connection a holder's heartbeat needs to renew,
+nor wait for one: it comes from a pool of its own, ``engine.pool.recreate()`` (the engine's
+own creator, connect arguments and pool events). With the sync driver, psycopg 3.2 or later
+(``notifies(timeout=)``), a daemon thread listens, and closes the connection once no one has
+waited for :data:`LINGER` seconds; on the async front (asyncpg, psycopg's async mode) the
+connection belongs to the event loop, and the last waiting task to leave closes it. Another
+driver (psycopg2, pg8000) waits by backoff alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
+import os
+import threading
+import time
+import weakref
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Table, func, literal, select
 
-__all__ = ["Listener", "Notifier", "channel_of", "listen"]
+from ..engine import forks
+
+__all__ = ["LINGER", "Listener", "Notifier", "channel_of", "listen"]
 
 logger = logging.getLogger("fencing.locks")
 
 #: PostgreSQL's longest identifier (NAMEDATALEN - 1 bytes): a channel name's limit
 _CHANNEL_MAX = 63
+#: how long the sync listener keeps its connection after its last waiter left (seconds): a
+#: run of waits, one after the other, shares one connection
+LINGER = 1.0
+#: how long a listener waits for notifications before it looks for new channels to listen
+#: on and for waiters gone (seconds); a notification is handed on the moment it arrives
+_TICK = 0.1
+#: the pause before a failed listening connection is opened again (seconds)
+_RETRY = 1.0
 
 
 def channel_of(locks: Table) -> str:
@@ -64,38 +86,36 @@ class Notifier:
 
 
 def listen(engine: Engine, channel: str, name: str) -> Listener | None:
-    """A connection of ``engine``'s pool listening on ``channel`` for ``name``, or ``None``
-    where notifications cannot be had (not PostgreSQL, a driver without them): the waiter
-    then paces itself by backoff alone. Inside asyncio's bridge the async drivers' calls
-    are awaited through SQLAlchemy's greenlet (``await_only``)."""
+    """A subscription to this process's listening connection of ``engine`` (opened if
+    needed) for ``name``'s release on ``channel``, or ``None`` where notifications cannot be
+    had (not PostgreSQL, a driver without them): the waiter then paces itself by backoff
+    alone. On the async front it is called inside asyncio's bridge, on the loop the waiting
+    task runs on. It never takes a connection of the engine's pool."""
     if engine.dialect.name != "postgresql":
         return None
-    raw = engine.raw_connection()
+    engine = forks.root(engine)  # an engine.execution_options() copy shares its parent's pool
+    dialect = engine.dialect
     try:
-        driver: Any = raw.driver_connection
-        if hasattr(driver, "add_listener"):  # asyncpg
-            listener: Listener = _Asyncpg(raw, driver, channel, name)
-        elif hasattr(driver, "notifies") and asyncio.iscoroutinefunction(driver.execute):
-            listener = _PsycopgAsync(raw, driver, channel, name)
-        elif hasattr(driver, "notifies") and _notifies_take_a_timeout(driver):
-            listener = _Psycopg(raw, driver, channel, name)
-        else:
-            raw.close()
+        if dialect.is_async:
+            if dialect.driver not in ("asyncpg", "psycopg"):
+                return None
+            return _loop_hub(engine).subscribe(channel, name)
+        if dialect.driver != "psycopg" or not _notifies_take_a_timeout():
             return None
-        listener.start()
+        return _thread_hub(engine).subscribe(channel, name)
     except Exception:
         logger.debug("could not listen for a lock's release; waiting by backoff", exc_info=True)
-        with contextlib.suppress(Exception):
-            raw.invalidate()
         return None
-    return listener
 
 
-def _notifies_take_a_timeout(driver: Any) -> bool:
+@functools.cache
+def _notifies_take_a_timeout() -> bool:
     import inspect
 
+    import psycopg
+
     try:
-        return "timeout" in inspect.signature(driver.notifies).parameters
+        return "timeout" in inspect.signature(psycopg.Connection.notifies).parameters
     except (TypeError, ValueError):
         return False
 
@@ -105,19 +125,16 @@ def _quoted(channel: str) -> str:
 
 
 class Listener:
-    """One waiter's listening connection: :meth:`wait` (a thread) or :meth:`wait_async` (a
-    task) until its lock is freed or the time is up; :meth:`close` gives the connection back
-    to the pool as it found it (not listening, its autocommit as it was)."""
+    """One waiter's subscription to its process's listening connection: :meth:`wait` (a
+    thread) or :meth:`wait_async` (a task) until its lock is said to be freed or the time is
+    up; :meth:`close` ends the subscription (idempotent). A notification that arrives while
+    the waiter is not waiting ends its next wait at once."""
 
-    def __init__(self, raw: Any, driver: Any, channel: str, name: str) -> None:
-        self._raw = raw
-        self._driver = driver
+    def __init__(self, hub: Any, channel: str, name: str) -> None:
+        self._hub = hub
         self.channel = channel
         self.name = name
-        self._broken = False
-
-    def start(self) -> None:
-        raise NotImplementedError
+        self._closed = False
 
     def wait(self, seconds: float) -> bool:
         """Wait up to ``seconds`` on this thread: whether the lock was said to be freed."""
@@ -127,103 +144,330 @@ class Listener:
         """Wait up to ``seconds`` in this task: whether the lock was said to be freed."""
         raise NotImplementedError(f"{type(self).__name__} waits on a thread (wait)")
 
-    def _stop(self) -> None:
+    def close(self) -> None:
+        """Stop listening for this lock (the connection stays for the other waiters)."""
+        if not self._closed:
+            self._closed = True
+            self._hub.unsubscribe(self)
+
+    def _freed(self) -> None:
         raise NotImplementedError
 
-    def close(self) -> None:
-        """Stop listening and give the connection back (thrown away if that failed)."""
-        try:
-            if not self._broken:
-                self._stop()
-        except Exception:
-            self._broken = True
-        if self._broken:
-            with contextlib.suppress(Exception):
-                self._raw.invalidate()
-        with contextlib.suppress(Exception):
-            self._raw.close()
 
-    def _heard(self, payload: str) -> bool:
-        return payload == self.name
-
-
-class _Psycopg(Listener):
-    """psycopg's sync connection: ``LISTEN`` in autocommit, ``notifies(timeout=)``."""
-
-    def start(self) -> None:
-        self._autocommit = self._driver.autocommit
-        if not self._autocommit:
-            self._driver.rollback()  # nothing of ours is open; a checked-out connection is idle
-            self._driver.autocommit = True
-        self._driver.execute(f"LISTEN {_quoted(self.channel)}")
+class _ThreadListener(Listener):
+    def __init__(self, hub: Any, channel: str, name: str) -> None:
+        super().__init__(hub, channel, name)
+        self._event = threading.Event()
 
     def wait(self, seconds: float) -> bool:
-        try:
-            for note in self._driver.notifies(timeout=max(seconds, 0.0)):
-                if self._heard(note.payload):
-                    return True
-        except Exception:
-            self._broken = True
-            raise
-        return False
-
-    def _stop(self) -> None:
-        self._driver.execute(f"UNLISTEN {_quoted(self.channel)}")
-        self._driver.autocommit = self._autocommit
-
-
-class _PsycopgAsync(Listener):
-    """psycopg's AsyncConnection under SQLAlchemy's adapter: set up and torn down inside
-    the bridge (``await_only``), waited on in the task."""
-
-    def start(self) -> None:
-        from sqlalchemy.util import await_only
-
-        self._autocommit = self._driver.autocommit
-        if not self._autocommit:
-            await_only(self._driver.rollback())
-            await_only(self._driver.set_autocommit(True))
-        await_only(self._driver.execute(f"LISTEN {_quoted(self.channel)}"))
-
-    async def wait_async(self, seconds: float) -> bool:
-        try:
-            async for note in self._driver.notifies(timeout=max(seconds, 0.0)):
-                if self._heard(note.payload):
-                    return True
-        except Exception:
-            self._broken = True
-            raise
-        return False
-
-    def _stop(self) -> None:
-        from sqlalchemy.util import await_only
-
-        await_only(self._driver.execute(f"UNLISTEN {_quoted(self.channel)}"))
-        await_only(self._driver.set_autocommit(self._autocommit))
-
-
-class _Asyncpg(Listener):
-    """asyncpg: ``add_listener`` (its callback runs on the loop) and an ``asyncio.Event``."""
-
-    def start(self) -> None:
-        from sqlalchemy.util import await_only
-
-        self._freed = asyncio.Event()
-        await_only(self._driver.add_listener(self.channel, self._callback))
-
-    def _callback(self, connection: Any, pid: int, channel: str, payload: str) -> None:
-        if self._heard(payload):
-            self._freed.set()
-
-    async def wait_async(self, seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self._freed.wait(), max(seconds, 0.0))
-        except (asyncio.TimeoutError, TimeoutError):
+        if not self._event.wait(max(seconds, 0.0)):
             return False
-        self._freed.clear()
+        self._event.clear()
         return True
 
-    def _stop(self) -> None:
+    def _freed(self) -> None:
+        self._event.set()
+
+
+class _TaskListener(Listener):
+    def __init__(self, hub: Any, channel: str, name: str) -> None:
+        super().__init__(hub, channel, name)
+        self._event = asyncio.Event()
+
+    async def wait_async(self, seconds: float) -> bool:
+        try:
+            await asyncio.wait_for(self._event.wait(), max(seconds, 0.0))
+        except (asyncio.TimeoutError, TimeoutError):
+            return False
+        self._event.clear()
+        return True
+
+    def _freed(self) -> None:
+        self._event.set()
+
+
+class _Waiters:
+    """The subscriptions of one listening connection, by channel and lock name. Held
+    weakly: a listener dropped without :meth:`Listener.close` is no waiter any more."""
+
+    def __init__(self) -> None:
+        self._by_channel: dict[str, dict[str, weakref.WeakSet[Listener]]] = {}
+
+    def add(self, listener: Listener) -> None:
+        names = self._by_channel.setdefault(listener.channel, {})
+        names.setdefault(listener.name, weakref.WeakSet()).add(listener)
+
+    def remove(self, listener: Listener) -> None:
+        names = self._by_channel.get(listener.channel, {})
+        names.get(listener.name, weakref.WeakSet()).discard(listener)
+
+    def channels(self) -> set[str]:
+        """The channels someone listens on now (the empty ones are dropped)."""
+        for channel, names in list(self._by_channel.items()):
+            for name, listeners in list(names.items()):
+                if not listeners:
+                    del names[name]
+            if not names:
+                del self._by_channel[channel]
+        return set(self._by_channel)
+
+    def of(self, channel: str, name: str) -> list[Listener]:
+        return list(self._by_channel.get(channel, {}).get(name, ()))
+
+
+class _ThreadHub:
+    """The sync driver's listening connection of one engine in this process: a daemon
+    thread opens it when the first waiter subscribes, hands each notification to the
+    waiters of its lock, and closes it :data:`LINGER` seconds after the last one left."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = weakref.ref(engine)  # the hub lives in a registry keyed by the engine
+        self._lock = threading.Lock()
+        self._waiters = _Waiters()
+        self._thread: threading.Thread | None = None
+        #: the open connections (one, but for a moment when a new thread starts as the old
+        #: one closes its own): here, not only in a thread, so a forked child keeps them
+        self._open: set[Any] = set()
+
+    def subscribe(self, channel: str, name: str) -> Listener:
+        listener = _ThreadListener(self, channel, name)
+        with self._lock:
+            self._waiters.add(listener)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="fencing-lock-listener", daemon=True)
+                self._thread.start()
+        return listener
+
+    def unsubscribe(self, listener: Listener) -> None:
+        with self._lock:
+            self._waiters.remove(listener)
+
+    def _heard(self, channel: str, name: str) -> None:
+        with self._lock:
+            found = self._waiters.of(channel, name)
+        for listener in found:
+            listener._freed()
+
+    def _run(self) -> None:
+        pool: Any = None
+        conn: Any = None
+        listening: set[str] = set()
+        idle_since: float | None = None
+        try:
+            while True:
+                with self._lock:
+                    wanted = self._waiters.channels()
+                    if wanted:
+                        idle_since = None
+                    else:
+                        idle_since = idle_since or time.monotonic()
+                        if time.monotonic() - idle_since >= LINGER:
+                            self._thread = None  # a waiter subscribing from now on starts another
+                            return
+                try:
+                    if conn is None:
+                        engine = self._engine()
+                        if engine is None:  # the engine is gone, and its waiters with it
+                            with self._lock:
+                                self._thread = None
+                            return
+                        pool = engine.pool.recreate()  # its creator and events, not its connections
+                        del engine
+                        conn = pool.connect()
+                        with self._lock:
+                            self._open.add(conn)
+                        listening = set()
+                        driver = conn.driver_connection
+                        if not driver.autocommit:
+                            driver.rollback()
+                            driver.autocommit = True
+                    for channel in sorted(wanted - listening):
+                        driver.execute(f"LISTEN {_quoted(channel)}")
+                        listening.add(channel)
+                    for note in driver.notifies(timeout=_TICK):
+                        self._heard(note.channel, note.payload)
+                except Exception:
+                    logger.debug("a lock listener's connection failed; waiting by backoff", exc_info=True)
+                    self._drop(conn, pool, broken=True)
+                    conn = pool = None
+                    time.sleep(_RETRY)
+        finally:
+            self._drop(conn, pool, broken=False)
+
+    def _drop(self, conn: Any, pool: Any, *, broken: bool) -> None:
+        if conn is not None:
+            with self._lock:
+                self._open.discard(conn)
+            with contextlib.suppress(Exception):
+                if broken:
+                    conn.invalidate()
+                else:
+                    conn.close()
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.dispose()
+
+
+class _LoopHub:
+    """The async driver's listening connection of one engine on one event loop, shared by
+    its waiting tasks: opened (inside asyncio's bridge) by the first to subscribe, closed by
+    the last to leave. asyncpg hands notifications to a callback on the loop; psycopg's
+    async connection is read by a task of the hub."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = weakref.ref(engine)
+        self._waiters = _Waiters()
+        self._guard = asyncio.Lock()  # one task opens, listens or closes at a time
+        self._pool: Any = None
+        self._conn: Any = None
+        self._listening: set[str] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._broken = False
+
+    def subscribe(self, channel: str, name: str) -> Listener:
         from sqlalchemy.util import await_only
 
-        await_only(self._driver.remove_listener(self.channel, self._callback))
+        listener = _TaskListener(self, channel, name)
+        self._waiters.add(listener)
+        await_only(self._guard.acquire())
+        try:
+            if self._broken:
+                self._close()
+            if self._conn is None:
+                self._open()
+            if channel not in self._listening:
+                self._listen(channel)
+        except Exception:
+            logger.debug("could not listen for a lock's release; waiting by backoff", exc_info=True)
+            self._close()
+        finally:
+            self._guard.release()
+        return listener
+
+    def unsubscribe(self, listener: Listener) -> None:
+        from sqlalchemy.util import await_only
+
+        self._waiters.remove(listener)
+        if self._waiters.channels():
+            return
+        await_only(self._guard.acquire())
+        try:
+            if not self._waiters.channels():
+                self._close()
+        finally:
+            self._guard.release()
+
+    def _open(self) -> None:
+        engine = self._engine()
+        if engine is None:
+            raise RuntimeError("the engine is gone")
+        self._pool = engine.pool.recreate()  # its creator and events, not its connections
+        self._conn = self._pool.connect()  # inside the bridge: the async driver is awaited
+        self._listening = set()
+        self._broken = False
+        driver = self._conn.driver_connection
+        if hasattr(driver, "add_termination_listener"):  # asyncpg
+            driver.add_termination_listener(self._ended)
+        else:
+            from sqlalchemy.util import await_only
+
+            if not driver.autocommit:
+                await_only(driver.rollback())
+                await_only(driver.set_autocommit(True))
+
+    def _listen(self, channel: str) -> None:
+        from sqlalchemy.util import await_only
+
+        driver = self._conn.driver_connection
+        if hasattr(driver, "add_listener"):  # asyncpg: its callback runs on the loop
+            await_only(driver.add_listener(channel, self._callback))
+        else:  # psycopg: waits for the reader's turn on the connection (at most a tick)
+            await_only(driver.execute(f"LISTEN {_quoted(channel)}"))
+            if self._reader is None:
+                self._reader = asyncio.get_running_loop().create_task(
+                    self._read(driver), name="fencing-lock-listener"
+                )
+        self._listening.add(channel)
+
+    def _callback(self, connection: Any, pid: int, channel: str, payload: str) -> None:
+        for listener in self._waiters.of(channel, payload):
+            listener._freed()
+
+    def _ended(self, connection: Any) -> None:
+        self._broken = True  # the next waiter to subscribe opens another
+
+    async def _read(self, driver: Any) -> None:
+        try:
+            while True:
+                async for note in driver.notifies(timeout=_TICK):
+                    self._callback(driver, 0, note.channel, note.payload)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.debug("a lock listener's connection failed; waiting by backoff", exc_info=True)
+            self._broken = True
+
+    def _close(self) -> None:
+        from sqlalchemy.util import await_only
+
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await_only(asyncio.wait({reader}))
+        conn, self._conn = self._conn, None
+        pool, self._pool = self._pool, None
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                if self._broken:
+                    conn.invalidate()
+                else:
+                    conn.close()
+        if pool is not None:
+            with contextlib.suppress(Exception):
+                pool.dispose()
+        self._listening = set()
+        self._broken = False
+
+
+_registry = threading.Lock()
+_THREAD_HUBS: weakref.WeakKeyDictionary[Engine, _ThreadHub] = weakref.WeakKeyDictionary()
+_LOOP_HUBS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Engine, _LoopHub]] = (
+    weakref.WeakKeyDictionary()
+)
+#: a forked child's copies of its parent's hubs: kept, never closed (their sockets are the
+#: parent's sessions) and never used
+_INHERITED: list[object] = []
+
+
+def _thread_hub(engine: Engine) -> _ThreadHub:
+    with _registry:
+        hub = _THREAD_HUBS.get(engine)
+        if hub is None:
+            hub = _THREAD_HUBS[engine] = _ThreadHub(engine)
+        return hub
+
+
+def _loop_hub(engine: Engine) -> _LoopHub:
+    loop = asyncio.get_running_loop()
+    with _registry:
+        hubs = _LOOP_HUBS.setdefault(loop, weakref.WeakKeyDictionary())
+        hub = hubs.get(engine)
+        if hub is None:
+            hub = hubs[engine] = _LoopHub(engine)
+        return hub
+
+
+def _after_fork_in_child() -> None:
+    """A forked child starts with no listener: the parent's threads do not exist here and
+    their connections are the parent's sessions (kept referenced, never closed)."""
+    global _registry
+    _registry = threading.Lock()
+    _INHERITED.extend(_THREAD_HUBS.values())
+    _INHERITED.extend(hub for hubs in _LOOP_HUBS.values() for hub in hubs.values())
+    _THREAD_HUBS.clear()
+    _LOOP_HUBS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
