@@ -3,7 +3,7 @@
 What a worker in another language relies on: the fence in every answer; a stale write
 refused with its reason as problem details; a retried completion answering as the first
 did and never overwriting; bad input named, with nothing changed; no answer without
-authorization.
+authorization, and a token acting only as its own owners; bounds on what one request takes.
 """
 
 from __future__ import annotations
@@ -12,17 +12,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Engine, MetaData
 
 pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'fencing[web]'")
 
 from starlette.testclient import TestClient
 
-from fencing import JobStore, Lease
-from fencing.web import bearer_tokens, lease_api
+from fencing import History, JobStore, Lease, attempts_table, history_table
+from fencing.web import Caller, bearer_tokens, lease_api
+from fencing.web.api import MAX_LIMIT, MAX_TTL
 
 TOKEN = "t0ken-for-the-go-worker"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
+#: the owners the tests' token acts as (one token for a pool of workers)
+POOL = Caller("worker-go", owners=["go-1", "go-2", "slow", "w", "w2", "x"])
+A, B = "token-of-worker-a-0123456789", "token-of-worker-b-0123456789"
+AS_A, AS_B = {"Authorization": f"Bearer {A}"}, {"Authorization": f"Bearer {B}"}
 
 
 @pytest.fixture
@@ -34,7 +39,7 @@ def store(engine: Engine) -> JobStore:
 
 @pytest.fixture
 def client(store: JobStore) -> Iterator[TestClient]:
-    app = lease_api(store, authorize=bearer_tokens({TOKEN: "worker-go"}))
+    app = lease_api(store, authorize=bearer_tokens({TOKEN: POOL}))
     with TestClient(app) as c:
         yield c
 
@@ -105,13 +110,15 @@ def test_a_retried_completion_answers_as_the_first_and_never_overwrites(
 def test_a_retried_release_answers_released_and_a_release_after_a_new_claim_is_refused(
     client: TestClient, store: JobStore
 ) -> None:
+    """(The store records no history: a retry is refused as released, the lease being over;
+    with a history it is a replay, test_a_release_is_replayed_when_the_history_proves_it.)"""
     store.enqueue("k")
     [lease] = post(client, "/claim", {"owner": "w", "ttl": 30}).json()["leases"]
     first = post(client, "/release", {"lease": lease})
     again = post(client, "/release", {"lease": lease})
-    assert first.status_code == again.status_code == 200
-    assert first.json()["replayed"] is False and again.json()["replayed"] is True
-    assert again.json()["job"]["fence"] == 1 and again.json()["job"]["owner"] is None
+    assert first.status_code == 200 and first.json()["replayed"] is False
+    assert again.status_code == 409 and again.json()["reason"] == "released"
+    assert (again.json()["holder"], again.json()["current_fence"]) == (None, 1)
     [other] = post(client, "/claim", {"owner": "w2", "ttl": 30}).json()["leases"]
     assert other["fence"] == 2
     late = post(client, "/release", {"lease": lease})
@@ -248,7 +255,7 @@ def test_fencing_serves_app_counts_a_requeued_jobs_attempts_from_its_requeue(eng
     workers.enqueue("a", ready_at=0.0)
     app = app_for(
         engine, workers.table, history=None, locks=None, interval=1.0, max_attempts=1,
-        tokens={TOKEN: "worker-go"}, attempts=attempts,
+        tokens={TOKEN: POOL}, attempts=attempts, hosts=["testserver"],
     )  # fmt: skip
     with TestClient(app) as client:
         [first] = post(client, "/api/claim", {"owner": "go-1", "ttl": 30, "max_attempts": 1}).json()["leases"]
@@ -263,3 +270,266 @@ def test_fencing_serves_app_counts_a_requeued_jobs_attempts_from_its_requeue(eng
         assert (first["fence"], second["fence"]) == (1, 2)
         page = client.get("/job?id=a")
         assert page.status_code == 200 and "held" in page.text
+
+
+# -- a token acts only as its own owners ---------------------------------------------------
+
+
+@pytest.fixture
+def two(store: JobStore) -> Iterator[TestClient]:
+    """Two workers, each with a token of its own (the name is the owner it acts as)."""
+    app = lease_api(store, authorize=bearer_tokens({A: "worker-a", B: "worker-b"}))
+    with TestClient(app) as c:
+        yield c
+
+
+def test_a_token_cannot_act_on_another_owners_lease(two: TestClient, store: JobStore) -> None:
+    """worker-b reads worker-a's owner and fence (GET /jobs is open to every token) but
+    cannot renew, complete or release under them, nor claim as worker-a: 403, nothing read
+    or changed, and worker-a's own completion goes through."""
+    store.enqueue("payroll-7")
+    [lease] = two.post("/claim", json={"owner": "worker-a", "ttl": 60}, headers=AS_A).json()["leases"]
+    job = two.get("/jobs/payroll-7", headers=AS_B).json()["job"]
+    forged = {"job_id": "payroll-7", "owner": job["owner"], "fence": job["fence"]}
+    for path, body in (
+        ("/complete", {"lease": forged, "result": "written by worker-b"}),
+        ("/renew", {"lease": forged, "ttl": 600}),
+        ("/release", {"lease": forged}),
+    ):
+        answer = two.post(path, json=body, headers=AS_B)
+        assert answer.status_code == 403, (path, answer.text)
+        assert answer.headers["content-type"] == "application/problem+json"
+        problem = answer.json()
+        assert (problem["error"], problem["owner"], problem["caller"]) == (
+            "Forbidden",
+            "worker-a",
+            "worker-b",
+        )
+        assert "'worker-b' may not" in problem["detail"] and "'worker-a'" in problem["detail"]
+    assert store.holder("payroll-7") == Lease("payroll-7", "worker-a", 1, lease["until"])
+    store.enqueue("x")
+    as_a = two.post("/claim", json={"owner": "worker-a", "ttl": 60}, headers=AS_B)
+    assert as_a.status_code == 403 and as_a.json()["owner"] == "worker-a"
+    assert store.holder("x") is None and store.state("x").fence == 0  # type: ignore[union-attr]
+    done = two.post("/complete", json={"lease": lease, "result": "a's real result"}, headers=AS_A)
+    assert done.status_code == 200 and store.state("payroll-7").result == "a's real result"  # type: ignore[union-attr]
+
+
+def test_a_caller_acts_as_the_owners_it_is_granted_and_no_other(store: JobStore) -> None:
+    """A Caller's owners (bearer_tokens, or any authorize returning one): each may claim;
+    one not granted is refused; a token granted none only enqueues and reads."""
+    store.enqueue("j1")
+    store.enqueue("j2")
+    producer = "token-of-the-producer-0123"
+    tokens = {TOKEN: Caller("pool", owners=["go-1", "go-2"]), producer: Caller("producer", owners=[])}
+    with TestClient(lease_api(store, authorize=bearer_tokens(tokens))) as c:
+        assert c.post("/claim", json={"owner": "go-1", "ttl": 30}, headers=AUTH).json()["leases"]
+        assert c.post("/claim", json={"owner": "go-2", "ttl": 30}, headers=AUTH).json()["leases"]
+        assert c.post("/claim", json={"owner": "pool", "ttl": 30}, headers=AUTH).status_code == 403
+        as_producer = {"Authorization": f"Bearer {producer}"}
+        assert c.post("/enqueue", json={"job_id": "j3"}, headers=as_producer).status_code == 201
+        refused = c.post("/claim", json={"owner": "producer", "ttl": 30}, headers=as_producer)
+        assert refused.status_code == 403 and "(none)" in refused.json()["detail"]
+    assert store.holder("j3") is None
+
+    async def named(request: Any) -> str | None:  # a coroutine answering a plain name
+        return "go-1" if request.headers.get("x-user") == "ann" else None
+
+    store.enqueue("j4")
+    with TestClient(lease_api(store, authorize=named)) as c:
+        mine = c.post("/claim", json={"owner": "go-1", "ttl": 30}, headers={"x-user": "ann"})
+        assert [x["job_id"] for x in mine.json()["leases"]] == ["j3"]
+        other = c.post("/claim", json={"owner": "go-2", "ttl": 30}, headers={"x-user": "ann"})
+        assert other.status_code == 403
+    assert store.holder("j4") is None
+
+
+@pytest.mark.parametrize("owners", ["go-1", ["go-1", 2], [""], 7])
+def test_a_caller_names_its_owners_as_a_list_of_str(owners: Any) -> None:
+    from fencing import InvalidArgumentType
+
+    with pytest.raises(InvalidArgumentType, match="owners"):
+        Caller("pool", owners=owners)
+
+
+# -- a release is replayed only when it is proven ------------------------------------------
+
+
+def test_a_release_is_no_replay_without_proof(two: TestClient, engine: Engine) -> None:
+    """Without an ownership history the row cannot tell who ended a lease: a release the
+    guard refuses answers 409 with its reason, for fence 0, after a requeue, for a stranger
+    at the current fence, and for a retry of the holder's own release alike."""
+    # an operator's store on the API's table: the one that requeues
+    store = JobStore(engine, attempts=attempts_table(MetaData()))
+    store.create_table()
+    store.enqueue("fresh", ready_at=0)
+    never = two.post(
+        "/release", json={"lease": {"job_id": "fresh", "owner": "worker-a", "fence": 0}}, headers=AS_A
+    )
+    assert never.status_code == 409 and never.json()["reason"] == "stale fence"
+    store.enqueue("j", ready_at=0)
+    a = store.claim("j", "worker-a", ttl=5, now=100.0)
+    assert a is not None and store.requeue("j", now=200.0)  # a's lease had run out; an operator requeues
+    late = two.post("/release", json={"lease": _lease(a)}, headers=AS_A)
+    assert late.status_code == 409 and late.json()["reason"] == "released"
+    assert "cannot tell who ended the lease" in late.json()["detail"]
+    stranger = two.post("/release", json={"lease": {**_lease(a), "owner": "worker-b"}}, headers=AS_B)
+    assert stranger.status_code == 409 and stranger.json()["reason"] == "released"
+    [k] = two.post("/claim", json={"owner": "worker-a", "ttl": 60}, headers=AS_A).json()["leases"]
+    first = two.post("/release", json={"lease": k}, headers=AS_A)
+    assert first.status_code == 200 and first.json()["replayed"] is False
+    again = two.post("/release", json={"lease": k}, headers=AS_A)
+    assert again.status_code == 409 and again.json()["reason"] == "released"
+    assert store.state(k["job_id"]).fence == 1 and store.holder(k["job_id"]) is None  # type: ignore[union-attr]
+
+
+def _lease(lease: Lease) -> dict[str, Any]:
+    return {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence}
+
+
+@pytest.fixture
+def recorded(engine: Engine) -> JobStore:
+    metadata = MetaData()
+    # retention=None: the test's own clock (now=) writes history rows
+    history = History(history_table(metadata), retention=None)
+    s = JobStore(engine, history=history, attempts=attempts_table(metadata))
+    s.create_table()
+    return s
+
+
+def test_a_release_is_replayed_when_the_history_proves_it_and_only_then(recorded: JobStore) -> None:
+    """With the ownership history, a retried release of the holder's own lease answers 200
+    replayed; the same lease after a requeue, a stranger at the released fence, and a lease
+    whose release came after a claim since, are refused (409)."""
+    store = recorded
+    app = lease_api(store, authorize=bearer_tokens({A: "worker-a", B: "worker-b"}))
+    with TestClient(app) as c:
+        store.enqueue("k", ready_at=0)
+        [k] = c.post("/claim", json={"owner": "worker-a", "ttl": 60}, headers=AS_A).json()["leases"]
+        assert c.post("/release", json={"lease": k}, headers=AS_A).json()["replayed"] is False
+        again = c.post("/release", json={"lease": k}, headers=AS_A)
+        assert again.status_code == 200 and again.json()["replayed"] is True
+        assert again.json()["job"]["fence"] == 1 and again.json()["job"]["owner"] is None
+        stranger = c.post("/release", json={"lease": {**k, "owner": "worker-b"}}, headers=AS_B)
+        assert stranger.status_code == 409 and stranger.json()["reason"] == "released"
+        assert "no release by this owner" in stranger.json()["detail"]
+
+        store.enqueue("j", ready_at=0)
+        a = store.claim("j", "worker-a", ttl=60)
+        assert a is not None and store.revoke("j") and store.requeue("j")
+        # the fence moved with the revoke: the late release is stale, not a replay
+        late = c.post("/release", json={"lease": _lease(a)}, headers=AS_A)
+        assert late.status_code == 409 and late.json()["reason"] == "stale fence"
+
+        store.enqueue("r", ready_at=0)
+        b = store.claim("r", "worker-a", ttl=0.5, now=100.0)
+        assert b is not None and store.requeue("r", now=200.0)  # run out, then requeued: no revoke
+        requeued = c.post("/release", json={"lease": _lease(b)}, headers=AS_A)
+        assert requeued.status_code == 409 and requeued.json()["reason"] == "released"
+    assert [e.event for e in store.history("r")] == ["claim", "requeue", "refused"]
+
+
+# -- history, max_attempts, bounds ---------------------------------------------------------
+
+
+def test_fencing_serves_api_records_the_ownership_history(engine: Engine) -> None:
+    """fencing serve --history-table: the API's claims and completions are recorded, as
+    the dashboard's actions are."""
+    from fencing.tools.serve import app_for
+
+    history = history_table(MetaData())
+    workers = JobStore(engine, history=History(history))
+    workers.create_table()
+    workers.enqueue("h", ready_at=0.0)
+    app = app_for(
+        engine, workers.table, history=history, locks=None, interval=1.0, max_attempts=None,
+        tokens={TOKEN: POOL}, hosts=["testserver"],
+    )  # fmt: skip
+    with TestClient(app) as client:
+        [lease] = post(client, "/api/claim", {"owner": "go-1", "ttl": 30}).json()["leases"]
+        assert post(client, "/api/complete", {"lease": lease, "result": "ok"}).status_code == 200
+        late = post(client, "/api/complete", {"lease": {**lease, "fence": 7}, "result": "no"})
+        assert late.status_code == 409
+    entries = workers.history("h")
+    assert [(e.event, e.owner, e.fence) for e in entries] == [
+        ("claim", "go-1", 1),
+        ("complete", "go-1", 1),
+        ("refused", "go-1", 7),
+    ]
+
+
+def test_fencing_serves_api_claims_apply_its_max_attempts(engine: Engine) -> None:
+    """fencing serve --max-attempts N: a claim with no max_attempts of its own never takes a
+    job claimed N times (one the dashboard shows poisoned); one asking for more is refused."""
+    from fencing.tools.serve import app_for
+
+    workers = JobStore(engine)
+    workers.create_table()
+    workers.enqueue("p", ready_at=0.0)
+    app = app_for(
+        engine, workers.table, history=None, locks=None, interval=1.0, max_attempts=1,
+        tokens={TOKEN: POOL}, hosts=["testserver"],
+    )  # fmt: skip
+    with TestClient(app) as client:
+        [first] = post(client, "/api/claim", {"owner": "go-1", "ttl": 30}).json()["leases"]
+        assert post(client, "/api/release", {"lease": first}).status_code == 200
+        assert post(client, "/api/claim", {"owner": "go-1", "ttl": 30}).json() == {"leases": []}
+        more = post(client, "/api/claim", {"owner": "go-1", "ttl": 30, "max_attempts": 5})
+        assert more.status_code == 422 and "max_attempts must be at most 1" in more.json()["detail"]
+        page = client.get("/jobs?state=poisoned")
+        assert page.status_code == 200 and 'data-job="p"' in page.text
+    assert workers.state("p").fence == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/claim", {"owner": "w", "ttl": 1e308}, "ttl"),
+        ("/claim", {"owner": "w", "ttl": MAX_TTL + 1}, "ttl"),
+        ("/claim", {"owner": "w", "ttl": 10**400}, "ttl"),
+        ("/claim", {"owner": "w", "ttl": 30, "limit": 100_000}, "limit"),
+        ("/claim", {"owner": "w", "ttl": 30, "limit": MAX_LIMIT + 1}, "limit"),
+        ("/renew", {"lease": {"job_id": "b0", "owner": "w", "fence": 1}, "ttl": 1e308}, "ttl"),
+    ],
+)
+def test_ttl_and_limit_are_bounded(
+    client: TestClient, store: JobStore, path: str, body: dict[str, Any], field: str
+) -> None:
+    """A lease longer than max_ttl (a day), a claim of more than max_limit (1,000) jobs:
+    422 naming the field, nothing claimed or renewed."""
+    for n in range(3):
+        store.enqueue(f"b{n}")
+    if path == "/renew":
+        [lease] = post(client, "/claim", {"owner": "w", "ttl": 30}).json()["leases"]
+        body = {**body, "lease": lease}
+    before = [store.state(f"b{n}") for n in range(3)]
+    answer = post(client, path, body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["detail"].startswith(f"{field} must be"), answer.json()["detail"]
+    assert [store.state(f"b{n}") for n in range(3)] == before
+
+
+def test_the_bounds_are_the_apps_and_its_document_says_them(store: JobStore) -> None:
+    for n in range(3):
+        store.enqueue(f"c{n}")
+    app = lease_api(store, authorize=bearer_tokens({TOKEN: POOL}), max_ttl=60, max_limit=2, max_attempts=3)
+    with TestClient(app) as c:
+        assert post(c, "/claim", {"owner": "w", "ttl": 61}).status_code == 422
+        assert post(c, "/claim", {"owner": "w", "ttl": 30, "limit": 3}).status_code == 422
+        assert len(post(c, "/claim", {"owner": "w", "ttl": 60, "limit": 2}).json()["leases"]) == 2
+        claim = c.get("/openapi.json").json()["paths"]["/claim"]["post"]
+    body = claim["requestBody"]["content"]["application/json"]["schema"]["properties"]
+    assert (body["ttl"]["maximum"], body["limit"]["maximum"], body["max_attempts"]["maximum"]) == (60, 2, 3)
+    assert "403" in claim["responses"]
+    from fencing import InvalidArgument
+
+    for bad in ({"max_ttl": 0}, {"max_limit": 0}, {"max_attempts": 0}):
+        with pytest.raises(InvalidArgument):
+            lease_api(store, authorize=bearer_tokens({TOKEN: POOL}), **bad)
+
+
+def test_fencing_serves_default_bounds_are_the_apis() -> None:
+    from fencing.tools.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--url", "x.db"])
+    assert (args.api_max_ttl, args.api_max_limit) == (MAX_TTL, MAX_LIMIT)

@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 pytest.importorskip("uvicorn", reason="the web extra is not installed: pip install 'fencing[web]'")
 
 from fencing import JobStore
-from fencing.web import bearer_tokens, lease_api
+from fencing.web import Caller, bearer_tokens, lease_api
 
 from .served import served
 
@@ -48,12 +48,15 @@ def api(store: JobStore) -> Iterator[str]:
         if IN_CI:
             pytest.fail("CI runs the curl worker: curl is not installed", pytrace=False)
         pytest.skip("curl is not installed")
-    with served(lease_api(store, authorize=bearer_tokens({TOKEN: "curl-worker"}))) as url:
+    pool = Caller("curl-worker", owners=["curl-1", "curl-2", "x"])
+    with served(lease_api(store, authorize=bearer_tokens({TOKEN: pool}))) as url:
         yield url
 
 
-def curl(url: str, body: dict[str, Any] | None = None, *, token: str = TOKEN) -> tuple[int, str, Any]:
-    """One request by curl: the status, the content type, the JSON body."""
+def curl(
+    url: str, body: dict[str, Any] | None = None, *, token: str = TOKEN, host: str | None = None
+) -> tuple[int, str, Any]:
+    """One request by curl: the status, the content type, the JSON body (``None`` if not JSON)."""
     argv = [
         "curl",
         "-sS",
@@ -64,12 +67,14 @@ def curl(url: str, body: dict[str, Any] | None = None, *, token: str = TOKEN) ->
         "-H",
         f"Authorization: Bearer {token}",
     ]
+    if host is not None:
+        argv += ["-H", f"Host: {host}"]
     if body is not None:
         argv += ["-H", "Content-Type: application/json", "--data-binary", json.dumps(body)]
     out = subprocess.run([*argv, url], capture_output=True, text=True, check=True, timeout=30).stdout
     text, _, tail = out.rpartition("\n")
     status, _, kind = tail.partition(" ")
-    return int(status), kind, json.loads(text)
+    return int(status), kind, json.loads(text) if "json" in kind else None
 
 
 def test_curl_claims_and_completes_and_its_stale_completion_is_refused(api: str, store: JobStore) -> None:
@@ -120,7 +125,7 @@ def test_fencing_serve_runs_the_dashboard_and_the_api(store: JobStore, target: s
     if shutil.which("curl") is None:
         pytest.skip("curl is not installed")
     tokens = tmp_path / "tokens"
-    tokens.write_text(f"# workers\n{TOKEN} curl-worker\n")
+    tokens.write_text(f"# workers: the token, then the owners it acts as\n{TOKEN} cli cli-2\n")
     store.enqueue("served")
     port = free_port()
     argv = [sys.executable, "-m", "fencing", "serve", "--url", target, "--port", str(port)]
@@ -145,6 +150,12 @@ def test_fencing_serve_runs_the_dashboard_and_the_api(store: JobStore, target: s
                 time.sleep(0.2)
             status, _, body = curl(f"http://127.0.0.1:{port}/api/claim", {"owner": "cli", "ttl": 30})
             assert status == 200 and body["leases"][0]["job_id"] == "served"
+            status, _, body = curl(f"http://127.0.0.1:{port}/api/claim", {"owner": "go-1", "ttl": 30})
+            assert status == 403 and body["owner"] == "go-1"
+            # a name rebound to this address (DNS rebinding) is not answered, pages nor API
+            for path in ("/job?id=served", "/api/jobs/served"):
+                status, _, _ = curl(f"http://127.0.0.1:{port}{path}", host=f"attacker.example:{port}")
+                assert status == 400, path
             page = subprocess.run(
                 ["curl", "-s", f"http://127.0.0.1:{port}/jobs?state=held"], capture_output=True, text=True
             ).stdout

@@ -872,6 +872,7 @@ def _serve(call: Call) -> int:
         has_locks = sqlalchemy.inspect(db.engine).has_table(args.locks_table, schema=db.table.schema)
     locks = locks_table(MetaData(), args.locks_table, schema=db.table.schema) if has_locks else None
     tokens = serve.read_tokens(args.api_tokens) if args.api_tokens else None
+    hosts = serve.allowed_hosts(args.host, args.allowed_host or ())
     app = serve.app_for(
         db.engine,
         db.table,
@@ -881,12 +882,22 @@ def _serve(call: Call) -> int:
         interval=args.interval,
         max_attempts=args.max_attempts,
         tokens=tokens,
+        hosts=hosts,
+        max_ttl=args.api_max_ttl,
+        max_limit=args.api_max_limit,
     )
     api = f" and the lease API at http://{args.host}:{args.port}/api" if tokens else ""
     print(
-        f"fencing: the dashboard of table {db.table.name!r} at http://{args.host}:{args.port}/{api}",
+        f"fencing: the dashboard of table {db.table.name!r} at http://{args.host}:{args.port}/{api}, "
+        f"answering the host names {', '.join(hosts)} (--allowed-host adds one)",
         file=sys.stderr,
     )
+    if not serve.is_loopback(args.host):
+        print(
+            f"fencing: the dashboard's pages are open to whoever reaches {args.host}:{args.port}: "
+            "every job's id, owner and result (mount fencing.web.dashboard with authorize to close them)",
+            file=sys.stderr,
+        )
     serve.run(app, host=args.host, port=args.port)
     return 0
 
@@ -1326,8 +1337,10 @@ COMMANDS: tuple[Command, ...] = (
         "'fencing[web]'): counts by state, rates, leases counting down, each job's ownership "
         "history, fence marks, locks, live. Its actions (revoke, release, delete, enqueue) need "
         "an application's authorize callable: mount fencing.web.dashboard in your own app for "
-        "them. With --api-tokens FILE (one 'TOKEN NAME' per line) the lease API is served at "
-        "/api for workers in any language, each authenticated by its bearer token.",
+        "them. The pages are open to whoever reaches the server; only the Host names it binds "
+        "(and --allowed-host) are answered. With --api-tokens FILE (one 'TOKEN OWNER [OWNER ...]' "
+        "per line) the lease API is served at /api for workers in any language, each "
+        "authenticated by its bearer token and acting only as the owners on its line.",
         arguments=(
             arg("--host", default="127.0.0.1", help="the address to listen on (%(default)s)"),
             arg("--port", type=_whole(1, 65535), default=8000, help="the port (%(default)s)"),
@@ -1338,8 +1351,36 @@ COMMANDS: tuple[Command, ...] = (
                 metavar="SECONDS",
                 help="seconds between the live feed's reads of the table (%(default)g)",
             ),
-            arg("--api-tokens", metavar="FILE", help="serve the lease API at /api for these bearer tokens"),
-            _max_attempts("what the workers pass to claim_next"),
+            arg(
+                "--allowed-host",
+                action="append",
+                metavar="NAME",
+                help="a Host name to answer besides localhost, 127.0.0.1, [::1] and --host (repeatable; "
+                "'*.example.com' for a domain's)",
+            ),
+            arg(
+                "--api-tokens",
+                metavar="FILE",
+                help="serve the lease API at /api for these bearer tokens ('TOKEN OWNER [OWNER ...]' "
+                "per line: the owners each may act as)",
+            ),
+            arg(
+                "--api-max-ttl",
+                type=_at_least(0.001),
+                # fencing.web.api.MAX_TTL (not imported: the web extra may be missing)
+                default=86400.0,
+                metavar="SECONDS",
+                help="the longest lease the API hands out or renews (%(default)g)",
+            ),
+            arg(
+                "--api-max-limit",
+                type=_whole(1, 1_000_000),
+                # fencing.web.api.MAX_LIMIT
+                default=1000,
+                metavar="N",
+                help="the most jobs one claim of the API takes (%(default)s)",
+            ),
+            _max_attempts("what the workers pass to claim_next, and what the API's claims apply"),
             _history_table("shown (timelines, refusals) when it exists"),
             _attempts_table("(%(default)s): when it exists, poisoned jobs count from their requeue"),
             arg(

@@ -19,17 +19,26 @@ with the reason (:data:`fencing.refusals.REASONS`), the holder and the current f
 details (:mod:`fencing.web.problems`); bad input ``422`` naming the field; a database that
 cannot answer ``503`` with ``Retry-After``.
 
+**A token acts only as its own owners.** Every request must be authorized by the
+application's ``authorize`` callable (:mod:`fencing.web.auth`): without an answer it gets
+``401`` and nothing is read or changed. Who it answers acts as one owner (the name it
+returns) or as the owners a :class:`~fencing.web.Caller` grants: a claim, renewal,
+completion or release for any other owner is refused with ``403`` before anything is read.
+
 **Retries never double-apply.** A completion retried with the same lease (its answer lost
 on the way back) finds the job done *by that lease*, with that result, and answers ``200``
 as the first did (``"replayed": true``); with another result it is refused (``409``, the
-stored result untouched). A release retried finds the lease released with its fence
-unchanged and answers ``200`` again. A renewal is a new deadline each time (renewing twice
-renews twice). A claim is not idempotent: a claim whose answer was lost leaves a lease that
-ends with its ``ttl`` (keep it short) and nothing is written under it.
+stored result untouched). A retried release is answered as a replay only when the store's
+ownership history shows that very release as the job's last change (its row cannot tell who
+released it: a requeue or another owner's token leaves the same row); otherwise ``409``
+``released``, the lease being over either way. A renewal is a new deadline each time
+(renewing twice renews twice). A claim is not idempotent: a claim whose answer was lost
+leaves a lease that ends with its ``ttl`` (keep it short) and nothing is written under it.
 
-Every request must be authorized by the application's ``authorize`` callable
-(:mod:`fencing.web.auth`): without an answer it gets ``401`` and nothing is read or changed.
-Bodies are JSON objects of at most ``max_body`` bytes (``413`` past it).
+**Bounds.** ``ttl`` is at most ``max_ttl`` (a day by default), a claim's ``limit`` at most
+``max_limit`` (1,000), ``max_attempts`` at most the API's own ``max_attempts`` (which every
+claim applies when it is set); bodies are JSON objects of at most ``max_body`` bytes
+(``413`` past it).
 """
 
 from __future__ import annotations
@@ -39,28 +48,39 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from sqlalchemy import bindparam, select
+from sqlalchemy.sql import Executable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..core.checks import check_count, check_ttl, fence_can_match, show_value
 from ..core.errors import FencingError, InvalidArgument, InvalidArgumentType
 from ..core.values import Lease
-from ..observe.refusals import judge
+from ..observe.refusals import judge, never_current
+from ..sql.dberrors import DB_ERRORS, wrap_database_error
+from ..sql.schema import KEY_TYPE, as_text
 from ..store.jobstore import JobStore
 from ..views.overview import JobView, Overview
-from .auth import Authorize, who_is_asking
+from .auth import Authorize, Caller, caller_of
 from .problems import from_error, problem
 
-__all__ = ["BadBody", "lease_api", "read_body", "read_json"]
+__all__ = ["MAX_LIMIT", "MAX_TTL", "BadBody", "lease_api", "openapi_document", "read_body", "read_json"]
 
 logger = logging.getLogger("fencing.web")
 
 #: the largest request body the API reads (bytes): a result is the biggest field
 MAX_BODY = 1024 * 1024
+#: the longest lease (``ttl``, seconds) the API hands out by default: a day. A crashed
+#: worker's job waits out its lease, so longer work renews (heartbeats) instead
+MAX_TTL = 86400.0
+#: the most jobs one claim takes by default: one transaction locks them all, and one
+#: worker cannot drain a queue that others share
+MAX_LIMIT = 1000
 
-Handler = Callable[[Request, dict[str, Any], str], Awaitable[Response]]
+Handler = Callable[[Request, dict[str, Any], Caller], Awaitable[Response]]
 
 
 class BadBody(Exception):
@@ -153,16 +173,39 @@ def job_json(job: JobView) -> dict[str, Any]:
 
 
 class _Api:
-    def __init__(self, store: JobStore, authorize: Authorize, max_body: int) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        authorize: Authorize,
+        *,
+        max_body: int,
+        max_ttl: float,
+        max_limit: int,
+        max_attempts: int | None,
+    ) -> None:
         self.store = store
         self.overview = Overview(store.engine, store.table)
         self.authorize = authorize
         self.max_body = max_body
+        self.max_ttl = max_ttl
+        self.max_limit = max_limit
+        self.max_attempts = max_attempts
+        self.document = openapi_document(max_ttl=max_ttl, max_limit=max_limit, max_attempts=max_attempts)
+        self.last_change: Executable | None = None
+        if store.history_config is not None:
+            h = store.history_config.table
+            # the job's last change of lease (refusals change nothing), through its (job_id, seq) index
+            self.last_change = (
+                select(h.c.event, as_text(h.c.owner), h.c.fence)
+                .where(h.c.job_id == bindparam("job_id", type_=KEY_TYPE), h.c.event != "refused")
+                .order_by(h.c.seq.desc())
+                .limit(1)
+            )
 
     def endpoint(self, handler: Handler, *, body: bool = True) -> Callable[[Request], Awaitable[Response]]:
         async def call(request: Request) -> Response:
             try:
-                who = await who_is_asking(self.authorize, request)
+                who = await caller_of(self.authorize, request)
             except FencingError as exc:
                 return from_error(exc)
             if who is None:
@@ -181,18 +224,47 @@ class _Api:
 
         return call
 
-    def refused(self, path: str, lease: Lease, job: JobView | None) -> Response:
+    def not_yours(self, who: Caller, owner: object, path: str) -> Response | None:
+        """The ``403`` of a request for an owner ``who`` is not granted (``None``: it is, or
+        ``owner`` is no str, which the store then names)."""
+        if not isinstance(owner, str) or who.may_act_as(owner):
+            return None
+        granted = sorted(who.owners)
+        shown = ", ".join(map(repr, granted[:5])) + (", ..." if len(granted) > 5 else "")
+        return problem(
+            403,
+            "Forbidden",
+            f"{who.name!r} may not {path} as owner {owner!r}: a token acts only as the owners it is "
+            f"granted ({shown or 'none'}); nothing was read or changed",
+            owner=owner,
+            caller=who.name,
+        )
+
+    def ttl(self, value: object) -> float:
+        """``ttl`` checked, and within ``max_ttl``."""
+        ttl = check_ttl(value)
+        if ttl > self.max_ttl:
+            raise InvalidArgument(
+                f"ttl must be at most {self.max_ttl:g} s here (the API's max_ttl; longer work renews "
+                f"its lease), got {show_value(value)}"
+            )
+        return ttl
+
+    def refused(self, path: str, lease: Lease, job: JobView | None, *, note: str = "") -> Response:
         """The 409 of a write the guard refused: why, read from the job's row after."""
         row = (
             None
             if job is None
             else (job.owner, job.fence, 1 if job.state == "done" else 0, job.until <= job.now)
         )
-        why = judge(path, lease.job_id, lease.owner, lease.fence, row)
+        if fence_can_match(lease.fence):
+            why = judge(path, lease.job_id, lease.owner, lease.fence, row)
+        else:  # as the store judged it: no claim ever hands out this fence
+            why = never_current(path, lease.job_id, lease.owner, lease.fence)
         return problem(
             409,
             "Refused",
-            f"the {path} of job {lease.job_id!r} with fence {lease.fence} was refused: {why.reason}",
+            f"the {path} of job {lease.job_id!r} with fence {lease.fence} was refused: {why.reason}{note}",
             reason=why.reason,
             job_id=lease.job_id,
             fence=lease.fence,
@@ -200,27 +272,49 @@ class _Api:
             current_fence=why.current_fence,
         )
 
-    async def claim(self, request: Request, body: dict[str, Any], who: str) -> Response:
+    async def claim(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         _known(body, "owner", "ttl", "limit", "max_attempts")
-        owner, ttl = _field(body, "owner"), _field(body, "ttl")
-        limit = body.get("limit", 1)
+        owner = _field(body, "owner")
+        refusal = self.not_yours(who, owner, "claim")
+        if refusal is not None:
+            return refusal
+        ttl = self.ttl(_field(body, "ttl"))
+        limit = check_count("limit", body.get("limit", 1))
+        if limit > self.max_limit:
+            raise InvalidArgument(
+                f"limit must be at most {self.max_limit} here (the API's max_limit), got {show_value(limit)}"
+            )
         max_attempts = body.get("max_attempts")
+        if max_attempts is None:
+            max_attempts = self.max_attempts
+        elif self.max_attempts is not None and check_count("max_attempts", max_attempts) > self.max_attempts:
+            raise InvalidArgument(
+                f"max_attempts must be at most {self.max_attempts} here: the API poisons jobs claimed "
+                f"{self.max_attempts} times, got {show_value(max_attempts)}"
+            )
         leases = await run_in_threadpool(
             self.store.claim_next, owner, ttl=ttl, limit=limit, max_attempts=max_attempts
         )
         return JSONResponse({"leases": [lease_json(x) for x in leases]})
 
-    async def renew(self, request: Request, body: dict[str, Any], who: str) -> Response:
+    async def renew(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         _known(body, "lease", "ttl")
-        lease, ttl = _lease(body), _field(body, "ttl")
+        lease = _lease(body)
+        refusal = self.not_yours(who, lease.owner, "renew")
+        if refusal is not None:
+            return refusal
+        ttl = self.ttl(_field(body, "ttl"))
         renewed = await run_in_threadpool(lambda: self.store.renew(lease, ttl=ttl))
         if renewed is None:
             return self.refused("renew", lease, await self.job(lease.job_id))
         return JSONResponse({"lease": lease_json(renewed)})
 
-    async def complete(self, request: Request, body: dict[str, Any], who: str) -> Response:
+    async def complete(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         _known(body, "lease", "result")
         lease, result = _lease(body), _field(body, "result")
+        refusal = self.not_yours(who, lease.owner, "complete")
+        if refusal is not None:
+            return refusal
         done = await run_in_threadpool(self.store.complete, lease, result)
         if done:  # the row is what the guard let through: no read to answer
             return JSONResponse({"completed": True, "replayed": False, "lease": lease_json(lease)})
@@ -243,30 +337,62 @@ class _Api:
             )
         return self.refused("complete", lease, job)
 
-    async def release(self, request: Request, body: dict[str, Any], who: str) -> Response:
+    async def release(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         _known(body, "lease", "delay")
         lease, delay = _lease(body), body.get("delay")
+        refusal = self.not_yours(who, lease.owner, "release")
+        if refusal is not None:
+            return refusal
         released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay))
         if released:
             return JSONResponse({"released": True, "replayed": False, "lease": lease_json(lease)})
-        job = await self.job(lease.job_id)
-        if job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence:
-            # released already, and nobody claimed it since: this is a retry
+        job, proven = await run_in_threadpool(self.released_by, lease)
+        if proven and job is not None:
             return JSONResponse(
                 {"released": True, "replayed": True, "lease": lease_json(lease), "job": job_json(job)}
             )
-        return self.refused("release", lease, job)
+        note = ""
+        if job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence:
+            note = (
+                " (nobody holds it at this fence; "
+                + (
+                    "its history shows no release by this owner at this fence last"
+                    if self.last_change is not None
+                    else "without an ownership history the API cannot tell who ended the lease"
+                )
+                + ", so this is no replay)"
+            )
+        return self.refused("release", lease, job, note=note)
 
-    async def enqueue(self, request: Request, body: dict[str, Any], who: str) -> Response:
+    def released_by(self, lease: Lease) -> tuple[JobView | None, bool]:
+        """The job's row, and whether it proves ``lease`` was released and nothing changed
+        since: nobody holds the job at the lease's fence, and the ownership history's last
+        change of it is the release of that owner at that fence. The row alone proves
+        nothing of who ended a lease (a requeue, or a release under another owner's name,
+        leaves the same row), so without a history nothing is proven."""
+        ov = self.overview
+        with ov.reading() as conn:
+            job = ov.job(lease.job_id, conn=conn)
+            if self.last_change is None or job is None or job.state == "done":
+                return job, False
+            if job.owner is not None or job.fence != lease.fence:
+                return job, False
+            try:
+                last = conn.execute(self.last_change, {"job_id": lease.job_id}).first()
+            except DB_ERRORS as exc:
+                raise wrap_database_error(exc, self.store.table.name) from exc
+        return job, last is not None and tuple(last) == ("release", lease.owner, lease.fence)
+
+    async def enqueue(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         _known(body, "job_id", "ready_at")
         job_id, ready_at = _field(body, "job_id"), body.get("ready_at")
         added = await run_in_threadpool(lambda: self.store.enqueue(job_id, ready_at=ready_at))
-        logger.info("enqueue of job %r by %s over HTTP: %s", job_id, who, "added" if added else "exists")
+        logger.info("enqueue of job %r by %s over HTTP: %s", job_id, who.name, "added" if added else "exists")
         job = await self.job(job_id)
         answer = {"enqueued": added, "job": None if job is None else job_json(job)}
         return JSONResponse(answer, status_code=201 if added else 200)
 
-    async def state(self, request: Request, body: dict[str, Any], who: str) -> Response:
+    async def state(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         job_id = request.path_params["job_id"]
         job = await self.job(job_id)
         if job is None:
@@ -277,16 +403,34 @@ class _Api:
         return await run_in_threadpool(self.overview.job, job_id)
 
     async def openapi(self, request: Request) -> Response:
-        return JSONResponse(OPENAPI)
+        return JSONResponse(self.document)
 
 
-def lease_api(store: JobStore, *, authorize: Authorize, max_body: int = MAX_BODY) -> Starlette:
+def lease_api(
+    store: JobStore,
+    *,
+    authorize: Authorize,
+    max_body: int = MAX_BODY,
+    max_ttl: float = MAX_TTL,
+    max_limit: int = MAX_LIMIT,
+    max_attempts: int | None = None,
+) -> Starlette:
     """The lease API (an ASGI app) on ``store``; every request is asked of ``authorize``.
 
     ``authorize(request)`` returns who is asking, or ``None`` (``401``); see
-    :func:`fencing.web.bearer_tokens`. Mount it where the application wants it::
+    :func:`fencing.web.bearer_tokens`. Who is asking acts only as its own owner (the name
+    returned) or the owners a :class:`~fencing.web.Caller` grants: a claim, renewal,
+    completion or release for another owner answers ``403``. Mount it where the application
+    wants it::
 
         app.mount("/leases", lease_api(store, authorize=bearer_tokens({TOKEN: "worker-go"})))
+
+    ``max_ttl``: the longest lease a claim or renewal asks for (seconds, a day by default);
+    ``max_limit``: the most jobs one claim takes (1,000); ``max_attempts``: what every claim
+    applies (``claim_next(max_attempts=...)``; a claim may ask for fewer, never more), so
+    the API never hands out a job the workers and dashboard count as poisoned. Past a bound:
+    ``422`` naming the field. With a ``store`` that records the ownership history, every
+    change is recorded, and a retried release is proven by it (see above).
     """
     if not isinstance(store, JobStore):
         raise InvalidArgumentType(f"store must be a fencing.JobStore, got {type(store).__name__}")
@@ -294,7 +438,13 @@ def lease_api(store: JobStore, *, authorize: Authorize, max_body: int = MAX_BODY
         raise InvalidArgumentType("authorize must be a callable: request -> who is asking, or None")
     if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 1:
         raise InvalidArgument(f"max_body must be a positive int of bytes, got {max_body!r}")
-    api = _Api(store, authorize, max_body)
+    max_ttl = check_ttl(max_ttl, name="max_ttl")
+    max_limit = check_count("max_limit", max_limit)
+    if max_attempts is not None:
+        max_attempts = check_count("max_attempts", max_attempts)
+    api = _Api(
+        store, authorize, max_body=max_body, max_ttl=max_ttl, max_limit=max_limit, max_attempts=max_attempts
+    )
     routes = [
         Route("/claim", api.endpoint(api.claim), methods=["POST"]),
         Route("/renew", api.endpoint(api.renew), methods=["POST"]),
@@ -344,6 +494,8 @@ _PROBLEM = {
         "reason": {"type": "string", "description": "why a write was refused (fencing.refusals.REASONS)"},
         "holder": {"type": ["string", "null"]},
         "current_fence": {"type": ["integer", "null"]},
+        "owner": {"type": "string", "description": "a 403's owner, not granted to the token"},
+        "caller": {"type": "string", "description": "a 403's caller, as authorize named it"},
     },
 }
 
@@ -351,6 +503,8 @@ _PROBLEM = {
 #: the problems every request may answer with: not authorized, an error of the library's
 #: (refused, bad input, a database that cannot answer, is full, or an error it does not name)
 _EVERY_PROBLEM = ("401", "409", "422", "500", "503", "507")
+#: and those of a request for an owner: another owner's (not granted to the token)
+_OWNER_PROBLEMS = ("403",)
 #: and those of a request with a body: not JSON, too large, not application/json
 _BODY_PROBLEMS = ("400", "413", "415")
 
@@ -386,93 +540,111 @@ def _object(required: list[str], **properties: Any) -> dict[str, Any]:
 
 
 _LEASE = _schema_of_lease()
-_NUMBER = {"type": "number", "exclusiveMinimum": 0}
-#: the OpenAPI 3.1 document of the API, served at ``/openapi.json``
-OPENAPI: dict[str, Any] = {
-    "openapi": "3.1.0",
-    "info": {"title": "fencing lease API", "version": "1"},
-    "components": {
-        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-        "responses": {
-            "Problem": {
-                "description": "RFC 9457 problem details",
-                "content": {"application/problem+json": {"schema": _PROBLEM}},
-            }
+
+
+def openapi_document(*, max_ttl: float, max_limit: int, max_attempts: int | None) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of an API with these bounds, served at ``/openapi.json``."""
+    ttl = {"type": "number", "exclusiveMinimum": 0, "maximum": max_ttl}
+    attempts: dict[str, Any] = {"type": ["integer", "null"], "minimum": 1}
+    if max_attempts is not None:
+        attempts["maximum"] = max_attempts
+    mine = _OWNER_PROBLEMS
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "fencing lease API", "version": "1"},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "responses": {
+                "Problem": {
+                    "description": "RFC 9457 problem details",
+                    "content": {"application/problem+json": {"schema": _PROBLEM}},
+                }
+            },
         },
-    },
-    "paths": {
-        "/claim": {
-            "post": _operation(
-                "Claim up to limit ready jobs, longest waiting first",
-                _object(
-                    ["owner", "ttl"],
-                    owner={"type": "string"},
-                    ttl=_NUMBER,
-                    limit={"type": "integer", "minimum": 1},
-                    max_attempts={"type": ["integer", "null"], "minimum": 1},
-                ),
-                _object(["leases"], leases={"type": "array", "items": _LEASE}),
-            )
+        "paths": {
+            "/claim": {
+                "post": _operation(
+                    "Claim up to limit ready jobs, longest waiting first",
+                    _object(
+                        ["owner", "ttl"],
+                        owner={"type": "string"},
+                        ttl=ttl,
+                        limit={"type": "integer", "minimum": 1, "maximum": max_limit},
+                        max_attempts=attempts,
+                    ),
+                    _object(["leases"], leases={"type": "array", "items": _LEASE}),
+                    problems=mine,
+                )
+            },
+            "/renew": {
+                "post": _operation(
+                    "Extend a live lease to now + ttl",
+                    _object(["lease", "ttl"], lease=_LEASE, ttl=ttl),
+                    _object(["lease"], lease=_LEASE),
+                    problems=mine,
+                )
+            },
+            "/complete": {
+                "post": _operation(
+                    "Store the result under the current, live lease (a retry answers as the first)",
+                    _object(["lease", "result"], lease=_LEASE, result={"type": ["string", "null"]}),
+                    _object(
+                        ["completed", "replayed", "lease"],
+                        completed={"const": True},
+                        replayed={"type": "boolean"},
+                        lease=_LEASE,
+                        job=_JOB,
+                    ),
+                    problems=mine,
+                )
+            },
+            "/release": {
+                "post": _operation(
+                    "Give the lease back (claimable at once, or after delay seconds); the fence is kept",
+                    _object(["lease"], lease=_LEASE, delay={"type": ["number", "null"]}),
+                    _object(
+                        ["released", "replayed", "lease"],
+                        released={"const": True},
+                        replayed={"type": "boolean"},
+                        lease=_LEASE,
+                        job=_JOB,
+                    ),
+                    problems=mine,
+                )
+            },
+            "/enqueue": {
+                "post": _operation(
+                    "Register a job (201), or find it registered already (200, nothing changed)",
+                    _object(["job_id"], job_id={"type": "string"}, ready_at={"type": ["number", "null"]}),
+                    _object(["enqueued", "job"], enqueued={"type": "boolean"}, job=_JOB),
+                    also={
+                        "201": {
+                            "description": "added",
+                            "content": {
+                                "application/json": {
+                                    "schema": _object(["enqueued", "job"], enqueued={"const": True}, job=_JOB)
+                                }
+                            },
+                        }
+                    },
+                )
+            },
+            "/jobs/{job_id}": {
+                "get": {
+                    **_operation(
+                        "The job's row and state, read now",
+                        None,
+                        _object(["job"], job=_JOB),
+                        problems=("404",),
+                    ),
+                    "parameters": [
+                        {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                    ],
+                }
+            },
         },
-        "/renew": {
-            "post": _operation(
-                "Extend a live lease to now + ttl",
-                _object(["lease", "ttl"], lease=_LEASE, ttl=_NUMBER),
-                _object(["lease"], lease=_LEASE),
-            )
-        },
-        "/complete": {
-            "post": _operation(
-                "Store the result under the current, live lease (a retry answers as the first)",
-                _object(["lease", "result"], lease=_LEASE, result={"type": ["string", "null"]}),
-                _object(
-                    ["completed", "replayed", "lease"],
-                    completed={"const": True},
-                    replayed={"type": "boolean"},
-                    lease=_LEASE,
-                    job=_JOB,
-                ),
-            )
-        },
-        "/release": {
-            "post": _operation(
-                "Give the lease back (claimable at once, or after delay seconds); the fence is kept",
-                _object(["lease"], lease=_LEASE, delay={"type": ["number", "null"]}),
-                _object(
-                    ["released", "replayed", "lease"],
-                    released={"const": True},
-                    replayed={"type": "boolean"},
-                    lease=_LEASE,
-                    job=_JOB,
-                ),
-            )
-        },
-        "/enqueue": {
-            "post": _operation(
-                "Register a job (201), or find it registered already (200, nothing changed)",
-                _object(["job_id"], job_id={"type": "string"}, ready_at={"type": ["number", "null"]}),
-                _object(["enqueued", "job"], enqueued={"type": "boolean"}, job=_JOB),
-                also={
-                    "201": {
-                        "description": "added",
-                        "content": {
-                            "application/json": {
-                                "schema": _object(["enqueued", "job"], enqueued={"const": True}, job=_JOB)
-                            }
-                        },
-                    }
-                },
-            )
-        },
-        "/jobs/{job_id}": {
-            "get": {
-                **_operation(
-                    "The job's row and state, read now", None, _object(["job"], job=_JOB), problems=("404",)
-                ),
-                "parameters": [
-                    {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                ],
-            }
-        },
-    },
-}
+    }
+
+
+#: the document of an API with the default bounds
+OPENAPI: dict[str, Any] = openapi_document(max_ttl=MAX_TTL, max_limit=MAX_LIMIT, max_attempts=None)
