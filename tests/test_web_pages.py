@@ -1,14 +1,16 @@
 """The dashboard (fencing.web.dashboard), on every backend, through Starlette's client.
 
-Pages render what the table holds, escaped; listings walk in pages; actions are off without
-``authorize`` and refused without the CSRF token or from another origin (nothing changed);
-the live feed costs one read per interval however many watch. The browser tests
-(tests/test_web_browser.py) drive the same pages in Chromium.
+Pages render what the table holds, escaped; listings walk in pages; reads are authorized as
+actions are, and only the allowed Host names answered; actions are off without ``authorize``
+and refused without the signed CSRF token or from another origin (nothing changed); the live
+feed costs one read per interval however many watch, and at most ``max_streams`` stream. The
+browser tests (tests/test_web_browser.py) drive the same pages in Chromium.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import html as html_module
 import re
 import urllib.parse
@@ -22,7 +24,7 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 
 from starlette.testclient import TestClient
 
-from fencing import History, JobStore, attempts_table, history_table
+from fencing import History, InvalidArgument, InvalidArgumentType, JobStore, attempts_table, history_table
 from fencing.web import dashboard
 
 HOSTILE = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(1)>", "\u202eevil\u202c.txt", "a&b;c"]
@@ -308,7 +310,245 @@ def test_fifty_watchers_cost_one_read_per_interval(engine: Engine, store: JobSto
 def test_event_streams_are_bounded(engine: Engine, store: JobStore) -> None:
     app = dashboard(engine, interval=0.2, max_streams=1)
     d = app.state.dashboard
-    d.feed.watchers = 1  # one stream open already
+    d.streams = 1  # one stream open already
     with TestClient(app) as c:
         answer = c.get("/events")
     assert answer.status_code == 503 and answer.json()["error"] == "TooManyStreams"
+    assert d.streams == 1
+
+
+async def open_streams(app: Any, count: int) -> tuple[list[int], int]:
+    """``count`` requests of ``/events`` at once, as a server sends them: the status each
+    got, once all have one; then every client goes away. Also the streams still counted
+    open after that (none should be)."""
+    statuses: list[int] = []
+    gone = asyncio.Event()
+    answered = asyncio.Event()
+
+    async def one() -> None:
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET",
+            "scheme": "http", "path": "/events", "raw_path": b"/events", "root_path": "",
+            "query_string": b"", "headers": [(b"host", b"dash.test")], "server": ("dash.test", 80),
+            "client": ("127.0.0.1", 5000),
+        }  # fmt: skip
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+                if len(statuses) == count:
+                    answered.set()
+            await asyncio.sleep(0)  # a server's send yields to the other connections
+
+        await app(scope, receive, send)
+
+    tasks = [asyncio.ensure_future(one()) for _ in range(count)]
+    await asyncio.wait_for(answered.wait(), 10)
+    gone.set()
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    d = app.state.dashboard
+    await d.feed.close()
+    return statuses, d.streams
+
+
+def test_event_streams_opened_at_once_never_exceed_max_streams(engine: Engine, store: JobStore) -> None:
+    """Thirty requests of /events at once with max_streams=2: two streams, 28 refused (503),
+    and every slot given back when the clients go away."""
+    app = dashboard(engine, interval=0.2, max_streams=2)
+    statuses, left = asyncio.run(open_streams(app, 30))
+    assert sorted(statuses) == [200] * 2 + [503] * 28
+    assert left == 0
+
+
+# -- reads are authorized, the Host checked -----------------------------------------------
+
+#: every read of the dashboard: its pages, their live fragments and the event stream
+READS = ["/", "/?fragment=1", "/jobs", "/jobs?fragment=1", "/job?id=salary", "/job?id=salary&fragment=1",
+         "/marks", "/locks", "/events"]  # fmt: skip
+
+
+def test_reads_are_refused_when_authorize_refuses(engine: Engine, store: JobStore, history: Any) -> None:
+    """With an authorize that refuses everyone, no page, fragment or event stream shows a
+    job: 403 for each (the event stream before it starts)."""
+    store.enqueue("salary")
+    lease = store.claim("salary", "payroll-worker-3", ttl=600)
+    assert lease is not None and store.complete(lease, "IBAN DE89 3704")
+    app = dashboard(engine, history=history, authorize=lambda request: None)
+    with TestClient(app) as c:
+        for url in READS:
+            answer = c.get(url)
+            assert answer.status_code == 403, (url, answer.status_code)
+            assert "salary" not in answer.text and "payroll-worker-3" not in answer.text, url
+            assert "IBAN" not in answer.text, url
+    assert app.state.dashboard.streams == 0
+
+
+def test_reads_ask_authorize_or_authorize_reads(engine: Engine, store: JobStore, history: Any) -> None:
+    """Reads ask authorize by default; authorize_reads names another callable (readers
+    besides the operators), or False opens them; a dashboard without authorize is open."""
+    store.enqueue("salary")
+
+    def operators(request: Any) -> str | None:
+        return request.headers.get("x-operator")
+
+    def viewers(request: Any) -> str | None:
+        return request.headers.get("x-viewer") or request.headers.get("x-operator")
+
+    board = functools.partial(dashboard, engine, history=history)
+    cases = [
+        (board(authorize=operators), {"x-operator": "ann"}, {"x-viewer": "bo"}),
+        (board(authorize=operators, authorize_reads=viewers), {"x-viewer": "bo"}, {}),
+        (board(authorize=operators, authorize_reads=False), {}, None),
+        (board(), {}, None),
+    ]
+    for app, allowed, refused in cases:
+        with TestClient(app) as c:
+            for url in READS[:-1]:
+                assert c.get(url, headers=allowed).status_code == 200, url
+                if refused is not None:
+                    assert c.get(url, headers=refused).status_code == 403, url
+    with pytest.raises(InvalidArgumentType, match="authorize_reads"):
+        dashboard(engine, authorize_reads="yes")  # type: ignore[arg-type]
+
+
+def test_a_host_not_allowed_is_refused(engine: Engine, store: JobStore) -> None:
+    """allowed_hosts: a page asked for under another name (a DNS rebinding) is refused."""
+    store.enqueue("customer-4711")
+    app = dashboard(engine, allowed_hosts=["dash.test", "*.dash.test"])
+    with TestClient(app, base_url="http://attacker.example") as c:
+        answer = c.get("/job?id=customer-4711")
+        assert answer.status_code == 400 and "customer-4711" not in answer.text
+        assert c.get("/events").status_code == 400
+    for base in ("http://dash.test", "http://eu.dash.test:8080"):
+        with TestClient(app, base_url=base) as c:
+            assert c.get("/job?id=customer-4711").status_code == 200
+    for bad in ("dash.test", [""], ["a*b"], []):
+        with pytest.raises((InvalidArgument, InvalidArgumentType), match=r"allowed_hosts|wildcard"):
+            dashboard(engine, allowed_hosts=bad)  # type: ignore[arg-type]
+
+
+def test_fencing_serve_answers_only_the_hosts_it_binds(engine: Engine, store: JobStore) -> None:
+    """fencing serve's app: localhost, 127.0.0.1, [::1], --host and --allowed-host; no other."""
+    from fencing.tools.serve import allowed_hosts, app_for
+
+    store.enqueue("customer-4711")
+    hosts = allowed_hosts("127.0.0.1", ["dash.internal"])
+    app = app_for(engine, store.table, history=None, locks=None, interval=1.0, max_attempts=None,
+                  tokens={"a-token-of-sixteen-chars": "w"}, hosts=hosts)  # fmt: skip
+    for base, status in [
+        ("http://attacker.example:8000", 400),
+        ("http://127.0.0.1:8000", 200),
+        ("http://localhost:8000", 200),
+        ("http://[::1]:8000", 200),
+        ("http://dash.internal", 200),
+    ]:
+        with TestClient(app, base_url=base) as c:
+            assert c.get("/job?id=customer-4711").status_code == status, base
+            claim = c.post("/api/claim", json={"owner": "w", "ttl": 1})
+            assert claim.status_code == (400 if status == 400 else 401), base
+    assert allowed_hosts("0.0.0.0") == ["localhost", "127.0.0.1", "[::1]"]
+    assert allowed_hosts("::1") == ["localhost", "127.0.0.1", "[::1]"]
+    assert allowed_hosts("10.1.2.3") == ["localhost", "127.0.0.1", "[::1]", "10.1.2.3"]
+
+
+# -- CSRF: a signed token, no null origin --------------------------------------------------
+
+
+def test_a_post_with_origin_null_is_refused(operator: TestClient, store: JobStore) -> None:
+    """Origin: null (a sandboxed frame, a data: URL) is no origin of the dashboard's."""
+    store.enqueue("victim")
+    [lease] = store.claim_next("w", ttl=600)
+    token = csrf_of(page(operator, "/job?id=victim"))
+    answer = operator.post(
+        "/act",
+        data={"action": "revoke", "id": "victim", "csrf": token},
+        headers={"Origin": "null"},
+        follow_redirects=False,
+    )
+    assert answer.status_code == 403 and "another origin" in answer.text
+    assert store.holder("victim") == lease
+    same = operator.post(
+        "/act",
+        data={"action": "revoke", "id": "victim", "csrf": token},
+        headers={"Origin": "http://dash.test"},
+        follow_redirects=False,
+    )
+    assert same.status_code == 303 and store.holder("victim") is None
+
+
+def test_a_cookie_and_token_an_attacker_chose_are_refused(
+    engine: Engine, store: JobStore, history: Any
+) -> None:
+    """The CSRF token is the dashboard's HMAC of the cookie and of who acts: a pair the
+    attacker made up (a cookie tossed from a sibling subdomain), or one signed for another
+    operator, is refused; nothing changes."""
+    store.enqueue("victim")
+    [lease] = store.claim_next("w", ttl=600)
+
+    def operators(request: Any) -> str | None:
+        return request.headers.get("x-operator")
+
+    app = dashboard(engine, history=history, authorize=operators)
+    with TestClient(app, base_url="https://dash.example.com") as c:
+        forged = "A" * 43
+        c.cookies.set("fencing_csrf", forged, domain="dash.example.com")
+        made_up = c.post(
+            "/act",
+            data={"action": "revoke", "id": "victim", "csrf": forged},
+            headers={"x-operator": "alice"},
+            follow_redirects=False,
+        )
+        assert made_up.status_code == 403 and "CSRF" in made_up.text
+        # mallory's own page signs the planted cookie for mallory, not for alice
+        mallorys = csrf_of(c.get("/job?id=victim", headers={"x-operator": "mallory"}).text)
+        as_alice = c.post(
+            "/act",
+            data={"action": "revoke", "id": "victim", "csrf": mallorys},
+            headers={"x-operator": "alice"},
+            follow_redirects=False,
+        )
+        assert as_alice.status_code == 403
+        assert store.holder("victim") == lease
+        alices = csrf_of(c.get("/job?id=victim", headers={"x-operator": "alice"}).text)
+        assert alices != forged and alices != mallorys
+        pressed = c.post(
+            "/act",
+            data={"action": "revoke", "id": "victim", "csrf": alices},
+            headers={"x-operator": "alice"},
+            follow_redirects=False,
+        )
+        assert pressed.status_code == 303 and store.holder("victim") is None
+    other = dashboard(engine, history=history, authorize=operators)  # another secret
+    with TestClient(other, base_url="https://dash.example.com") as c:
+        c.cookies.set("fencing_csrf", forged, domain="dash.example.com")
+        stale = c.post(
+            "/act",
+            data={"action": "enqueue", "id": "n", "csrf": alices},
+            headers={"x-operator": "alice"},
+            follow_redirects=False,
+        )
+        assert stale.status_code == 403 and store.state("n") is None
+    for bad in ("short", b"x" * 31, 7):
+        with pytest.raises((InvalidArgument, InvalidArgumentType), match="csrf_secret"):
+            dashboard(engine, csrf_secret=bad)  # type: ignore[arg-type]
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+def test_a_cursor_past_a_floats_range_is_refused_naming_the_cursor(viewer: TestClient) -> None:
+    """A page cursor whose until is an int too large for a float: 422 naming the cursor
+    (it was an OverflowError, a 500)."""
+    import base64
+    import json
+
+    for until in (int("9" * 400), -int("9" * 400)):
+        raw = json.dumps([0, until, "j"]).encode()
+        after = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        answer = viewer.get("/jobs?after=" + after)
+        assert answer.status_code == 422, answer.text[:200]
+        assert "not a cursor of this listing" in answer.text

@@ -105,7 +105,9 @@ class Cursor(NamedTuple):
         except (ValueError, TypeError, binascii.Error):
             raise InvalidArgument(f"not a cursor of this listing: {show_value(text)}") from None
         bad_done = isinstance(done, bool) or done not in (0, 1)
-        bad_until = isinstance(until, bool) or not isinstance(until, (int, float)) or not math.isfinite(until)
+        bad_until = isinstance(until, bool) or not isinstance(until, (int, float))
+        # compared, not converted: an int past a double's range raises OverflowError in isfinite
+        bad_until = bad_until or not abs(until) <= _FLOAT_MAX
         if bad_done or bad_until or not isinstance(job_id, str):
             raise InvalidArgument(f"not a cursor of this listing: {show_value(text)}")
         return cls(done, float(until), check_text("job_id", job_id))
@@ -113,6 +115,8 @@ class Cursor(NamedTuple):
 
 #: a cursor's text: an id of the largest size a server stores (2,000 bytes, in base64) and more
 _CURSOR_MAX = 4096
+#: the largest finite double (false for nan and inf too: ``not abs(x) <= _FLOAT_MAX``)
+_FLOAT_MAX = math.nextafter(math.inf, 0.0)
 
 
 @dataclass(frozen=True)

@@ -13,26 +13,36 @@ script of its own; no build step, nothing fetched from elsewhere, so it works of
   the refused writes marked;
 * ``/marks``: fence marks and idempotency keys; ``/locks``: named locks and leaders;
 * ``/events``: the live feed (server-sent events) every page listens to: one read of the
-  table per interval for all of them (:mod:`fencing.web.feed`).
+  table per interval for all of them (:mod:`fencing.web.feed`); at most ``max_streams`` open.
+
+**Reads** (every page, fragment and ``/events``) are asked of ``authorize`` too, when the
+application passes one (or of ``authorize_reads``): refused, they answer ``403`` and show
+nothing. Only a dashboard without ``authorize`` (read-only, as ``fencing serve`` runs it) is
+open to whoever reaches it. With ``allowed_hosts`` a request whose ``Host`` is not listed is
+refused (``400``), so a rebound DNS name cannot read it through the browser.
 
 **Actions** (revoke, release, delete, enqueue; requeue with the store's ``attempts`` table)
 are off unless the application passes ``authorize`` (:mod:`fencing.web.auth`): without it
 no page shows them and every ``POST`` answers ``403``, nothing changed. Each form carries a
-CSRF token that must match the dashboard's cookie (``SameSite=Strict``), and a cross-site
-``Origin`` is refused; each action is logged on ``fencing.web`` with who did it, and
-recorded in the history when there is one.
+CSRF token signed with the dashboard's secret (HMAC) over the browser's cookie
+(``SameSite=Strict``) and who is acting, so a cookie and token an attacker chose are refused;
+a post from another ``Origin``, or ``Origin: null``, is refused; each action is logged on
+``fencing.web`` with who did it, and recorded in the history when there is one.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import datetime
+import hashlib
 import hmac
 import json
 import logging
+import re
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import jinja2
@@ -40,6 +50,7 @@ from markupsafe import Markup
 from sqlalchemy import Engine, Table
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
@@ -57,7 +68,7 @@ from ..views.overview import STATES, Cursor, JobView, Overview
 from .api import BadBody, read_body
 from .auth import Authorize, who_is_asking
 from .feed import Feed
-from .problems import problem, status_of
+from .problems import from_error, problem, status_of
 
 __all__ = ["dashboard"]
 
@@ -72,6 +83,10 @@ MAX_FORM = 16 * 1024
 #: history entries shown on a job's page (the latest)
 HISTORY_SHOWN = 200
 CSRF_COOKIE = "fencing_csrf"
+#: the cookie's nonce: 32 random bytes, URL-safe base64 (what ``secrets.token_urlsafe(32)`` gives)
+_NONCE = re.compile(r"[A-Za-z0-9_-]{43}")
+#: where a page's handler leaves who may act, for the forms' CSRF token (``request.scope``)
+_ACTOR = "fencing_actor"
 
 #: what an action's page says after it (a fixed text per code: nothing from the URL is shown)
 SAID = {
@@ -114,6 +129,21 @@ class _SecurityHeaders:
             await send(message)
 
         await self.app(scope, receive, sending)
+
+
+class _Stream(StreamingResponse):
+    """An event stream holding one of the dashboard's slots, given back when its response
+    ends however it ends (a closed connection, a stream never started, an error)."""
+
+    def __init__(self, content: AsyncIterator[str], done: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.done = done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.done()
 
 
 def _q(value: object) -> str:
@@ -196,6 +226,8 @@ class _Dashboard:
         marks: Table,
         keys: Table,
         authorize: Authorize | None,
+        readers: Authorize | None,
+        secret: bytes,
         interval: float,
         max_streams: int,
         max_attempts: int | None,
@@ -213,7 +245,12 @@ class _Dashboard:
         # never prunes it (retention=None: the application's store prunes)
         self.store = JobStore(engine, table, history=recorded, attempts=attempts)
         self.authorize = authorize
+        #: who may read the pages and the feed (``None``: anyone who reaches the dashboard)
+        self.readers = readers
+        self.secret = secret
         self.max_streams = max_streams
+        #: event streams open now, counted when admitted (not when they start iterating)
+        self.streams = 0
         self.max_attempts = max_attempts
         self.wait = wait
         self.title = title
@@ -230,12 +267,21 @@ class _Dashboard:
 
     # -- rendering --------------------------------------------------------------------------
 
+    def csrf_token(self, nonce: str, actor: str | None) -> str:
+        """The forms' CSRF token: the dashboard's HMAC of the browser's cookie nonce and who
+        acts. Nobody without the secret makes one, so a cookie planted in the browser (from a
+        sibling subdomain, say) comes with no token that matches it."""
+        message = "\x00".join(("fencing-csrf", nonce, actor or "")).encode("utf-8", "surrogatepass")
+        mac = hmac.new(self.secret, message, hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
+
     def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        token = request.cookies.get(CSRF_COOKIE) or ""
-        fresh = len(token) != 43
+        nonce = request.cookies.get(CSRF_COOKIE) or ""
+        fresh = _NONCE.fullmatch(nonce) is None
         if fresh:
-            token = secrets.token_urlsafe(32)
+            nonce = secrets.token_urlsafe(32)
+        token = self.csrf_token(nonce, request.scope.get(_ACTOR))
         said = SAID.get(request.query_params.get("said", ""))
         base = {
             "title": self.title,
@@ -250,7 +296,7 @@ class _Dashboard:
         html = self.env.get_template(template).render(**base, **context)
         response = HTMLResponse(html, status_code=status, headers={"Cache-Control": "no-store"})
         if fresh:
-            response.set_cookie(CSRF_COOKIE, token, path=root or "/", httponly=True, samesite="strict")
+            response.set_cookie(CSRF_COOKIE, nonce, path=root or "/", httponly=True, samesite="strict")
         return response
 
     def fragment(self, request: Request, template: str, **context: Any) -> HTMLResponse:
@@ -262,11 +308,24 @@ class _Dashboard:
     def error(self, request: Request, status: int, message: str) -> HTMLResponse:
         return self.render(request, "error.html", status, page="error", heading="Error", message=message)
 
+    async def may_read(self, request: Request) -> bool:
+        """Whether ``request`` may read the dashboard; where it may, who may act is left in
+        its scope, for the forms' CSRF token (one call of each callable, or of the one)."""
+        reader = await who_is_asking(self.readers, request)
+        if self.readers is not None and reader is None:
+            return False
+        if self.authorize is not None:
+            same = self.authorize is self.readers
+            request.scope[_ACTOR] = reader if same else await who_is_asking(self.authorize, request)
+        return True
+
     def guarded(
-        self, page: Callable[[Request], Awaitable[Response]]
+        self, page: Callable[[Request], Awaitable[Response]], *, read: bool = True
     ) -> Callable[[Request], Awaitable[Response]]:
         async def call(request: Request) -> Response:
             try:
+                if read and not await self.may_read(request):
+                    return self.error(request, 403, "You are not authorized to read this dashboard.")
                 return await page(request)
             except _Forbidden as exc:
                 return self.error(request, 403, str(exc))
@@ -369,10 +428,18 @@ class _Dashboard:
     # -- the live feed ----------------------------------------------------------------------
 
     async def events(self, request: Request) -> Response:
-        if self.feed.watchers >= self.max_streams:
+        try:
+            allowed = await self.may_read(request)
+        except FencingError as exc:
+            return from_error(exc)
+        if not allowed:
+            return problem(403, "Forbidden", "you are not authorized to read this dashboard's events")
+        if self.streams >= self.max_streams:
             return problem(
                 503, "TooManyStreams", f"{self.max_streams} event streams are open already; try again later"
             )
+        # counted here, with no await since the check: no other request runs in between
+        self.streams += 1
 
         async def stream() -> AsyncIterator[str]:
             async for snap in self.feed.watch():
@@ -382,7 +449,10 @@ class _Dashboard:
                     yield f"event: snapshot\ndata: {json.dumps(snap, separators=(',', ':'))}\n\n"
 
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-        return StreamingResponse(stream(), media_type="text/event-stream", headers=headers)
+        return _Stream(stream(), self.stream_ended, media_type="text/event-stream", headers=headers)
+
+    def stream_ended(self) -> None:
+        self.streams -= 1
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -395,9 +465,10 @@ class _Dashboard:
         if who is None:
             return self.error(request, 403, "You are not authorized to change jobs here: nothing changed.")
         form = await self.read_form(request)
-        token = request.cookies.get(CSRF_COOKIE, "")
-        given = form.get("csrf", "")
-        if not token or not hmac.compare_digest(token.encode(), given.encode("utf-8", "surrogatepass")):
+        nonce = request.cookies.get(CSRF_COOKIE, "")
+        given = form.get("csrf", "").encode("utf-8", "surrogatepass")
+        expected = self.csrf_token(nonce, who).encode("ascii")
+        if _NONCE.fullmatch(nonce) is None or not hmac.compare_digest(expected, given):
             return self.error(
                 request, 403, "The form's CSRF token does not match this browser's: nothing changed."
             )
@@ -446,10 +517,9 @@ class _Dashboard:
         if kind != "application/x-www-form-urlencoded":
             raise InvalidArgument("actions are posted as forms (application/x-www-form-urlencoded)")
         origin = request.headers.get("origin")
-        if origin is not None and origin != "null":
-            expected = f"{request.url.scheme}://{request.url.netloc}"
-            if origin != expected:
-                raise _Forbidden(f"a post from another origin ({origin[:80]}) is refused: nothing changed")
+        # "null" too: a sandboxed frame's or a data: URL's post, from no origin we can trust
+        if origin is not None and origin != f"{request.url.scheme}://{request.url.netloc}":
+            raise _Forbidden(f"a post from another origin ({origin[:80]}) is refused: nothing changed")
         raw = await read_body(request, MAX_FORM)
         try:
             pairs = urllib.parse.parse_qsl(
@@ -473,6 +543,9 @@ def dashboard(
     marks: Table = fence_marks,
     keys: Table = idempotency_keys,
     authorize: Authorize | None = None,
+    authorize_reads: Authorize | bool = True,
+    allowed_hosts: Sequence[str] | None = None,
+    csrf_secret: str | bytes | None = None,
     interval: float = 1.0,
     max_streams: int = 100,
     max_attempts: int | None = None,
@@ -485,7 +558,15 @@ def dashboard(
     ``history``: the ownership history table (:func:`fencing.history_table`), for the job
     timelines and the refusals; ``locks``: the named locks' table (:func:`fencing.locks_table`).
     ``authorize(request)`` turns the actions on: it answers who is asking (logged with each
-    action) or ``None`` (``403``). ``interval``: seconds between the feed's reads;
+    action) or ``None`` (``403``). ``authorize_reads``: who may read the pages and the live
+    feed: ``True`` (the default) asks ``authorize`` (reads are open only on a dashboard
+    without one), another callable asks it instead, ``False`` opens them to whoever reaches
+    the dashboard; refused, a read answers ``403``. ``allowed_hosts``: the ``Host`` names the
+    dashboard answers to (``400`` for another; Starlette's ``TrustedHostMiddleware``, so
+    ``"*.example.com"`` works); ``None`` leaves it to the application. ``csrf_secret``: the key
+    the forms' CSRF tokens are signed with (HMAC-SHA256; by default a random one per app, so
+    processes serving one dashboard behind a balancer must share one, 32 bytes or more).
+    ``interval``: seconds between the feed's reads;
     ``max_streams``: event streams open at once (``503`` past it); ``max_attempts``: what the
     workers pass to ``claim_next``, for the ``poisoned`` state; ``attempts``: the workers'
     store's attempts table (:func:`fencing.attempts_table`), which turns on the requeue of a
@@ -501,6 +582,17 @@ def dashboard(
             )
     if authorize is not None and not callable(authorize):
         raise InvalidArgumentType("authorize must be a callable: request -> who is asking, or None")
+    if isinstance(authorize_reads, bool):
+        readers = authorize if authorize_reads else None
+    elif callable(authorize_reads):
+        readers = authorize_reads
+    else:
+        raise InvalidArgumentType(
+            "authorize_reads must be True (ask authorize), False (reads open) or a callable: "
+            f"request -> who is asking, or None; got {type(authorize_reads).__name__}"
+        )
+    hosts = _check_hosts(allowed_hosts)
+    secret = _check_secret(csrf_secret)
     interval = check_timeout(interval, name="interval") or 0.0
     if interval < 0.05:
         raise InvalidArgument(f"interval must be at least 0.05 s, got {interval!r}")
@@ -512,8 +604,8 @@ def dashboard(
         raise InvalidArgumentType(f"title must be a str, got {type(title).__name__}")
     d = _Dashboard(
         engine, table, history=history, locks=locks, marks=marks, keys=keys, authorize=authorize,
-        interval=interval, max_streams=max_streams, max_attempts=max_attempts, attempts=attempts,
-        wait=wait, title=title,
+        readers=readers, secret=secret, interval=interval, max_streams=max_streams,
+        max_attempts=max_attempts, attempts=attempts, wait=wait, title=title,
     )  # fmt: skip
     routes = [
         Route("/", d.guarded(d.overview_page), methods=["GET"]),
@@ -522,7 +614,7 @@ def dashboard(
         Route("/marks", d.guarded(d.marks_page), methods=["GET"]),
         Route("/locks", d.guarded(d.locks_page), methods=["GET"]),
         Route("/events", d.events, methods=["GET"]),
-        Route("/act", d.guarded(d.act), methods=["POST"]),
+        Route("/act", d.guarded(d.act, read=False), methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("fencing.web", "static")]), name="static"),
     ]
 
@@ -533,5 +625,40 @@ def dashboard(
 
     app = Starlette(routes=routes, lifespan=lifespan)
     app.add_middleware(_SecurityHeaders)
+    if hosts is not None:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts, www_redirect=False)
     app.state.dashboard = d
     return app
+
+
+def _check_hosts(hosts: object) -> list[str] | None:
+    """``allowed_hosts``: ``None``, or host names (``*.example.com`` for a domain's)."""
+    if hosts is None:
+        return None
+    if isinstance(hosts, str) or not isinstance(hosts, Sequence):
+        raise InvalidArgumentType(
+            f"allowed_hosts must be a list of host names (not one str), got {type(hosts).__name__}"
+        )
+    for host in hosts:
+        if not isinstance(host, str) or not host:
+            raise InvalidArgumentType(f"allowed_hosts must hold non-empty str, got {host!r:.80}")
+        if "*" in host[1:] or (host.startswith("*") and host != "*" and not host.startswith("*.")):
+            raise InvalidArgument(f"a wildcard host must be like '*.example.com', got {host!r:.80}")
+    if not hosts:
+        raise InvalidArgument("allowed_hosts is empty: no request could be answered")
+    return list(hosts)
+
+
+def _check_secret(secret: object) -> bytes:
+    """``csrf_secret``: at least 32 bytes (a str as UTF-8), or ``None`` for a random one."""
+    if secret is None:
+        return secrets.token_bytes(32)
+    if isinstance(secret, str):
+        secret = secret.encode("utf-8")
+    if not isinstance(secret, bytes):
+        raise InvalidArgumentType(f"csrf_secret must be str, bytes or None, got {type(secret).__name__}")
+    if len(secret) < 32:
+        raise InvalidArgument(
+            f"csrf_secret must be at least 32 bytes: a short one can be guessed, got {len(secret)}"
+        )
+    return secret
