@@ -19,6 +19,7 @@ import pytest
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, insert, select
 
 from fencing import (
+    ConfigurationError,
     Election,
     History,
     InvalidArgument,
@@ -337,6 +338,17 @@ def test_a_deposed_leader_is_told_and_its_term_refused(sync_locks: Locks) -> Non
             sync_locks.check(lease)
         assert election.elected.wait(5.0)  # it campaigned again: a new term
         assert election.term is not None and election.term > 2
+
+
+def test_a_release_inside_the_locks_own_fenced_block_is_refused_at_once(locks: Any) -> None:
+    # it would wait for the block's own row lock (SQLite: its write lock): refused, not hung
+    with locks.hold("nightly", "a", ttl=TTL) as lock:
+        started = time.monotonic()
+        with pytest.raises(ConfigurationError, match="after the block"), locks.fenced(lock.lease):
+            locks.release(lock.lease)
+        assert time.monotonic() - started < 2.0
+        assert lock.held
+    assert locks.holder("nightly") is None  # released when the hold ended
 
 
 def released_within(locks: Any, name: str, seconds: float) -> bool:
