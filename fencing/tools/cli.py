@@ -6,8 +6,10 @@ declared as data (:class:`Arg`, :class:`OneOf`) and its handler, a function from
 one loop, and one dispatch runs them. The database commands only parse, call the library
 (:class:`fencing.JobStore` for changes, :class:`fencing.overview.Overview` for reads) and
 print: aligned tables for people, ``--json`` (one object per line) for scripts. Exit codes:
-0 done; 1 a failure (bad URL, server down, table missing) or, for ``revoke``, ``release``
-and ``delete``, nothing changed; 2 bad arguments (argparse's own). Errors go to stderr,
+0 done; 1 a failure (bad URL, server down, table missing) or, for ``revoke``, ``release``,
+``delete`` and ``requeue``, nothing changed; 2 bad arguments (argparse's own); 3 a change
+whose outcome is unknown (the connection was lost while it was committing: read the job
+before doing it again). Errors go to stderr,
 never as a traceback. The torture harness (:mod:`fencing.tools.torture`) loads only when the
 ``torture`` command runs, not to build the parser or print its help.
 """
@@ -21,6 +23,7 @@ import json
 import math
 import os
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -37,7 +40,14 @@ from sqlalchemy import Connection, Engine, MetaData, Table, make_url
 from sqlalchemy.exc import ArgumentError
 
 from ..core.checks import FENCE_MAX, check_lock_name
-from ..core.errors import DatabaseBusy, DatabaseMissing, FencingError, InvalidArgument, TableMissing
+from ..core.errors import (
+    DatabaseBusy,
+    DatabaseMissing,
+    FencingError,
+    InvalidArgument,
+    OutcomeUnknown,
+    TableMissing,
+)
 from ..core.values import Lease
 from ..engine.sqlite import create_engine as create_sqlite_engine
 from ..fronts import cache
@@ -48,7 +58,7 @@ from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
 from ..store.jobstore import JobStore
 from ..store.marks import fence_marks_table, idempotency_keys_table
-from ..views.admin import transaction
+from ..views.admin import locked_change, transaction
 from ..views.overview import STATES, JobView, Overview, Summary
 from . import demo, doctor
 from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, SERVER_CRASH, TortureConfig
@@ -56,6 +66,10 @@ from .torture.config import FAULT_KINDS, FINISH_MODES, FRONTS, SERVER_CRASH, Tor
 __all__ = ["build_parser", "main"]
 
 Run = Callable[[argparse.Namespace], int]
+
+#: the exit code of a change whose outcome is unknown: the connection was lost while it was
+#: committing (:class:`fencing.OutcomeUnknown`), so it may or may not have been made
+EXIT_UNKNOWN = 3
 
 #: how a missing locks table comes to be (``fencing init`` makes a jobs table)
 LOCKS_TABLE_WAY_OUT = "the application's fencing.Locks(engine).create_table() creates it"
@@ -294,7 +308,7 @@ class _Database:
         locked reads that must go together; on SQLite it takes the write lock first.
         ``wait``: the longest a lock is waited for, in seconds, on the servers too (SQLite's
         is the engine's busy timeout); past it the transaction fails with DatabaseBusy."""
-        with transaction(self.engine, self.table.name, wait=wait) as conn:
+        with transaction(self.store, wait=wait) as conn:
             yield conn
 
 
@@ -778,9 +792,11 @@ def _one_job(
     told: Told,
     arguments: tuple[Arg, ...] = (),
 ) -> Command:
-    """``revoke``, ``release``, ``delete``: the job is read with its row locked, judged and
-    changed by the store in one transaction, so what is judged is what is changed. Exit
-    code 1 when nothing changed (no such job, or with ``held_only`` a job nobody holds)."""
+    """``revoke``, ``release``, ``delete``, ``requeue``: the job is read with its row locked,
+    judged and changed by the store in one transaction, so what is judged is what is changed
+    (:func:`fencing.views.admin.locked_change`). Exit code 1 when nothing changed (no such
+    job, or with ``held_only`` a job nobody holds), :data:`EXIT_UNKNOWN` when the connection
+    was lost while the change was committing."""
     did = f"{name}d"  # revoked, released, deleted, requeued
 
     def run(call: Call) -> int:
@@ -796,22 +812,34 @@ def _one_job(
                     "--attempts-table NAME); nothing changed"
                 )
             store = JobStore(db.engine, db.table, history=store.history_config, attempts=attempts)
+
+        def judged(conn: Connection, job: JobView) -> bool:
+            return (not held_only or job.state == "held") and change(args, store, conn, job)
+
         try:
-            with db.transaction(wait=args.wait) as conn:
-                job = db.overview.job(args.id, conn=conn, lock=True)
-                if job is None or (held_only and job.state != "held") or not change(args, store, conn, job):
-                    why = "no such job" if job is None else f"it is {job.state}, not held"
-                    if job is not None and not held_only:
-                        why = f"it is {job.state}"
-                    if out.json:
-                        out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
-                    return call.fail(f"job {args.id!r}: {why}; nothing changed")
+            changed = locked_change(name, store, db.overview, args.id, judged, wait=args.wait)
         except DatabaseBusy as exc:
             raise DatabaseBusy(
                 f"job {args.id!r} stayed locked by another transaction for more than {args.wait:g} s "
                 "(--wait): a worker's fenced block or check(conn=) holds its row until it commits, "
                 "or another writer does; nothing changed"
             ) from exc
+        except OutcomeUnknown as exc:
+            if out.json:  # null: neither done nor not done
+                out.record(id=args.id, **{did: None})
+            command = call.parser.prog.rsplit(" ", 1)[0]
+            shown = shlex.quote(args.id) if args.id.isprintable() else "ID"  # one line on stderr
+            raise OutcomeUnknown(
+                f"{exc}; `{command} show {shown}` (with the same --url and --table) shows it"
+            ) from exc
+        job = changed.before
+        if job is None or not changed.changed:
+            why = "no such job" if job is None else f"it is {job.state}, not held"
+            if job is not None and not held_only:
+                why = f"it is {job.state}"
+            if out.json:
+                out.record(id=args.id, **{did: False}, state=None if job is None else job.state)
+            return call.fail(f"job {args.id!r}: {why}; nothing changed")
         fields, line = told(args, job)
         out.result({"id": job.job_id, did: True, **fields}, [line])
         return 0
@@ -1562,6 +1590,9 @@ def _invoke(command: Command, parser: argparse.ArgumentParser, args: argparse.Na
         # `fencing init` makes a jobs table; a locks table is made by the application's Locks
         way_out = "`fencing init` creates it" if command.table == "jobs" else LOCKS_TABLE_WAY_OUT
         return _fail(parser, f"table {args.table!r} does not exist here; {way_out}")
+    except OutcomeUnknown as exc:
+        _fail(parser, str(exc))
+        return EXIT_UNKNOWN
     except FencingError as exc:
         return _fail(parser, str(exc))
     except KeyboardInterrupt:
@@ -1587,7 +1618,8 @@ def build_parser(prog: str = "fencing") -> argparse.ArgumentParser:
         description="Leases with fencing tokens: a late worker can never overwrite a newer result.",
         epilog=f"Every database command takes --url (a SQLite file path or a database URL; default "
         f"${URL_VARIABLE}), --table (jobs) and --json. Exit codes: 0 done, 1 failed or nothing "
-        "changed, 2 bad arguments.",
+        "changed, 2 bad arguments, 3 a change whose outcome is unknown (the connection was lost while it "
+        "was committing: read the job before doing it again).",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     subparsers = parser.add_subparsers(title="commands", metavar="COMMAND")
