@@ -954,5 +954,7 @@ def test_serve_without_the_web_extra_says_what_to_install(
     monkeypatch.setitem(sys.modules, "uvicorn", None)
     for name in [n for n in sys.modules if n.startswith(("fencing.web", "fencing.tools.serve"))]:
         monkeypatch.delitem(sys.modules, name)
+    # and off its package: `from . import serve` takes an attribute an earlier import left
+    monkeypatch.delattr("fencing.tools.serve", raising=False)
     assert main(["serve", "--url", str(db)]) == 1
     assert "pip install 'fencing[web]'" in capsys.readouterr().err

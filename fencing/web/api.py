@@ -59,7 +59,7 @@ from starlette.routing import Route
 from ..core.checks import check_count, check_ttl, fence_can_match, show_value
 from ..core.errors import FencingError, InvalidArgument, InvalidArgumentType
 from ..core.values import Lease
-from ..observe.refusals import judge, never_current
+from ..observe.refusals import Refusal, judge
 from ..sql.dberrors import DB_ERRORS, wrap_database_error
 from ..sql.schema import KEY_TYPE, as_text
 from ..store.jobstore import JobStore
@@ -257,10 +257,10 @@ class _Api:
             if job is None
             else (job.owner, job.fence, 1 if job.state == "done" else 0, job.until <= job.now)
         )
-        if fence_can_match(lease.fence):
-            why = judge(path, lease.job_id, lease.owner, lease.fence, row)
-        else:  # as the store judged it: no claim ever hands out this fence
-            why = never_current(path, lease.job_id, lease.owner, lease.fence)
+        why = judge(path, lease.job_id, lease.owner, lease.fence, row)
+        if row is not None and not fence_can_match(lease.fence):
+            # as the store judged it: no claim ever hands out this fence (0 matches a new job's)
+            why = Refusal(path, lease.job_id, lease.owner, lease.fence, "stale fence", row[0], row[1])
         return problem(
             409,
             "Refused",
@@ -352,7 +352,8 @@ class _Api:
                 {"released": True, "replayed": True, "lease": lease_json(lease), "job": job_json(job)}
             )
         note = ""
-        if job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence:
+        unheld = job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence
+        if unheld and fence_can_match(lease.fence):
             note = (
                 " (nobody holds it at this fence; "
                 + (
