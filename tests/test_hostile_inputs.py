@@ -12,8 +12,10 @@ the table rendered from the rows. After changing a row, regenerate the document:
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import inspect
+import json
 import math
 import os
 import re
@@ -21,7 +23,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from fractions import Fraction
 from pathlib import Path
@@ -453,6 +455,30 @@ ROWS: list[Row] = [
         InvalidArgumentType,
         "conn must be a sqlalchemy Connection, an ORM Session or None, got str",
         async_message="conn must be a sqlalchemy AsyncConnection, an AsyncSession or None, got str",
+    ),
+    Row(
+        "JobStore.revoke",
+        "inside the fenced block of the same job, on the block's own thread (it would wait for the block)",
+        'with store.fenced(lease, now=110.0): store.revoke("job")',
+        ConfigurationError,
+        "a fenced block (or a check(conn=)) of this thread holds job 'job''s row until its "
+        "transaction ends: this operation would wait for it forever; pass conn= (the block's "
+        "connection) or run it after the block",
+        backends=("postgresql", "mysql"),
+    ),
+    Row(
+        "JobStore.enqueue",
+        "while the caller's own transaction on another connection holds SQLite's write lock",
+        'with engine.begin() as c: c.exec_driver_sql("UPDATE other SET x = x"); store.enqueue("new")',
+        ConfigurationError,
+        "this thread (or task) holds SQLite's write lock itself, in a transaction of its own on "
+        "another connection of this engine (an ORM Session or a Connection that has written and not "
+        "yet committed): the store's write would wait for it until busy_timeout. Run the operation "
+        "in that transaction with conn= (your Session or Connection), or commit it first; nothing "
+        "was changed",
+        backends=("sqlite",),
+        sync_only=True,
+        note="at once, not after busy_timeout; a transaction that only read is not in the way",
     ),
     Row(
         "JobStore.check",
@@ -1850,6 +1876,251 @@ def test_the_table_has_what_the_issue_asks() -> None:
         assert needed in calls, needed
 
 
+# -- over HTTP: the lease API and the dashboard ------------------------------------------------------
+
+#: the lease API's tokens in the HTTP rows: each acts as one owner
+HTTP_TOKENS = {"token-of-owner-w-0123456789": "w", "token-of-worker-b-0123456789": "worker-b"}
+#: a cursor of the dashboard's job listing whose instant is an int of 400 digits
+HUGE_CURSOR = base64.urlsafe_b64encode(json.dumps([0, int("9" * 400), "j"]).encode()).decode().rstrip("=")
+
+
+@dataclass(frozen=True)
+class HttpRow:
+    """One bad request to the lease API or the dashboard, and what it gets: nothing read for
+    another owner, nothing changed, the field or rule named."""
+
+    face: str  # "lease API" (lease_api) or "dashboard"
+    bad: str
+    method: str
+    path: str
+    status: int
+    #: text the answer carries (the problem's detail, or the page's message)
+    says: str
+    #: JSON for the lease API, a form for the dashboard
+    body: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    cookies: dict[str, str] = field(default_factory=dict)
+    #: the lease API: the owner whose token asks
+    as_owner: str = "w"
+    #: the dashboard's authorize answers this name, or None (refuses everyone)
+    operator: str | None = "op"
+    #: the app's options beyond the ones every row has (shown as written)
+    options: str = ""
+
+    def request(self) -> str:
+        path = self.path if len(self.path) <= 60 else self.path[:40] + f"... ({len(self.path)} chars)"
+        shown = f"{self.method} {path}"
+        if self.body is not None:
+            shown += f" {self.body!r}" if self.face == "dashboard" else " " + _json(self.body)
+        extra = [f"{k}: {v}" for k, v in self.headers.items()] + [
+            f"cookie {k}={v[:8]}..." for k, v in self.cookies.items()
+        ]
+        if self.face == "lease API":
+            extra.insert(0, f"the token of {self.as_owner!r}")
+        return shown + (f" ({'; '.join(extra)})" if extra else "")
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
+
+
+_A_LEASE = {"job_id": "job", "owner": "w", "fence": 1}
+
+HTTP_ROWS: list[HttpRow] = [
+    HttpRow(
+        "lease API",
+        "another owner's lease (its owner and fence read from GET /jobs/ID)",
+        "POST",
+        "/complete",
+        403,
+        "'worker-b' may not complete as owner 'w': a token acts only as the owners it is granted "
+        "('worker-b'); nothing was read or changed",
+        body={"lease": _A_LEASE, "result": "forged"},
+        as_owner="worker-b",
+    ),
+    HttpRow(
+        "lease API",
+        "a renewal of another owner's lease",
+        "POST",
+        "/renew",
+        403,
+        "'worker-b' may not renew as owner 'w'",
+        body={"lease": _A_LEASE, "ttl": 60},
+        as_owner="worker-b",
+    ),
+    HttpRow(
+        "lease API",
+        "a release of another owner's lease",
+        "POST",
+        "/release",
+        403,
+        "'worker-b' may not release as owner 'w'",
+        body={"lease": _A_LEASE},
+        as_owner="worker-b",
+    ),
+    HttpRow(
+        "lease API",
+        "a claim in another owner's name",
+        "POST",
+        "/claim",
+        403,
+        "'worker-b' may not claim as owner 'w'",
+        body={"owner": "w", "ttl": 60},
+        as_owner="worker-b",
+    ),
+    HttpRow(
+        "lease API",
+        "a ttl of 1e308",
+        "POST",
+        "/claim",
+        422,
+        "ttl must be at most 86400 s here",
+        body={"owner": "w", "ttl": 1e308},
+    ),
+    HttpRow(
+        "lease API",
+        "a renewal past max_ttl",
+        "POST",
+        "/renew",
+        422,
+        "ttl must be at most 86400 s here",
+        body={"lease": _A_LEASE, "ttl": 86401},
+    ),
+    HttpRow(
+        "lease API",
+        "a claim of 100,000 jobs",
+        "POST",
+        "/claim",
+        422,
+        "limit must be at most 1000 here (the API's max_limit), got 100000",
+        body={"owner": "w", "ttl": 30, "limit": 100000},
+    ),
+    HttpRow(
+        "lease API",
+        "max_attempts above the API's own",
+        "POST",
+        "/claim",
+        422,
+        "max_attempts must be at most 5 here",
+        body={"owner": "w", "ttl": 30, "max_attempts": 6},
+        options="max_attempts=5",
+    ),
+    HttpRow(
+        "lease API",
+        "a release of a lease that never was (fence 0)",
+        "POST",
+        "/release",
+        409,
+        "the release of job 'free' with fence 0 was refused: stale fence",
+        body={"lease": {"job_id": "free", "owner": "w", "fence": 0}},
+    ),
+    HttpRow(
+        "dashboard",
+        "a page read that authorize refuses",
+        "GET",
+        "/job?id=job",
+        403,
+        "not authorized to read",
+        operator=None,
+    ),
+    HttpRow(
+        "dashboard",
+        "the event stream, which authorize refuses",
+        "GET",
+        "/events",
+        403,
+        "not authorized to read",
+        operator=None,
+    ),
+    HttpRow(
+        "dashboard",
+        "a Host it does not serve (DNS rebinding)",
+        "GET",
+        "/",
+        400,
+        "Invalid host header",
+        headers={"Host": "attacker.example"},
+        options='allowed_hosts=["dash.test"]',
+    ),
+    HttpRow(
+        "dashboard",
+        "an action posted from Origin: null",
+        "POST",
+        "/act",
+        403,
+        "another origin (null)",
+        body={"action": "revoke", "id": "job", "csrf": "A" * 43},
+        headers={"Origin": "null"},
+        cookies={"fencing_csrf": "A" * 43},
+    ),
+    HttpRow(
+        "dashboard",
+        "a CSRF cookie and token the attacker chose",
+        "POST",
+        "/act",
+        403,
+        "CSRF token does not match",
+        body={"action": "revoke", "id": "job", "csrf": "A" * 43},
+        headers={"Origin": "http://testserver"},
+        cookies={"fencing_csrf": "A" * 43},
+    ),
+    HttpRow(
+        "dashboard",
+        "a page cursor whose instant is an int of 400 digits",
+        "GET",
+        "/jobs?after=" + HUGE_CURSOR,
+        422,
+        "not a cursor of this listing",
+    ),
+]
+
+
+def _http_app(row: HttpRow, engine: Engine) -> Any:
+    from fencing.web import bearer_tokens, dashboard, lease_api
+
+    options = eval(f"dict({row.options})")  # the options exactly as the table shows them
+    if row.face == "lease API":
+        store = JobStore(engine)
+        return lease_api(store, authorize=bearer_tokens(HTTP_TOKENS), **options)
+    name = row.operator
+    return dashboard(engine, authorize=lambda request: name, **options)
+
+
+@pytest.mark.parametrize("row", HTTP_ROWS, ids=[f"H{n}" for n in range(1, len(HTTP_ROWS) + 1)])
+def test_http_row(row: HttpRow, backend: backends.Backend, request: Any) -> None:
+    pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'fencing[web]'")
+    from starlette.testclient import TestClient
+
+    target = request.getfixturevalue("target")
+    if "://" in target:
+        seeding = backends.engine_for(target)
+        seed(seeding)
+        seeding.dispose()
+    else:
+        shutil.copyfile(request.getfixturevalue("sqlite_seed"), target)
+    engine = backends.engine_for(target)
+    try:
+        before = database_snapshot(engine)
+        headers = dict(row.headers)
+        if row.face == "lease API":
+            token = next(t for t, owner in HTTP_TOKENS.items() if owner == row.as_owner)
+            headers["Authorization"] = f"Bearer {token}"
+        with TestClient(_http_app(row, engine), raise_server_exceptions=False) as client:
+            for name, value in row.cookies.items():
+                client.cookies.set(name, value)
+            if row.method == "GET":
+                answer = client.get(row.path, headers=headers)
+            elif row.face == "lease API":
+                answer = client.post(row.path, json=row.body, headers=headers)
+            else:
+                answer = client.post(row.path, data=row.body, headers=headers, follow_redirects=False)
+        assert answer.status_code == row.status, (answer.status_code, answer.text[:300])
+        assert row.says in answer.text, answer.text[:500]
+        assert database_snapshot(engine) == before
+    finally:
+        engine.dispose()
+
+
 # -- the document -----------------------------------------------------------------------------------
 
 
@@ -1930,6 +2201,30 @@ def render() -> str:
             outcome += f"; async: {_code(row.async_message)}"
         where = row.where() + ("; async" if row.runs_async() else "")
         cells = [str(number), f"`{row.function}`", _cell(row.bad), _code(row.call), where, outcome]
+        lines.append(f"| {' | '.join(cells)} |")
+    lines += [
+        "",
+        "## Over HTTP",
+        "",
+        "What the lease API (`fencing.web.lease_api`) and the dashboard (`fencing.web.dashboard`)",
+        "answer to a bad or hostile request, on the seeded database of every backend. Every row is",
+        "a test in `tests/test_hostile_inputs.py` (`test_http_row`), which also checks that every",
+        "row of every table is the same after it. The lease API's app is",
+        "`lease_api(JobStore(engine), authorize=bearer_tokens(...))` with one token per owner",
+        f"({', '.join(repr(o) for o in HTTP_TOKENS.values())}); the dashboard's is",
+        "`dashboard(engine, authorize=...)` whose `authorize` answers `'op'` (or refuses everyone,",
+        "where the row says so); *options* are the app's arguments beyond those.",
+        "",
+        "| # | face | bad request | request | options | what you get |",
+        "| ---: | --- | --- | --- | --- | --- |",
+    ]
+    for number, http in enumerate(HTTP_ROWS, 1):
+        bad = http.bad + (
+            "; authorize refuses everyone" if http.face == "dashboard" and http.operator is None else ""
+        )
+        got = f"`{http.status}`, saying {_code(http.says)}"
+        options = _code(http.options) if http.options else ""
+        cells = [f"H{number}", http.face, _cell(bad), _code(http.request()), options, got]
         lines.append(f"| {' | '.join(cells)} |")
     return "\n".join(lines) + "\n"
 
