@@ -469,19 +469,24 @@ def _cancelled_at_its_commit(
         sqlalchemy.event.listen(engine.sync_engine, "commit", cancel_the_caller)
         sqlalchemy.event.listen(engine.sync_engine, "rollback", cancel_the_caller)
 
+        told: list[BaseException | None] = []
+
         async def block() -> None:
-            async with store.fenced(lease, now=0.0, complete=True, result="r") as conn:
-                await conn.execute(receipts.insert().values(job="a", n=1))
-                if lose_the_lease:  # past its until by the end check: LeaseLost, rolled back
-                    await asyncio.sleep(0.1)
-                armed.append(task)
+            try:
+                async with store.fenced(lease, now=0.0, complete=True, result="r") as conn:
+                    await conn.execute(receipts.insert().values(job="a", n=1))
+                    if lose_the_lease:  # past its until by the end check: LeaseLost, rolled back
+                        await asyncio.sleep(0.1)
+                    armed.append(task)
+            except BaseException as exc:  # what the caller was told (Python 3.10's task drops the cause)
+                told.append(exc)
+                raise
+            told.append(None)
 
         task = asyncio.ensure_future(block())
-        try:
+        with contextlib.suppress(asyncio.CancelledError):
             await task
-            outcome.append(None)
-        except BaseException as exc:  # what the caller was told
-            outcome.append(exc)
+        outcome.append(told[0])
         sqlalchemy.event.remove(engine.sync_engine, "commit", cancel_the_caller)
         sqlalchemy.event.remove(engine.sync_engine, "rollback", cancel_the_caller)
         async with engine.connect() as conn:

@@ -154,3 +154,28 @@ def test_the_engines_isolation_level_holds_in_fenced_blocks_and_operations(targe
         assert levels == {level}
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("ending", ["raw COMMIT", "commit"])
+def test_a_store_on_an_engine_with_execution_options_fences_the_block_the_same(
+    engine: Engine, target: str, tables: None, ending: str
+) -> None:
+    """An engine made by ``engine.execution_options(...)`` (whose connections SQLAlchemy 2.0
+    takes no listener on) keeps a block's later writes fenced all the same."""
+    end, keeps_before = ENDINGS[ending]
+    store = JobStore(engine.execution_options(logging_token="app"))
+    store.create_table()
+    store.enqueue("j", ready_at=0.0)
+    lease = store.claim("j", "w", ttl=600.0)
+    assert lease is not None
+
+    def block() -> None:
+        with store.fenced(lease) as conn:
+            conn.execute(writes.insert().values(k="before"))
+            end(conn)
+            revoke_elsewhere(target, "j")
+            conn.execute(writes.insert().values(k="after-revoke"))
+
+    with pytest.raises(LeaseLost):
+        block()
+    assert kept(engine) == (["before"] if keeps_before else [])

@@ -56,6 +56,7 @@ import contextlib
 import random
 import sys
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
@@ -497,6 +498,8 @@ class Runner:
         self._known_pool: Any = None
         #: the pool whose database keeps what it acknowledges (:meth:`_know_durability`)
         self._durable_pool: Any = None
+        #: the blocks' guards where a connection takes no listener (:meth:`_keep_in_a_transaction`)
+        self._guards: weakref.WeakKeyDictionary[Connection, Callable[..., None]] | None = None
         self.lock_wait = LockWait(profile.busy_timeout)
         self._compiled: dict[int, tuple[Executable, _Compiled]] = {}
         #: the owner of the engine has disposed of it for good (:meth:`retire`)
@@ -612,33 +615,46 @@ class Runner:
             yield conn
 
     def _keep_in_a_transaction(self, conn: Connection, executor: BlockExecutor | None) -> None:
-        """Listeners on a block's ``Connection``: a statement of the block that finds no
-        transaction open (the block ended one itself, by Core or by raw SQL) begins one first,
-        as the store's own ``BEGIN`` would, instead of committing on its own; the block's end
-        check then runs in that transaction. Drivers out of autocommit (psycopg's Core path,
-        pymysql) begin one by themselves; SQLite's and asyncpg's are begun by the library
-        (:meth:`EngineProfile.begin_again`), the pipelined block's by its executor."""
+        """A ``before_cursor_execute`` listener on a block's ``Connection``: a statement of
+        the block that finds no transaction open (the block ended one itself, by Core or by
+        raw SQL) begins one first, as the store's own ``BEGIN`` would, instead of committing
+        on its own; the block's end check then runs in that transaction. Drivers out of
+        autocommit (psycopg's Core path, pymysql) begin one by themselves; SQLite's and
+        asyncpg's are begun by the library (:meth:`EngineProfile.begin_again`), the
+        pipelined block's by its executor."""
+        guard: Callable[..., None]
         if executor is not None:
-            event.listen(conn, "before_cursor_execute", executor.before_statement)
-            return
-        dbapi = conn.connection.dbapi_connection
-        profile = self._profile
-        #: SQLAlchemy began a transaction that its driver (or the engine's listener) begins
-        #: with the next statement
-        fresh = [True]
+            guard = executor.before_statement
+        else:
+            dbapi = conn.connection.dbapi_connection
+            profile = self._profile
+            #: the transaction SQLAlchemy had at the block's last statement
+            seen: list[Any] = [None]
 
-        def began(_: Any) -> None:
-            fresh[0] = True
+            def guard(c: Connection, _cursor: Any, statement: str, *_: Any) -> None:
+                current = c.get_transaction()
+                if current is not seen[0]:
+                    # one SQLAlchemy began: the driver (or the engine's listener) begins it now
+                    seen[0] = current
+                    return
+                if not statement.startswith("BEGIN") and profile.ended_its_transaction(dbapi):
+                    profile.begin_again(dbapi, self.errors)
 
-        def before_statement(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-            if fresh[0] or statement.startswith("BEGIN"):
-                fresh[0] = False
-                return
-            if profile.ended_its_transaction(dbapi):
-                profile.begin_again(dbapi, self.errors)
+        try:
+            event.listen(conn, "before_cursor_execute", guard)
+        except sa_exc.InvalidRequestError:
+            # SQLAlchemy 2.0 takes no listener on a connection of an engine made by
+            # execution_options() (which runs through Core anyway): one on that engine, once,
+            # hands each block's statements to its guard
+            if self._guards is None:
+                self._guards = weakref.WeakKeyDictionary()
+                event.listen(conn.engine, "before_cursor_execute", self._guard_of_block)
+            self._guards[conn] = guard
 
-        event.listen(conn, "begin", began)
-        event.listen(conn, "before_cursor_execute", before_statement)
+    def _guard_of_block(self, conn: Connection, *args: Any) -> None:
+        guard = None if self._guards is None else self._guards.get(conn)
+        if guard is not None:
+            guard(conn, *args)
 
     def _isolated(self, dbapi_connection: Any) -> bool:
         """Whether the engine chose an isolation level for its transactions (on the engine,
@@ -706,6 +722,8 @@ class Runner:
                     raise _unknown_outcome() from exc
                 raise
         finally:
+            if self._guards is not None:
+                self._guards.pop(conn, None)
             if forks.GENERATION[0] == generation:
                 forks.released(fairy)
                 if executor is not None:
