@@ -298,14 +298,20 @@ class _ThreadHub:
         if conn is not None:
             with self._lock:
                 self._open.discard(conn)
-            with contextlib.suppress(Exception):
-                if broken:
-                    conn.invalidate()
-                else:
-                    conn.close()
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                pool.dispose()
+        _let_go(conn, pool, broken)
+
+
+def _let_go(conn: Any, pool: Any, broken: bool) -> None:
+    """Close a listening connection (invalidate it if ``broken``) and its own pool."""
+    if conn is not None:
+        with contextlib.suppress(Exception):
+            if broken:
+                conn.invalidate()
+            else:
+                conn.close()
+    if pool is not None:
+        with contextlib.suppress(Exception):
+            pool.dispose()
 
 
 class _LoopHub:
@@ -417,15 +423,7 @@ class _LoopHub:
                 await_only(asyncio.wait({reader}))
         conn, self._conn = self._conn, None
         pool, self._pool = self._pool, None
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                if self._broken:
-                    conn.invalidate()
-                else:
-                    conn.close()
-        if pool is not None:
-            with contextlib.suppress(Exception):
-                pool.dispose()
+        _let_go(conn, pool, self._broken)
         self._listening = set()
         self._broken = False
 
