@@ -958,3 +958,25 @@ def test_serve_without_the_web_extra_says_what_to_install(
     monkeypatch.delattr("fencing.tools.serve", raising=False)
     assert main(["serve", "--url", str(db)]) == 1
     assert "pip install 'fencing[web]'" in capsys.readouterr().err
+
+
+def test_instants_and_durations_have_one_form_for_the_cli_and_the_pages() -> None:
+    from fencing.views._format import age, duration, instant, when
+    from fencing.views.overview import JobView
+
+    assert instant(1796232294.2119) == "2026-12-02 17:24:54.211 UTC"
+    assert (instant(None), instant(None, "—"), instant(1e20)) == ("-", "—", "100000000000000000000.000")
+    assert [duration(s) for s in (-1.0, 3.29, 42.9, 302.0, 7500.0, 273600.0)] == [
+        "0.0s",
+        "3.2s",
+        "42s",
+        "5m 02s",
+        "2h 05m",
+        "3d 04h",
+    ]
+    assert [age(s) for s in (None, 42.0, 300.0, 7560.0)] == ["—", "42.0 s", "5.0 min", "2.1 h"]
+    # a poisoned job whose until is still ahead (released with a delay at its last claim)
+    poisoned = JobView("p", "poisoned", None, 5, 1060.0, None, 1000.0)
+    assert (when(poisoned), when(poisoned, age)) == ("waiting 0.0s", "waiting 0.0 s")
+    expired = JobView("e", "ready", "w", 1, 700.0, None, 1000.0)
+    assert (when(expired), when(expired, age)) == ("lease expired 5m 00s ago", "lease expired 5.0 min ago")

@@ -8,6 +8,8 @@ authorization, and a token acting only as its own owners; bounds on what one req
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +21,11 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 from starlette.testclient import TestClient
 
 from fencing import History, JobStore, Lease, attempts_table, history_table
+from fencing.cli import main
+from fencing.overview import Overview
 from fencing.web import Caller, bearer_tokens, lease_api
 from fencing.web.api import MAX_LIMIT, MAX_TTL
+from fencing.web.feed import Feed
 
 TOKEN = "t0ken-for-the-go-worker"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -534,3 +539,37 @@ def test_fencing_serves_default_bounds_are_the_apis() -> None:
 
     args = build_parser().parse_args(["serve", "--url", "x.db"])
     assert (args.api_max_ttl, args.api_max_limit) == (MAX_TTL, MAX_LIMIT)
+
+
+def test_the_cli_the_api_and_the_feed_show_a_job_as_the_same_json(
+    client: TestClient, store: JobStore, engine: Engine, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.enqueue("shown")
+    assert store.claim("shown", "go-1", ttl=300) is not None
+    from_api = client.get("/jobs/shown", headers=AUTH).json()["job"]
+    assert main(["jobs", "--url", target, "--json"]) == 0
+    [from_cli] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    from_cli = {"job_id" if k == "id" else k: v for k, v in from_cli.items()}  # the CLI's name for it
+
+    async def snapshot() -> dict[str, Any]:
+        feed = Feed(Overview(engine))
+        try:
+            return await feed.latest()
+        finally:
+            await feed.close()
+
+    [from_feed] = asyncio.run(snapshot())["expiring"]
+    faces = [from_api, from_cli, from_feed]
+    assert [list(j) for j in faces] == [list(from_api)] * 3, faces
+    # each face read the job at its own instant: the same row, each with its own clock
+    assert all(j["until_in"] == j["until"] - j["now"] for j in faces), faces
+    timeless = [{k: v for k, v in j.items() if k not in ("now", "until_in")} for j in faces]
+    assert timeless == [timeless[0]] * 3
+    assert timeless[0] == {
+        "job_id": "shown",
+        "state": "held",
+        "owner": "go-1",
+        "fence": 1,
+        "until": from_api["until"],
+        "result": None,
+    }

@@ -30,7 +30,6 @@ import time
 import unicodedata
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from importlib import metadata as package_metadata
 from types import MappingProxyType
 from typing import Any, TextIO, TypeAlias
@@ -58,6 +57,7 @@ from ..sql.schema import jobs, jobs_table
 from ..store.history import History, HistoryEntry, history_table
 from ..store.jobstore import JobStore
 from ..store.marks import fence_marks_table, idempotency_keys_table
+from ..views._format import duration, instant, when
 from ..views.admin import locked_change, transaction
 from ..views.overview import STATES, JobView, Overview, Summary
 from . import demo, doctor
@@ -439,67 +439,19 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Seque
     return lines
 
 
-def _duration(seconds: float) -> str:
-    """``3.2s``, ``42s``, ``5m 02s``, ``2h 05m``, ``3d 04h``: rounded down, so a time left is
-    never shown longer than it is."""
-    s = max(seconds, 0.0)
-    if s < 10:
-        return f"{math.floor(s * 10) / 10:.1f}s"
-    whole = int(s)
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m {whole % 60:02d}s"
-    if whole < 86400:
-        return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
-    return f"{whole // 86400}d {whole % 86400 // 3600:02d}h"
-
-
-def _instant(epoch: float | None) -> str:
-    """A point on the database's clock, in UTC to the millisecond."""
-    if epoch is None:
-        return "-"
-    try:
-        moment = datetime.fromtimestamp(epoch, timezone.utc)
-    except (OverflowError, OSError, ValueError):
-        return f"{epoch:.3f}"
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
-
-
 def _cell(value: object) -> str:
     """A stored value in a table: text as :func:`_shown`, a float as a point in time."""
     if value is None or isinstance(value, str):
         return _shown(value)
     if isinstance(value, float):
-        return _instant(value)
+        return instant(value)
     return str(value)
 
 
-def _when(job: JobView) -> str:
-    """The lease's time left, when a deferred job becomes ready, or how long a ready one has
-    waited: ``until`` against the database's ``now``."""
-    delta = job.until_in
-    if delta is None:
-        return "-"
-    if job.state == "held":
-        return f"{_duration(delta)} left"
-    if job.state == "deferred":
-        return f"ready in {_duration(delta)}"
-    if job.owner is not None:
-        return f"lease expired {_duration(-delta)} ago"
-    return f"waiting {_duration(-delta)}"
-
-
 def _job_record(job: JobView) -> dict[str, Any]:
-    return {
-        "id": job.job_id,
-        "state": job.state,
-        "owner": job.owner,
-        "fence": job.fence,
-        "until": job.until,
-        "until_in": job.until_in,
-        "now": job.now,
-    }
+    """The job's JSON, its id named ``id`` as in every record of the CLI."""
+    record = job.as_json()
+    return {"id": record.pop("job_id"), **record}
 
 
 def _where(db: _Database) -> str:
@@ -583,7 +535,7 @@ def _jobs(call: Call) -> int:
     if not shown:
         out.lines([f"no {args.state + ' ' if args.state else ''}jobs in table {db.table.name!r}"])
         return 0
-    rows = [[_shown(j.job_id), j.state, _shown(j.owner), str(j.fence), _when(j)] for j in shown]
+    rows = [[_shown(j.job_id), j.state, _shown(j.owner), str(j.fence), when(j)] for j in shown]
     out.lines(_table(["ID", "STATE", "OWNER", "FENCE", "WHEN"], rows, numeric=[3]))
     if len(found) > args.limit:
         print(f"(more not shown: --limit {args.limit})", file=sys.stderr)
@@ -604,9 +556,9 @@ def _show(call: Call) -> int:
     history = _history_of(db, args.history_table, job.job_id)
     if out.json:
         recorded = None if history is None else [asdict(e) for e in history]
-        out.record(**_job_record(job), result=job.result, history=recorded)
+        out.record(**_job_record(job), history=recorded)
         return 0
-    until = "-" if job.until == 0 else f"{_instant(job.until)} ({_when(job)})"
+    until = "-" if job.until == 0 else f"{instant(job.until)} ({when(job)})"
     rows = [
         ["id", _shown(job.job_id)],
         ["state", job.state],
@@ -614,7 +566,7 @@ def _show(call: Call) -> int:
         ["fence", str(job.fence)],
         ["until", until],
         ["result", _shown(job.result)],
-        ["now", f"{_instant(job.now)} (the database's clock)"],
+        ["now", f"{instant(job.now)} (the database's clock)"],
     ]
     out.lines(_table(["", ""], rows)[1:])
     if history:
@@ -655,10 +607,10 @@ def _history_lines(entries: Sequence[HistoryEntry]) -> list[str]:
         if e.event == "refused":
             detail = f"{e.path}: {e.reason}; holder {_shown(e.holder)}, fence {_cell(e.current_fence)}"
         elif e.until is not None and e.event in ("claim", "renew"):
-            detail = f"until {_instant(e.until)}"
+            detail = f"until {instant(e.until)}"
         else:
             detail = "" if e.path is None else f"by {e.path}"
-        rows.append([str(e.seq), _instant(e.at), e.event, _shown(e.owner), _cell(e.fence), detail])
+        rows.append([str(e.seq), instant(e.at), e.event, _shown(e.owner), _cell(e.fence), detail])
     return _table(["SEQ", "AT", "EVENT", "OWNER", "FENCE", "DETAIL"], rows, numeric=(0, 4))
 
 
@@ -675,7 +627,7 @@ def _stats_lines(s: Summary) -> list[str]:
         rows.append(["poisoned", str(s.poisoned), f"at {limit} or more, not held"])
     age = s.oldest_ready_age
     rows += [
-        ["oldest ready", "-" if age is None else _duration(age), "longest wait of a ready job"],
+        ["oldest ready", "-" if age is None else duration(age), "longest wait of a ready job"],
         ["expiring", str(s.expiring), f"leases ending within {s.within:g}s"],
         ["highest fence", "-" if s.highest_fence is None else str(s.highest_fence), ""],
     ]
@@ -683,20 +635,8 @@ def _stats_lines(s: Summary) -> list[str]:
 
 
 def _stats_record(s: Summary) -> dict[str, Any]:
-    return {
-        "now": s.now,
-        "ready": s.ready,
-        "held": s.held,
-        "deferred": s.deferred,
-        "done": s.done,
-        "deleted": s.deleted,
-        "poisoned": s.poisoned if s.max_attempts is not None or s.poisoned else None,
-        "max_attempts": s.max_attempts,
-        "oldest_ready_age": s.oldest_ready_age,
-        "expiring": s.expiring,
-        "within": s.within,
-        "highest_fence": s.highest_fence,
-    }
+    # null, not 0, for poisoned jobs no --max-attempts counted (as the table leaves the row out)
+    return {**s.as_json(), "poisoned": s.poisoned if s.max_attempts is not None or s.poisoned else None}
 
 
 def _stats(call: Call) -> int:
@@ -720,11 +660,11 @@ def _stats(call: Call) -> int:
             if out.json:
                 out.record(**_stats_record(s))
             elif in_place:
-                frame = [f"{_instant(s.now)}  {title}", "", *_stats_lines(s)]
+                frame = [f"{instant(s.now)}  {title}", "", *_stats_lines(s)]
                 # home, each line cleared to its end, then everything below it
                 out.stream.write("\x1b[H" + "".join(f"{line}\x1b[K\n" for line in frame) + "\x1b[J")
             else:
-                out.lines([f"{_instant(s.now)}  {title}", *_stats_lines(s), ""])
+                out.lines([f"{instant(s.now)}  {title}", *_stats_lines(s), ""])
             out.stream.flush()
             shown += 1
             if args.count is not None and shown >= args.count:
@@ -851,7 +791,7 @@ def _one_job(
 def _revoked(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
     fence, new = job.fence, job.fence + 1
     return {"owner": job.owner, "fence": fence, "new_fence": new}, (
-        f"revoked job {job.job_id!r}: the lease of {job.owner!r} (fence {fence}, {_when(job)}) "
+        f"revoked job {job.job_id!r}: the lease of {job.owner!r} (fence {fence}, {when(job)}) "
         f"ended; the fence is now {new}, so fence {fence} is stale"
     )
 
@@ -863,9 +803,9 @@ def _release(args: argparse.Namespace, store: JobStore, conn: Connection, job: J
 
 
 def _released(args: argparse.Namespace, job: JobView) -> tuple[dict[str, Any], str]:
-    again = "now" if args.delay is None else f"in {_duration(args.delay)}"
+    again = "now" if args.delay is None else f"in {duration(args.delay)}"
     return {"owner": job.owner, "fence": job.fence, "delay": args.delay}, (
-        f"released job {job.job_id!r} from {job.owner!r} (fence {job.fence} kept, {_when(job)}); "
+        f"released job {job.job_id!r} from {job.owner!r} (fence {job.fence} kept, {when(job)}); "
         f"claimable again {again}"
     )
 
@@ -1078,7 +1018,7 @@ def _locks(call: Call) -> int:
     rows = []
     for job in shown:
         lock = _lock_record(job)
-        left = _when(job) if lock["state"] == "held" else "-"
+        left = when(job) if lock["state"] == "held" else "-"
         rows.append([_shown(job.job_id), lock["state"], _shown(lock["holder"]), str(job.fence), left])
     out.lines(_table(["NAME", "STATE", "HOLDER", "TOKEN", "LEFT"], rows, numeric=[3]))
     if len(found) > args.limit:
@@ -1126,12 +1066,12 @@ def _one_lock(call: Call, name: str, revoke: bool, kind: str) -> int:
     word = "term" if kind == "leader" else "token"
     if lock["state"] == "held":
         who = "leader" if kind == "leader" else "holder"
-        until = f"{_instant(job.until)} ({_when(job)})"
+        until = f"{instant(job.until)} ({when(job)})"
         rows = [["name", _shown(name)], [who, _shown(job.owner)], [word, str(job.fence)], ["until", until]]
     else:
         free = "nobody leads" if kind == "leader" else "free"
         rows = [["name", _shown(name)], ["state", free], [f"last {word}", str(job.fence)]]
-    rows.append(["now", f"{_instant(job.now)} (the database's clock)"])
+    rows.append(["now", f"{instant(job.now)} (the database's clock)"])
     out.lines(_table(["", ""], rows)[1:])
     if entries:
         out.lines(["", f"history ({args.history_table}, oldest first)", *_history_lines(entries)])

@@ -30,7 +30,7 @@ import contextlib
 import json
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
@@ -146,6 +146,20 @@ class JobView:
         """This job's place in :meth:`Overview.jobs`' walk: ``after=`` for the next page."""
         return Cursor(1 if self.state == "done" else 0, self.until, self.job_id)
 
+    def as_json(self) -> dict[str, Any]:
+        """The job as JSON, the same on every face: the CLI's ``--json`` (which names the id
+        ``id``), the lease API and the dashboard's event stream."""
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "owner": self.owner,
+            "fence": self.fence,
+            "until": self.until,
+            "until_in": self.until_in,
+            "result": self.result,
+            "now": self.now,
+        }
+
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> JobView:
         job_id, state, owner, fence, until, result, now = row
@@ -181,6 +195,10 @@ class Summary:
     def oldest_ready_age(self) -> float | None:
         """How long the longest-waiting ready job has been ready (seconds)."""
         return None if self.oldest_ready_until is None else self.now - self.oldest_ready_until
+
+    def as_json(self) -> dict[str, Any]:
+        """The summary as JSON, for the CLI's ``stats --json`` and the dashboard's stream."""
+        return {**asdict(self), "oldest_ready_age": self.oldest_ready_age}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ application (``app.mount("/leases", lease_api(store, authorize=...))``)::
     POST /complete  {"lease": {...}, "result": "..."}   -> 200 {"completed": true, "lease": ...}
     POST /release   {"lease": {...}, "delay": 60}       -> 200 {"released": true, "lease": ...}
     POST /enqueue   {"job_id": "...", "ready_at": null} -> 201 / 200 {"enqueued": ...}
-    GET  /jobs/ID   -> 200 {"job": {"job_id", "state", "owner", "fence", "until", "result", "now"}}
+    GET  /jobs/ID   -> 200 {"job": {"job_id", "state", "owner", "fence", "until", "until_in", "result",
+                                "now"}}
     GET  /openapi.json
 
 Every answer carries the fence (the lease's, and the job's current one). A completion or
@@ -158,18 +159,6 @@ def _lease(body: dict[str, Any]) -> Lease:
 
 def lease_json(lease: Lease) -> dict[str, Any]:
     return {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence, "until": lease.until}
-
-
-def job_json(job: JobView) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "state": job.state,
-        "owner": job.owner,
-        "fence": job.fence,
-        "until": job.until,
-        "result": job.result,
-        "now": job.now,
-    }
 
 
 class _Api:
@@ -323,7 +312,7 @@ class _Api:
             # done by this very lease (a fence is handed out once): this is a retry
             if job.result == result:
                 return JSONResponse(
-                    {"completed": True, "replayed": True, "lease": lease_json(lease), "job": job_json(job)}
+                    {"completed": True, "replayed": True, "lease": lease_json(lease), "job": job.as_json()}
                 )
             return problem(
                 409,
@@ -349,7 +338,7 @@ class _Api:
         job, proven = await run_in_threadpool(self.released_by, lease)
         if proven and job is not None:
             return JSONResponse(
-                {"released": True, "replayed": True, "lease": lease_json(lease), "job": job_json(job)}
+                {"released": True, "replayed": True, "lease": lease_json(lease), "job": job.as_json()}
             )
         note = ""
         unheld = job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence
@@ -390,7 +379,7 @@ class _Api:
         added = await run_in_threadpool(lambda: self.store.enqueue(job_id, ready_at=ready_at))
         logger.info("enqueue of job %r by %s over HTTP: %s", job_id, who.name, "added" if added else "exists")
         job = await self.job(job_id)
-        answer = {"enqueued": added, "job": None if job is None else job_json(job)}
+        answer = {"enqueued": added, "job": None if job is None else job.as_json()}
         return JSONResponse(answer, status_code=201 if added else 200)
 
     async def state(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
@@ -398,7 +387,7 @@ class _Api:
         job = await self.job(job_id)
         if job is None:
             return problem(404, "NotFound", f"there is no job {job_id!r}", job_id=job_id)
-        return JSONResponse({"job": job_json(job)})
+        return JSONResponse({"job": job.as_json()})
 
     async def job(self, job_id: str) -> JobView | None:
         return await run_in_threadpool(self.overview.job, job_id)
@@ -479,6 +468,7 @@ _JOB = {
         "owner": {"type": ["string", "null"]},
         "fence": {"type": "integer"},
         "until": {"type": "number"},
+        "until_in": {"type": ["number", "null"], "description": "until - now; null: done, or until 0"},
         "result": {"type": ["string", "null"]},
         "now": {"type": "number", "description": "the database's clock when the job was read"},
     },

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections import deque
@@ -42,18 +41,6 @@ SERIES = 60
 EXPIRING = 10
 #: how far back the refusals by reason count (seconds)
 REFUSALS_WINDOW = 3600.0
-
-
-def job_json(job: JobView) -> dict[str, Any]:
-    return {
-        "job_id": job.job_id,
-        "state": job.state,
-        "owner": job.owner,
-        "fence": job.fence,
-        "until": job.until,
-        "result": job.result,
-        "now": job.now,
-    }
 
 
 class Feed:
@@ -125,8 +112,7 @@ class Feed:
     ) -> dict[str, Any]:
         counts: dict[str, Any] | None = None
         if summary is not None:
-            counts = dataclasses.asdict(summary)
-            counts["oldest_ready_age"] = summary.oldest_ready_age
+            counts = summary.as_json()
             point = {
                 "now": summary.now,
                 "claims": summary.claims,
@@ -150,8 +136,8 @@ class Feed:
         previous = self.snapshot
         body = {
             "summary": counts,
-            "expiring": [job_json(j) for j in expiring],
-            "oldest_ready": job_json(oldest[0]) if oldest else None,
+            "expiring": [j.as_json() for j in expiring],
+            "oldest_ready": oldest[0].as_json() if oldest else None,
             "refusals": refusals,
             "error": error,
         }

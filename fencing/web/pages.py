@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import datetime
 import hashlib
 import hmac
 import json
@@ -63,6 +62,7 @@ from ..sql.schema import jobs
 from ..store.history import History
 from ..store.jobstore import JobStore
 from ..store.marks import fence_marks, idempotency_keys
+from ..views._format import age, instant, when
 from ..views.admin import change_job
 from ..views.overview import STATES, Cursor, JobView, Overview
 from .api import BadBody, read_body
@@ -157,39 +157,6 @@ def _shown(value: object) -> Markup:
     return Markup("<bdi>%s</bdi>") % ("" if value is None else str(value))
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "—"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
-def _instant(epoch: float | None) -> str:
-    if epoch is None:
-        return "—"
-    try:
-        return (
-            datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[
-                :-3
-            ]
-            + "Z"
-        )
-    except (OverflowError, OSError, ValueError):
-        return f"{epoch:g}"
-
-
-def _when(job: JobView) -> str:
-    left = job.until_in
-    if left is None:
-        return ""
-    if job.state == "deferred":
-        return f"claimable in {_age(left)}"
-    return f"ready for {_age(-left)}" if left <= 0 else f"ends in {_age(left)}"
-
-
 def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
     """The chart's polylines from the feed's series (the page's script redraws them live)."""
     names = ("claims", "completions", "refused")
@@ -263,7 +230,7 @@ class _Dashboard:
             lstrip_blocks=True,
         )
         self.env.filters.update(q=_q, shown=_shown)
-        self.env.globals.update(age=_age, instant=_instant, when=_when)
+        self.env.globals.update(age=age, instant=lambda at: instant(at, "—"), when=lambda j: when(j, age))
 
     # -- rendering --------------------------------------------------------------------------
 
