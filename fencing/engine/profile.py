@@ -66,19 +66,22 @@ class EngineProfile:
         """The driver's pipeline on ``dbapi_connection`` (``pipelines``)."""
         raise TypeError("this engine's driver has no pipeline")
 
-    def ended_its_transaction(self, dbapi_connection: Any) -> bool:
-        """Whether ``dbapi_connection``, in a transaction the store began with its own
-        ``BEGIN``, has none open any more (a raw ``COMMIT``), so its next statement would
+    def ended_its_transaction(self, driver_connection: Any) -> bool:
+        """Whether the driver's own connection (``driver_connection``: SQLAlchemy's public
+        name for it, under any adapter), in a transaction begun with a ``BEGIN`` of the
+        library's, has none open any more (a raw ``COMMIT``), so its next statement would
         commit on its own. ``False`` where the driver begins a transaction itself before a
         statement sent outside one (psycopg and pymysql out of autocommit)."""
         return False
 
-    def begin_again(self, dbapi_connection: Any, errors: tuple[type[BaseException], ...]) -> None:
-        """Begin a transaction on ``dbapi_connection`` as the store's ``BEGIN`` would (after
+    def begin_again(
+        self, dbapi_connection: Any, driver_connection: Any, errors: tuple[type[BaseException], ...]
+    ) -> None:
+        """Begin a transaction as the store's ``BEGIN`` would (after
         :meth:`ended_its_transaction`)."""
         raise NotImplementedError
 
-    def isolated(self, dbapi_connection: Any) -> bool:
+    def isolated(self, dbapi_connection: Any, driver_connection: Any) -> bool:
         """Whether the engine set an isolation level on ``dbapi_connection``, which its
         transactions begin with and a statement run in autocommit (``statement_commits``)
         would not have."""
@@ -107,32 +110,32 @@ class PostgreSQLProfile(EngineProfile):
             raise TypeError("this engine's driver has no pipeline")
         return AsyncPipe(dbapi_connection) if self._awaits else Pipe(dbapi_connection)
 
-    def ended_its_transaction(self, dbapi_connection: Any) -> bool:
-        # asyncpg under SQLAlchemy's adapter, which began the transaction and does not see a
-        # raw COMMIT end it (psycopg out of autocommit begins again by itself)
-        inner = getattr(dbapi_connection, "_connection", None)
-        is_in_transaction = getattr(inner, "is_in_transaction", None)
+    def ended_its_transaction(self, driver_connection: Any) -> bool:
+        # asyncpg, whose transaction SQLAlchemy's adapter began and which does not see a raw
+        # COMMIT end it (psycopg out of autocommit begins again by itself)
+        is_in_transaction = getattr(driver_connection, "is_in_transaction", None)
         return callable(is_in_transaction) and not is_in_transaction()
 
-    def begin_again(self, dbapi_connection: Any, errors: tuple[type[BaseException], ...]) -> None:
+    def begin_again(
+        self, dbapi_connection: Any, driver_connection: Any, errors: tuple[type[BaseException], ...]
+    ) -> None:
         from sqlalchemy.util import await_only
 
-        level = getattr(dbapi_connection, "isolation_level", None)
+        level = getattr(dbapi_connection, "isolation_level", None)  # the adapter's, as it begins
         sql = "BEGIN"
         if level is not None and str(level).upper() != "AUTOCOMMIT":
             sql += " ISOLATION LEVEL " + str(level).replace("_", " ").upper()
-        await_only(dbapi_connection._connection.execute(sql))
+        await_only(driver_connection.execute(sql))
 
-    def isolated(self, dbapi_connection: Any) -> bool:
+    def isolated(self, dbapi_connection: Any, driver_connection: Any) -> bool:
         # create_engine(isolation_level=...) sets a level on each driver connection (psycopg's
         # isolation_level, the asyncpg adapter's): its transactions begin with it, as the
         # store's must; a statement in autocommit would run at the server's default instead
         # (SQLAlchemy also sets READ COMMITTED back on a connection given back after a
         # transaction of another level, the store's own autocommit included: PostgreSQL's
         # default, which a statement in autocommit has anyway)
-        inner = getattr(dbapi_connection, "_connection", dbapi_connection)
         for level in (
-            getattr(inner, "isolation_level", None),
+            getattr(driver_connection, "isolation_level", None),
             getattr(dbapi_connection, "isolation_level", None),
         ):
             if level is not None:
@@ -172,13 +175,14 @@ class SQLiteProfile(EngineProfile):
     def begin_options(self, *, write: bool) -> dict[str, Any]:
         return {sqlite.BEGIN_OPTION: "IMMEDIATE" if write else "DEFERRED", sqlite.STORE_OPTION: True}
 
-    def ended_its_transaction(self, dbapi_connection: Any) -> bool:
+    def ended_its_transaction(self, driver_connection: Any) -> bool:
         # the sqlite3 module in autocommit (the library's connect listener): SQLite's own
-        # answer; aiosqlite's connection under SQLAlchemy's adapter says the same
-        inner = getattr(dbapi_connection, "_connection", dbapi_connection)
-        return not inner.in_transaction
+        # answer; aiosqlite's connection says the same
+        return not driver_connection.in_transaction
 
-    def begin_again(self, dbapi_connection: Any, errors: tuple[type[BaseException], ...]) -> None:
+    def begin_again(
+        self, dbapi_connection: Any, driver_connection: Any, errors: tuple[type[BaseException], ...]
+    ) -> None:
         # the store's transactions keep the short busy handler: wait for the lock its way
         assert self.write_lock is not None
         cursor = dbapi_connection.cursor()

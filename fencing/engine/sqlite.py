@@ -162,7 +162,7 @@ class Settings:
         if info.get(_SHORT_HANDLER):
             execute(self._full_sql)
             del info[_SHORT_HANDLER]
-        self.write_lock.note_callers_transaction(conn.connection.dbapi_connection)
+        self.write_lock.note_callers_transaction(conn.connection.driver_connection)
         if mode == "DEFERRED":
             execute("BEGIN DEFERRED")
         elif mode in BEGIN_MODES:

@@ -130,19 +130,17 @@ def busy_error(budget: float, exc: BaseException | None) -> DatabaseBusy:
     )
 
 
-def _changes(dbapi_connection: Any) -> int | None:
-    """The rows a SQLite driver connection has changed since it opened (``None`` if unknown):
-    the sqlite3 module's, or aiosqlite's under SQLAlchemy's adapter."""
-    inner = getattr(dbapi_connection, "_connection", dbapi_connection)
-    changes = getattr(inner, "total_changes", None)
+def _changes(driver_connection: Any) -> int | None:
+    """The rows a SQLite driver connection (the sqlite3 module's, or aiosqlite's) has changed
+    since it opened (``None`` if unknown)."""
+    changes = getattr(driver_connection, "total_changes", None)
     return changes if isinstance(changes, int) else None
 
 
-def _open(dbapi_connection: Any) -> bool:
+def _open(driver_connection: Any) -> bool:
     """Whether a SQLite driver connection is in a transaction (not if it was closed)."""
-    inner = getattr(dbapi_connection, "_connection", dbapi_connection)
     try:
-        return bool(inner.in_transaction)
+        return bool(driver_connection.in_transaction)
     except Exception:
         return False
 
@@ -230,19 +228,19 @@ class WriteLock:
         #: connection with the count of its changes when its transaction began
         self._callers: dict[Any, list[tuple[Any, int]]] = {}
 
-    def note_callers_transaction(self, dbapi_connection: Any) -> None:
-        """An application's transaction began on ``dbapi_connection`` (the engine's ``begin``
+    def note_callers_transaction(self, driver_connection: Any) -> None:
+        """An application's transaction began on ``driver_connection`` (the engine's ``begin``
         listener): if it writes, it holds the write lock until it ends, and a store write of
         the same caller would wait for it (:meth:`caller_holds_the_lock`)."""
-        changes = _changes(dbapi_connection)
+        changes = _changes(driver_connection)
         if changes is None:
             return
         key = bridge.holder()
         if len(self._callers) > _CALLERS_KEPT:  # callers gone (threads, tasks): their transactions ended
             for other in [k for k, held in self._callers.items() if not any(_open(c) for c, _ in held)]:
                 del self._callers[other]
-        kept = [(c, n) for c, n in self._callers.get(key, ()) if _open(c) and c is not dbapi_connection]
-        kept.append((dbapi_connection, changes))
+        kept = [(c, n) for c, n in self._callers.get(key, ()) if _open(c) and c is not driver_connection]
+        kept.append((driver_connection, changes))
         self._callers[key] = kept
 
     def caller_holds_the_lock(self) -> bool:

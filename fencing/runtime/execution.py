@@ -626,7 +626,7 @@ class Runner:
         if executor is not None:
             guard = executor.before_statement
         else:
-            dbapi = conn.connection.dbapi_connection
+            dbapi, driver = conn.connection.dbapi_connection, conn.connection.driver_connection
             profile = self._profile
             #: the transaction SQLAlchemy had at the block's last statement
             seen: list[Any] = [None]
@@ -637,8 +637,8 @@ class Runner:
                     # one SQLAlchemy began: the driver (or the engine's listener) begins it now
                     seen[0] = current
                     return
-                if not statement.startswith("BEGIN") and profile.ended_its_transaction(dbapi):
-                    profile.begin_again(dbapi, self.errors)
+                if not statement.startswith("BEGIN") and profile.ended_its_transaction(driver):
+                    profile.begin_again(dbapi, driver, self.errors)
 
         try:
             event.listen(conn, "before_cursor_execute", guard)
@@ -656,12 +656,14 @@ class Runner:
         if guard is not None:
             guard(conn, *args)
 
-    def _isolated(self, dbapi_connection: Any) -> bool:
+    def _isolated(self, pooled: Any) -> bool:
         """Whether the engine chose an isolation level for its transactions (on the engine,
         or on each connection: ``create_engine(isolation_level=...)``): then the store's
-        transactions have it too, and none runs in autocommit."""
-        return "isolation_level" in self.engine.get_execution_options() or self._profile.isolated(
-            dbapi_connection
+        transactions have it too, and none runs in autocommit. ``pooled``: the pool's entry
+        (or its proxy) of the connection."""
+        options = self.engine.get_execution_options()
+        return "isolation_level" in options or self._profile.isolated(
+            pooled.dbapi_connection, pooled.driver_connection
         )
 
     @contextlib.contextmanager
@@ -690,7 +692,7 @@ class Runner:
             self._know_durability(fairy)
             refuse_autocommit_connection(conn, self._autocommit)
             options = self._profile.begin_options(write=write)
-            if single and not self._isolated(fairy.dbapi_connection):
+            if single and not self._isolated(fairy):
                 # one statement, its own transaction (see run); reset at checkin
                 if self._profile.closed_by_server(fairy.dbapi_connection):
                     _retire_older(pool, fairy, None)
@@ -803,12 +805,13 @@ class Runner:
             cursor = info.get(_CURSOR)
             if cursor is None:  # one cursor per connection, made once
                 cursor = info[_CURSOR] = conn.cursor()
-            if single and self._isolated(conn):
+            isolated = single and self._isolated(held)
+            if isolated:
                 # the engine's isolation level: BEGIN with it, pipelined with the statement and
                 # COMMIT where the driver can (one round trip still), else a transaction as usual
                 single = committing = self._profile.pipelines
             if single:
-                result, ended = self._autocommitted(unit, cursor, conn, prelude, self._isolated(conn))
+                result, ended = self._autocommitted(unit, cursor, conn, prelude, isolated)
                 return result
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
