@@ -11,6 +11,8 @@ from sqlalchemy import Engine
 
 from fencing import JobStore, Lease
 
+pytestmark = pytest.mark.dialect
+
 TTL = 60.0
 #: ids whose key order is the reverse of the order they are enqueued in, so that an
 #: implementation taking jobs by id would come out wrong

@@ -15,6 +15,8 @@ from fencing import InvalidArgument, InvalidArgumentType, JobState, JobStore, Le
 from fencing.schema import KEY_TYPE
 from fencing.sql.statements import COMPLETE_CHUNK
 
+pytestmark = pytest.mark.dialect
+
 T0 = 1_000.0
 FENCE = 3
 

@@ -21,6 +21,8 @@ import service
 from fencing import jobs
 from fencing.schema import as_text
 
+pytestmark = pytest.mark.dialect
+
 NOW = 1000.0
 TTL = 30.0
 ROW_KEYS = ["id", "owner", "until", "fence", "result", "done"]

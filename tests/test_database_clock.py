@@ -9,6 +9,8 @@ import pytest
 import service
 from fencing import JobStore, Lease
 
+pytestmark = pytest.mark.dialect
+
 # a worker whose clock is a day off: with now=None its own clock must not matter
 SKEW = 86_400.0
 

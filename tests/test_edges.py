@@ -35,6 +35,8 @@ from fencing.checks import (
 from fencing.schema import as_text
 from tests import backends
 
+pytestmark = pytest.mark.dialect
+
 # -- helpers ----------------------------------------------------------------------------------------
 
 

@@ -15,6 +15,8 @@ import service
 from fencing import JobState, JobStore, Lease
 from tests import backends
 
+pytestmark = pytest.mark.dialect
+
 TTL = 10.0
 
 

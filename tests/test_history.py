@@ -38,6 +38,8 @@ from fencing.sql.schema import KEY_TYPE, as_text
 from fencing.store.history import PRUNE_BATCH
 from tests import backends
 
+pytestmark = pytest.mark.dialect
+
 TTL = 30.0
 
 

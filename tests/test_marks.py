@@ -27,6 +27,8 @@ from fencing.store.marks import (
 from tests import backends
 from tests.processes import reap
 
+pytestmark = pytest.mark.dialect
+
 THREADS = 8
 PROCESSES = 3
 THREADS_PER_PROCESS = 3

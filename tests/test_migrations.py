@@ -34,6 +34,8 @@ from fencing import (
 )
 from fencing.store.marks import marks_metadata
 
+pytestmark = pytest.mark.dialect
+
 #: the application's models module, as a user would write it
 MODELS_MODULE = "app_models"
 MODELS = '''\

@@ -27,6 +27,8 @@ from fencing import JobStore, attempts_table
 from fencing.schema import KEY_TYPE
 from fencing.sql.statements import Statements
 
+pytestmark = pytest.mark.dialect
+
 BACKLOG = 100_000
 SMALL = 1_000
 FENCE_MAX = 2**63 - 1

@@ -18,6 +18,8 @@ import pytest
 from fencing import FenceMarks, JobStore, Lease, LeaseLost
 from fencing.refusals import REASONS
 
+pytestmark = pytest.mark.dialect
+
 TTL = 10.0
 FIELDS = ("path", "job_id", "owner", "fence", "reason", "holder", "current_fence")
 

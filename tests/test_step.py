@@ -12,6 +12,8 @@ from sqlalchemy import Engine, event
 
 from fencing import InvalidArgument, JobState, JobStore, Lease
 
+pytestmark = pytest.mark.dialect
+
 TTL = 60.0
 NOW = 100.0
 

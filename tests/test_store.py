@@ -26,6 +26,8 @@ from fencing import (
     jobs_table,
 )
 
+pytestmark = pytest.mark.dialect
+
 NOW = 100.0
 TTL = 10.0
 

@@ -18,6 +18,8 @@ from fencing import ConfigurationError, InvalidArgument, JobStore, SchemaMismatc
 from fencing.schema import as_text
 from fencing.sqlite import configure, create_engine
 
+pytestmark = pytest.mark.dialect
+
 EXPECTED_TABLE_INFO = [
     (0, "id", "TEXT", 0, None, 1),
     (1, "owner", "TEXT", 0, None, 0),

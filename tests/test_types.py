@@ -8,6 +8,8 @@ from sqlalchemy import update
 from fencing import InvalidArgument, JobStore, Lease
 from fencing.schema import ID_MAX_BYTES, as_text
 
+pytestmark = pytest.mark.dialect
+
 EPOCH_WITH_MICROS = [1_700_000_000.123456, 1_799_999_999.999999, 4_102_444_800.000001, 0.5, 1e-6]
 
 
