@@ -45,7 +45,7 @@ def browser() -> Iterator[Any]:
         import uvicorn  # noqa: F401
         from playwright.sync_api import sync_playwright
     except ImportError as exc:
-        _missing(f"{exc.name} is not installed (pip install 'fencing[web,test]')")
+        _missing(f"{exc.name} is not installed (pip install -e '.[web]' --group test)")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         _missing("Chromium is not installed (apt-get install chromium)")
