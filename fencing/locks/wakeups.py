@@ -110,10 +110,10 @@ def listen(engine: Engine, channel: str, name: str) -> Listener | None:
 
 @functools.cache
 def _notifies_take_a_timeout() -> bool:
+    import importlib
     import inspect
 
-    import psycopg
-
+    psycopg: Any = importlib.import_module("psycopg")  # by name: an extra, maybe not where mypy runs
     try:
         return "timeout" in inspect.signature(psycopg.Connection.notifies).parameters
     except (TypeError, ValueError):

@@ -78,10 +78,11 @@ class TortureConfig:
     #: with ``server-crash``: the mean time from the server's restart to its next SIGKILL (each
     #: drawn from 0.5-1.5 times it, so a phase of a few of them has at least one crash each)
     crash_every: float = 4.0
-    #: the fault phase also ends once the workers have made this many operations (None: no
-    #: target, ``seconds`` alone): claims, renewals, completions (fenced blocks, complete(),
-    #: each of complete_many()'s and complete_and_claim_next()'s), releases and writes guarded
-    #: by FenceMarks.accept, each counted once it returned, accepted or refused
+    #: the fault phase also ends once the workers have made this many operations and every
+    #: kind of fault was injected at least once (None: no target, ``seconds`` alone): claims,
+    #: renewals, completions (fenced blocks, complete(), each of complete_many()'s and
+    #: complete_and_claim_next()'s), releases and writes guarded by FenceMarks.accept, each
+    #: counted once it returned, accepted or refused
     #: (:data:`~fencing.tools.torture.journal.OPERATIONS`). With a target, ``jobs`` is the
     #: backlog kept open: more are enqueued as the workers finish them
     operations: int | None = None

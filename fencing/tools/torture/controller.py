@@ -362,6 +362,9 @@ def _drive(
         next_fault = begun + rng.expovariate(1.0 / config.fault_every)
         next_crash = begun + _crash_interval(config, crashes)
         deck: list[str] = []
+        #: the kinds of fault injected so far: an operations target ends the phase only once
+        #: each has been (a fast run once reached it before the first server crash was due)
+        injected: set[str] = set()
         next_count = begun
         while time.monotonic() - begun < config.seconds:
             now = time.monotonic()
@@ -371,7 +374,7 @@ def _drive(
                 done = None if open_jobs is None else backlog.enqueued - open_jobs
                 report("faults", now - begun, config.seconds, done)
                 if config.operations is not None:
-                    if sum(pool.operations) >= config.operations:
+                    if sum(pool.operations) >= config.operations and injected >= set(config.faults):
                         break
                     if open_jobs is not None:
                         backlog.replenish(open_jobs, config.jobs)
@@ -380,6 +383,7 @@ def _drive(
                 next_count = now + 0.25
             if crashing is not None and now >= next_crash:
                 _crash(crashing, crashes, journal)
+                injected.add(SERVER_CRASH)
                 next_crash = time.monotonic() + _crash_interval(config, crashes)
                 continue
             if now >= next_fault and kinds:
@@ -387,7 +391,9 @@ def _drive(
                     deck = list(kinds)  # where a restart takes seconds and few faults
                     rng.shuffle(deck)  # fit in the phase, each kind still gets its turn
                 kind = deck.pop()
-                if not _inject(kind, config, rng, pool, engine, store, tables, journal) and deck:
+                if _inject(kind, config, rng, pool, engine, store, tables, journal):
+                    injected.add(kind)
+                elif deck:
                     deck.insert(0, kind)  # nobody to inject it into yet: last of this round
                 next_fault = time.monotonic() + rng.expovariate(1.0 / config.fault_every)
             time.sleep(0.002)
