@@ -3,7 +3,8 @@
 ``nox`` runs the default sessions; ``nox -t sqlite`` / ``-t postgresql`` / ``-t mariadb``
 runs one backend's tests. A server that does not answer skips its sessions with the
 reason and how to enable it, except under ``CI=true``, where the suite fails instead.
-Every python of ``PYTHONS`` must be on PATH (.ci/run puts pyenv's there).
+A python of ``PYTHONS`` that is not on PATH (nor under this machine kind's pyenv) is skipped
+locally and fails under ``CI=true``.
 
 Most sessions install the checkout editable (``-e``) and so test the source tree. What a user
 gets is the wheel: ``package`` builds, checks, installs and runs it, and ``test_wheel`` runs
@@ -28,6 +29,12 @@ nox.options.sessions = ["tests", "test_wheel", "torture", "lint", "typecheck", "
 
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+# this project's machines keep their pythons under pyenv, whose shims do not all run: put
+# the interpreters themselves on PATH, so the README's `python -m nox` works as it is there
+for _bin in sorted(Path("/root/.pyenv/versions").glob("3.1[0-3].*/bin")):
+    if str(_bin) not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = f"{_bin}{os.pathsep}{os.environ.get('PATH', '')}"
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 NEWEST = PYTHONS[-1]
