@@ -388,11 +388,12 @@ def test_a_leader_that_stops_inside_its_own_fenced_block_steps_down_after_it(
         assert done.wait(10.0), "stop() inside the leader's own fenced block did not return"
         assert stopped_in[0] < 1.0
         assert released_within(sync_locks, "scheduler", 5.0), "the term was not released after the block"
+        election.stop()  # outside the block: joins the campaign, which stepped down after it
+        assert not election._thread.is_alive()  # type: ignore[union-attr]
+        # (read after the join: the campaign releases the term, then says it no longer leads)
         assert not election.is_leader and not election.elected.is_set()
         with engine.connect() as conn:
             assert [row.term for row in conn.execute(select(work.c.term))] == [1]  # committed under it
-        election.stop()  # joins the campaign, which has ended
-        assert not election._thread.is_alive()  # type: ignore[union-attr]
     finally:
         if not done.is_set() and "://" in target:
             backends.end_other_sessions(target)  # the hung release's and the block's sessions
@@ -428,6 +429,8 @@ def test_an_async_leader_that_stops_inside_its_own_fenced_block_steps_down_after
                 while await locks.holder("scheduler") is not None:
                     assert time.monotonic() < deadline, "the term was not released after the block"
                     await asyncio.sleep(0.01)
+                await asyncio.wait_for(election.stop(), 5.0)  # outside the block: awaits the campaign
+                # (read after it: the campaign releases the term, then says it no longer leads)
                 assert not election.is_leader and not election.elected.is_set()
             return took
         finally:
