@@ -247,7 +247,11 @@ def test_holders_under_faults_never_overlap_in_the_data(
         _wait_for_a_write(engine, writes, 60.0)  # every candidate up, a holder writing
         ends = time.monotonic() + SECONDS
         schedule: list[str] = []
-        while time.monotonic() < ends:
+        # the phase, then as long again at most until each kind was injected once: a loaded
+        # machine's holder once let every kill-in-transaction of a phase find it between blocks
+        while (now := time.monotonic()) < ends or (
+            not all(done[kind] for kind in kinds) and now < ends + SECONDS
+        ):
             time.sleep(rng.uniform(0.1, 0.4))
             if not schedule:  # every kind once per round, in a random order
                 schedule = rng.sample(kinds, len(kinds))
