@@ -121,10 +121,10 @@ class PostgreSQLProfile(EngineProfile):
     ) -> None:
         from sqlalchemy.util import await_only
 
-        level = getattr(dbapi_connection, "isolation_level", None)  # the adapter's, as it begins
+        level = _level(getattr(dbapi_connection, "isolation_level", None))  # the adapter's, as it begins
         sql = "BEGIN"
-        if level is not None and str(level).upper() != "AUTOCOMMIT":
-            sql += " ISOLATION LEVEL " + str(level).replace("_", " ").upper()
+        if level is not None and level != "AUTOCOMMIT":
+            sql += f" ISOLATION LEVEL {level}"
         await_only(driver_connection.execute(sql))
 
     def isolated(self, dbapi_connection: Any, driver_connection: Any) -> bool:
@@ -135,12 +135,11 @@ class PostgreSQLProfile(EngineProfile):
         # transaction of another level, the store's own autocommit included: PostgreSQL's
         # default, which a statement in autocommit has anyway)
         for level in (
-            getattr(driver_connection, "isolation_level", None),
-            getattr(dbapi_connection, "isolation_level", None),
+            _level(getattr(driver_connection, "isolation_level", None)),
+            _level(getattr(dbapi_connection, "isolation_level", None)),
         ):
             if level is not None:
-                name = str(getattr(level, "name", level)).replace("_", " ").upper()
-                return name not in ("READ COMMITTED", "AUTOCOMMIT")
+                return level not in ("READ COMMITTED", "AUTOCOMMIT")
         return False
 
     def closed_by_server(self, dbapi_connection: Any) -> bool:
@@ -210,6 +209,14 @@ def profile_of(engine: Engine) -> EngineProfile:
     return _UnconfiguredSQLite() if settings is None else SQLiteProfile(settings)
 
 
+def _level(level: object) -> str | None:
+    """An isolation level as SQL names it (``REPEATABLE READ``), from psycopg's enum
+    (``IsolationLevel.REPEATABLE_READ``) or a driver adapter's string (``repeatable_read``)."""
+    if level is None:
+        return None
+    return str(getattr(level, "name", level)).replace("_", " ").upper()
+
+
 def _psycopg_pipelines() -> bool:
     try:  # (by name: psycopg is an extra, and the type checker may run without it)
         psycopg = importlib.import_module("psycopg")
@@ -247,9 +254,9 @@ class Pipe:
         isolation_level=...)`` sets them on every connection it makes)."""
         raw = self.raw
         sql = "BEGIN"
-        level = raw.isolation_level
+        level = _level(raw.isolation_level)
         if level is not None:
-            sql += " ISOLATION LEVEL " + level.name.replace("_", " ")
+            sql += f" ISOLATION LEVEL {level}"
         if raw.read_only is not None:
             sql += " READ ONLY" if raw.read_only else " READ WRITE"
         if raw.deferrable is not None:

@@ -382,8 +382,9 @@ class BlockExecutor:
     def before_statement(self, *_: Any) -> None:
         """A ``before_cursor_execute`` listener on the block's ``Connection``: the block's own
         statement runs in a transaction even after the block ended one inside itself."""
-        if self.conn.autocommit and self.pipe.idle():
-            self.pipe.command(self.pipe.begin())
+        begin = self._must_begin()
+        if begin is not None:
+            self.pipe.command(begin)
 
     def restore(self) -> None:
         """Once the block's transaction has ended: the connection out of autocommit again,
