@@ -247,7 +247,7 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
     # the contract is read from the source tree: each layer imports only those below it,
-    # no import circle in any package, the library never imports its own public re-exports
+    # no import circle in any package, the keepers independent, the store free of SQLite glue
     session.run("lint-imports", env={"PYTHONPATH": str(ROOT)})
 
 

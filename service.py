@@ -4,7 +4,7 @@ Every function takes the SQLite database file path first, or a database URL
 (``postgresql+psycopg://...``, ``mysql+pymysql://...``); a plain path is a SQLite file.
 ``now`` is the caller's clock; ``now=None`` reads the database server's clock instead.
 
-Stores (engine + connections) are cached per database by :class:`fencing.fronts.cache.StoreCache`:
+Stores (engine + connections) are cached per database by :class:`fencing._engines.StoreCache`:
 bounded, fork-safe, thread-safe, and never running a statement on a connection to a file
 that was deleted or replaced since it was opened. Replacing a SQLite file while any process
 has it open is not supported by SQLite itself (its ``-wal`` goes by the path); the cases the
@@ -20,9 +20,9 @@ import os
 from collections.abc import Iterable
 from typing import TypeAlias
 
-from fencing.core.checks import check_ttl
-from fencing.core.values import JobRow, Lease
-from fencing.fronts.cache import StoreCache
+from fencing._engines import StoreCache
+from fencing._sql.checks import check_ttl
+from fencing._sql.values import JobRow, Lease
 
 # the contract's eight functions; ``Target`` and ``JobRow`` are importable for annotations
 __all__ = ["claim", "claim_many", "complete", "enqueue", "init_db", "release", "renew", "state"]

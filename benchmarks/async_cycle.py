@@ -29,7 +29,7 @@ from harness.db import URLS, async_engine, insert_ids, workdir
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import fencing
-import fencing.sqlite
+import fencing.asyncio
 from fencing.asyncio import AsyncJobStore
 
 TTL = 600.0
@@ -79,7 +79,7 @@ def timed(run: Callable[[], int], jobs: int) -> float:
 def engines(db: str, where: str) -> tuple[sqlalchemy.Engine, AsyncEngine]:
     if db == "sqlite":
         path = os.path.join(where, "async_cycle.db")
-        return fencing.create_sqlite_engine(path), fencing.sqlite.create_async_engine(path)
+        return fencing.create_sqlite_engine(path), fencing.asyncio.create_sqlite_engine(path)
     return sqlalchemy.create_engine(URLS[db]), async_engine(URLS[db])
 
 

@@ -36,7 +36,7 @@ times, long past, in id order). ``fence = 0``, ``done = 0``, no owner. Loading
 (``--load``): ``server`` generates the rows in the database in one ``INSERT ... SELECT``
 (SQLite a recursive CTE, PostgreSQL ``generate_series``, MariaDB the sequence engine's
 ``seq_1_to_N``); ``executemany`` sends them from Python in chunks of 10,000, ids bound as
-``bindparam("k", type_=fencing.schema.KEY_TYPE)`` (bytes on MariaDB). The table is made by
+``bindparam("k", type_=fencing._sql.schema.KEY_TYPE)`` (bytes on MariaDB). The table is made by
 ``fencing.JobStore(engine, fencing.jobs_table(MetaData(), name)).create_table()`` -- so it
 has whatever index the library makes -- before the rows go in. ``--analyze`` runs
 ``ANALYZE`` after loading; by default there is none, but PostgreSQL's autovacuum may
@@ -117,7 +117,7 @@ from harness.measure import rotated
 from sqlalchemy import Double, Engine, MetaData, bindparam, func, select, text, type_coerce
 
 import fencing
-from fencing.schema import KEY_TYPE
+from fencing._sql.schema import KEY_TYPE
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 ALL_MODES = ("single", "batched", "step")

@@ -38,7 +38,7 @@ counted and kept (type and message), and the worker goes on; ``errors`` in the t
 their total -- in particular ``database is locked`` / ``DatabaseBusy`` on SQLite, which the
 library is meant to absorb (target: none). ``retries`` counts the lock races the library
 absorbed itself (its pauses before trying again, counted by wrapping
-``fencing.runtime.execution.backoff`` and ``fencing.engine.writelock.poll_pause`` in the
+``fencing._runtime.execution.backoff`` and ``fencing._runtime.writelock.poll_pause`` in the
 workers; waits inside SQLite's own busy handler are not counted), and ``max op ms`` is the
 slowest single ``claim_next``/``complete`` call any worker saw. ``cpu us/job`` is the
 workers' CPU time (user + system, summed over the workers) per job: what waiting for a lock
@@ -115,8 +115,8 @@ from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
 from sqlalchemy import Engine, MetaData, func, select
 
 import fencing
-import fencing.engine.writelock
-import fencing.runtime.execution
+import fencing._runtime.execution
+import fencing._runtime.writelock
 
 BACKENDS = ("sqlite", "postgresql", "mariadb")
 MODES = {"single": 1, "batched": 100}
@@ -219,7 +219,7 @@ def make_engine(backend: str, target: str, *, timing: bool = False) -> Engine:
 
 #: the library's pauses before it tries again: (module, function); ``poll_pause`` is SQLite's
 #: write lock (its priority holder's short sleeps are not counted)
-PAUSES = ((fencing.runtime.execution, "backoff"), (fencing.engine.writelock, "poll_pause"))
+PAUSES = ((fencing._runtime.execution, "backoff"), (fencing._runtime.writelock, "poll_pause"))
 
 
 class Retries:
@@ -234,7 +234,7 @@ class Retries:
             original = getattr(module, name)  # a pause that moved fails here, never goes uncounted
             setattr(module, name, self._counting(original))
             # a module that imported the function by name calls it through its own global
-            for other in (fencing.runtime.execution,):
+            for other in (fencing._runtime.execution,):
                 if getattr(other, name, None) is original:
                     setattr(other, name, getattr(module, name))
 

@@ -75,9 +75,9 @@ from sqlalchemy import Engine, MetaData, Table
 
 import fencing
 from fencing import History, JobStore, history_table
-from fencing.core.values import Lease
-from fencing.observe.metrics import StoreMetrics
-from fencing.store.history import Recorder
+from fencing._runtime.metrics import StoreMetrics
+from fencing._sql.values import Lease
+from fencing._store.history import Recorder
 
 
 class NoMetrics(StoreMetrics):

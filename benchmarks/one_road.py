@@ -27,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 
 import fencing
-import fencing.runtime.execution as execution
+import fencing._runtime.execution as execution
 
 URLS = {
     "postgresql": "postgresql+psycopg://postgres@127.0.0.1:5432/test",

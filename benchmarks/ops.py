@@ -23,7 +23,7 @@ row, one transaction each, timed with :func:`time.perf_counter`, three ways:
 ``service``
     ``service.py``, path-based, with its cached stores. ``service.py`` has no durability
     option (it always opens ``durability="full"``); for the ``normal`` rows its engine
-    factory (``fencing.fronts.cache.create_engine``) is wrapped for the measurement to pass
+    factory (``fencing._engines.create_engine``) is wrapped for the measurement to pass
     ``durability="normal"``, so those rows compare the path layer at equal durability.
 
 Each way gets its own fresh database file in one temporary directory, prepared identically
@@ -74,9 +74,8 @@ from harness.measure import rotated
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # service.py lives at the root
 
 import fencing
-import fencing.engine.sqlite
-import fencing.fronts.cache
-import fencing.sqlite
+import fencing._engines
+import fencing._runtime.sqlite
 import service
 
 OPS = ("claim", "renew", "complete", "state", "enqueue")
@@ -426,13 +425,13 @@ def service_loop(path: str, op: str) -> Loop:
 @contextmanager
 def service_durability(durability: str) -> Iterator[None]:
     """``service.py`` always opens ``durability="full"``; match the row's durability."""
-    original = getattr(fencing.fronts.cache, "create_engine")  # noqa: B009 -- not re-exported
+    original = getattr(fencing._engines, "create_engine")  # noqa: B009 -- not re-exported
     if durability != "full":
-        setattr(fencing.fronts.cache, "create_engine", functools.partial(original, durability=durability))  # noqa: B010
+        setattr(fencing._engines, "create_engine", functools.partial(original, durability=durability))  # noqa: B010
     try:
         yield
     finally:
-        setattr(fencing.fronts.cache, "create_engine", original)  # noqa: B010
+        setattr(fencing._engines, "create_engine", original)  # noqa: B010
 
 
 def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list[Step]) -> dict[str, float]:
@@ -452,7 +451,7 @@ def measure(op: str, durability: str, n: int, rep: int, workdir: str, plan: list
     elapsed = dict.fromkeys(WAYS, 0.0)
     try:
         with service_durability(durability):
-            settings = fencing.engine.sqlite.settings_of(service._stores.get(paths["service"]).engine)
+            settings = fencing._runtime.sqlite.settings_of(service._stores.get(paths["service"]).engine)
             if settings is None or settings.durability != durability:
                 raise SystemExit(f"service opened its file with {settings and settings.durability}")
             loops: dict[str, Loop] = {

@@ -9,7 +9,7 @@ Jobs per second through the whole life of a job: ``claim`` (one transaction) the
     The driver itself -- ``psycopg.connect`` / ``pymysql.connect`` with the connect arguments
     SQLAlchemy's dialect derives from the URL (for pymysql that includes the ``FOUND_ROWS``
     client flag the store's row counts rely on) -- executing the SQL text the library's Core
-    statements compile to for the engine's dialect (``fencing.sql.statements``), with the same
+    statements compile to for the engine's dialect (``fencing._sql.statements``), with the same
     bind parameters, in the same transactions: PostgreSQL in autocommit, as the store runs a
     single statement there, ``UPDATE ... RETURNING`` (its own transaction, one round trip),
     then the guarded ``UPDATE`` of ``complete``; MariaDB with autocommit off, ``UPDATE``, (on
@@ -21,7 +21,7 @@ Jobs per second through the whole life of a job: ``claim`` (one transaction) the
 ``store``
     ``fencing.JobStore(sqlalchemy.create_engine(url), table)``: ``store.claim(id, owner,
     ttl=60, now=...)`` then ``store.complete(lease, "ok", now=...)``. Nothing observes the
-    engine, so the store runs these on its fast path (``fencing.runtime.execution.Runner``):
+    engine, so the store runs these on its fast path (``fencing._runtime.execution.Runner``):
     statements compiled once for the dialect and executed on a connection checked out of the
     engine's pool for each operation (``fencing.checkout``) and returned with its
     transaction ended, one driver transaction per operation. SQLAlchemy's ``Connection`` and
@@ -122,8 +122,8 @@ from harness.measure import BARRIER_TIMEOUT, Handler, Pool, rotated, timed
 from sqlalchemy import Engine, MetaData, Table
 
 import fencing
-from fencing.runtime.execution import Runner
-from fencing.sql.statements import Statements
+from fencing._runtime.execution import Runner
+from fencing._sql.statements import Statements
 
 WAYS = ("raw", "store")
 CLOCKS = ("caller", "database")

@@ -48,7 +48,7 @@ from sqlalchemy import Engine, MetaData, bindparam, create_engine, insert, liter
 
 import fencing
 from fencing import History, JobStore, history_table
-from fencing.schema import KEY_TYPE
+from fencing._sql.schema import KEY_TYPE
 from fencing.web import dashboard
 
 TOKEN = "benchmark-token-0123456789"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from .core.errors import (
+from ._errors import (
     ConfigurationError,
     DatabaseBusy,
     DatabaseCorrupt,
@@ -28,19 +28,23 @@ from .core.errors import (
     SchemaMismatch,
     TableMissing,
 )
-from .core.values import JobState, Lease
-from .engine.sqlite import configure as configure_sqlite
-from .engine.sqlite import create_engine as create_sqlite_engine
-from .lease.thread import Heartbeat
-from .locks.election import Election
-from .locks.named import HeldLock, Locks, locks_table
-from .sql.attempts import attempts_table
-from .sql.schema import jobs, jobs_table, metadata
-from .store.history import History, HistoryEntry, history_table, holder_at
-from .store.jobstore import JobStore
-from .store.marks import FenceMarks, fence_marks_table, idempotency_keys_table
+from ._runtime.refusals import REASONS, Refusal
+from ._runtime.sqlite import configure as configure_sqlite
+from ._runtime.sqlite import create_engine as create_sqlite_engine
+from ._sql.attempts import attempts_table
+from ._sql.checks import DATABASE_CLOCK_MIN_TTL
+from ._sql.schema import as_text, jobs, jobs_table, metadata
+from ._sql.values import JobState, Lease
+from ._store.election import Election
+from ._store.heartbeat import Heartbeat
+from ._store.history import History, HistoryEntry, history_table, holder_at
+from ._store.jobstore import JobStore
+from ._store.locks import HeldLock, Locks, locks_table
+from ._store.marks import FenceMarks, fence_marks_table, idempotency_keys_table
 
 __all__ = [
+    "DATABASE_CLOCK_MIN_TTL",
+    "REASONS",
     "ConfigurationError",
     "DatabaseBusy",
     "DatabaseCorrupt",
@@ -67,8 +71,10 @@ __all__ = [
     "Locks",
     "OutcomeUnknown",
     "PoolTimeout",
+    "Refusal",
     "SchemaMismatch",
     "TableMissing",
+    "as_text",
     "attempts_table",
     "configure_sqlite",
     "create_sqlite_engine",

@@ -1,19 +1,60 @@
 """asyncio: the same leases, fences and guarantees on SQLAlchemy's ``AsyncEngine``.
 
-The public import path; the code lives in :mod:`fencing.fronts.asyncio`.
+:class:`AsyncJobStore` and :class:`AsyncFenceMarks` are the async fronts of
+:class:`fencing.JobStore` and :class:`fencing.FenceMarks`, not copies of them: each coroutine
+runs the sync store's own unit of work (the same argument checks, statements, retries and
+error mapping) through SQLAlchemy's own asyncio bridge, the way ``AsyncSession`` runs
+``Session``: ``greenlet_spawn`` runs the sync code on the loop's thread, and every driver
+call inside it is awaited on the loop. Lock waits inside a unit yield to the loop
+(:mod:`fencing._runtime.bridge`), so a task waiting for SQLite's write lock never stops the task that
+holds it.
+
+Drivers: aiosqlite (``fencing.asyncio.create_sqlite_engine``, the same ``BEGIN IMMEDIATE``
+glue and durability settings as the sync engine), asyncpg and psycopg's async mode
+(``postgresql+asyncpg://``, ``postgresql+psycopg://`` with ``create_async_engine``), and
+aiomysql or asyncmy for MariaDB/MySQL. Install one with its extra, e.g.
+``pip install fencing[asyncpg]``.
+
+Cancellation (``task.cancel()``, ``asyncio.timeout``) of an operation's caller: the
+operation runs to its end, committed or rolled back, and the ``CancelledError`` goes on at
+that boundary (a cancellation inside a driver call would drop the connection mid-transaction);
+a claim whose caller was cancelled meanwhile is given back (released, its fence kept). A
+fenced block cancelled before its end keeps none of its writes; one cancelled while its end
+(the final check and ``COMMIT``) is on its way says what happened: it exits normally when it
+committed (its writes are kept: do not run it again), raises :class:`~fencing.OutcomeUnknown`
+when the answer was lost, and ``CancelledError`` when nothing was kept.
 """
 
 from __future__ import annotations
 
-from .fronts.asyncio import (
-    AsyncCallerConnection,
-    AsyncElection,
-    AsyncFenceMarks,
-    AsyncHeartbeat,
-    AsyncHeldLock,
-    AsyncJobStore,
-    AsyncLocks,
-)
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
+from typing import Any, TypeAlias, TypeVar
+
+from sqlalchemy import Table
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
+from sqlalchemy.util.concurrency import greenlet_spawn
+
+from ._errors import ConfigurationError, InvalidArgumentType, LeaseLost, OutcomeUnknown
+from ._runtime import bridge, holds
+from ._runtime.metrics import StoreMetrics
+from ._runtime.sqlite import create_async_engine as create_sqlite_engine
+from ._sql.schema import jobs
+from ._sql.values import JobState, Lease
+from ._store.election import DEFAULT_TTL, ElectionRules
+from ._store.heartbeat_task import AsyncHeartbeat
+from ._store.history import History, HistoryEntry
+from ._store.jobstore import JobStore
+from ._store.lock_queue import LockStore
+from ._store.locks import DEFAULT_POLL, HeldBase, Locks, locks, lost_reporter, report_lost, timed_out
+from ._store.marks import FenceMarks, fence_marks, idempotency_keys
+from ._store.rules import Send, Steps, Wait
 
 __all__ = [
     "AsyncCallerConnection",
@@ -23,4 +64,733 @@ __all__ = [
     "AsyncHeldLock",
     "AsyncJobStore",
     "AsyncLocks",
+    "create_sqlite_engine",
 ]
+
+T = TypeVar("T")
+
+#: what ``conn=`` takes: an AsyncConnection, or an AsyncSession (or ``async_scoped_session``)
+#: in whose transaction the operation runs
+AsyncCallerConnection: TypeAlias = "AsyncConnection | AsyncSession | async_scoped_session[Any]"
+
+
+def sync_engine(engine: object, what: str) -> Any:
+    """The ``sync_engine`` of an ``AsyncEngine`` (the sync front's, refused by name)."""
+    if isinstance(engine, AsyncEngine):
+        return engine.sync_engine
+    hint = f" (a sync Engine: use fencing.{what[5:]})" if type(engine).__name__ == "Engine" else ""
+    raise InvalidArgumentType(f"engine must be a sqlalchemy AsyncEngine, got {type(engine).__name__}{hint}")
+
+
+def caller_sync(conn: object) -> Any:
+    """The sync ``Connection`` or ``Session`` behind what a caller passed as ``conn=``:
+    the object the sync rules run on, in the caller's transaction."""
+    if conn is None:
+        return None
+    if isinstance(conn, AsyncConnection):
+        if conn.sync_connection is None:
+            raise ConfigurationError(
+                "the AsyncConnection has not been started: use it inside "
+                "`async with engine.connect() as conn` (or await conn.start())"
+            )
+        return conn.sync_connection
+    if isinstance(conn, async_scoped_session):
+        conn = conn()
+    if isinstance(conn, AsyncSession):
+        return conn.sync_session
+    kind = type(conn).__name__
+    hint = " (a sync one: use fencing.JobStore)" if kind in ("Connection", "Session") else ""
+    raise InvalidArgumentType(
+        f"conn must be a sqlalchemy AsyncConnection, an AsyncSession or None, got {kind}{hint}"
+    )
+
+
+async def run(
+    fn: Callable[..., T],
+    *args: Any,
+    give_back: Callable[[T], Awaitable[object]] | None = None,
+    **kwargs: Any,
+) -> T:
+    """``fn(*args, **kwargs)``: the sync rules on the async driver (SQLAlchemy's bridge),
+    always run to their end (committed or rolled back).
+
+    A cancellation of the caller (``task.cancel()``, ``asyncio.timeout``) waits for the
+    operation to end, then goes on as ``CancelledError``; what the operation took for a caller
+    who is no longer there (``give_back``: the leases of a claim) is given back first. Why:
+    a cancellation delivered inside a driver call makes SQLAlchemy invalidate the connection
+    mid-transaction, and aiosqlite's thread then keeps that transaction, and SQLite's write
+    lock, open. An operation is short (its lock waits are bounded by the engine's), so the
+    cancellation takes effect at its boundary instead."""
+    task, cancelled = await _to_its_end(fn, *args, **kwargs)
+    result = task.result()
+    if cancelled:
+        if give_back is not None:
+            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
+                await asyncio.shield(give_back(result))
+        raise asyncio.CancelledError
+    return result
+
+
+async def _to_its_end(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[asyncio.Future[T], bool]:
+    """Run ``fn`` in the bridge to its end whatever happens to the caller meanwhile: its
+    finished task, and whether the caller was cancelled while it ran."""
+    token = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
+    try:  # the task copies the context: its locks are the caller's (fencing._runtime.bridge)
+        task = _start(greenlet_spawn(fn, *args, **kwargs))
+    finally:
+        bridge.CALLER.reset(token)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True  # the caller's: the operation goes on to its end
+        except BaseException:
+            break  # the operation's own error: the caller reads it from the task
+    return task, cancelled
+
+
+def _start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
+    """The operation's task. On Python 3.12+, on a loop that makes its tasks the default
+    way, it starts eagerly: its first step runs now, inside the caller's step, up to its
+    first wait on the database, instead of a turn of the loop later (nothing can cancel
+    the caller in between)."""
+    loop = asyncio.get_running_loop()
+    if _EAGER is not None and loop.get_task_factory() is None:
+        return _EAGER(loop, coro)  # type: ignore[no-any-return]
+    return asyncio.ensure_future(coro)
+
+
+#: asyncio's documented eager task factory (Python 3.12+)
+_EAGER: Any = None
+if sys.version_info >= (3, 12):
+    _EAGER = asyncio.create_eager_task_factory(asyncio.Task)
+
+
+class _BridgedJobStore(JobStore):
+    """The sync store on an ``AsyncEngine``'s ``sync_engine``: only ever run inside the bridge."""
+
+    async_front = True
+
+
+class _BridgedLockStore(LockStore):
+    async_front = True
+
+
+class _BridgedFenceMarks(FenceMarks):
+    async_front = True
+
+
+class AsyncJobStore:
+    """:class:`fencing.JobStore` for an ``AsyncEngine``: every operation a coroutine.
+
+    The rules, arguments, errors and guarantees are :class:`~fencing.JobStore`'s (see its
+    methods): this class only carries them onto the loop. ``conn=`` takes your
+    ``AsyncConnection`` or ``AsyncSession``; the operation then runs in your transaction.
+    A SQLite engine must come from :func:`fencing.asyncio.create_sqlite_engine` (or
+    :func:`fencing.configure_sqlite`); refused engines are refused as the sync store
+    refuses them (:class:`~fencing.ConfigurationError`).
+    """
+
+    #: the sync store it bridges to
+    _bridged: type[JobStore] = _BridgedJobStore
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: Table = jobs,
+        *,
+        history: History | None = None,
+        attempts: Table | None = None,
+    ) -> None:
+        self.sync_store: JobStore = self._bridged(
+            sync_engine(engine, "AsyncJobStore"), table, history=history, attempts=attempts
+        )
+        self.engine = engine
+        self.table = table
+        #: where :meth:`requeue` keeps a job's attempts base (see :attr:`JobStore.attempts`)
+        self.attempts = attempts
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<AsyncJobStore table={self.table.name!r} engine={url!r}>"
+
+    @property
+    def clock_resolution(self) -> float:
+        """How finely the database's clock counts (see :attr:`JobStore.clock_resolution`)."""
+        return self.sync_store.clock_resolution
+
+    @property
+    def holds_key(self) -> Any:
+        return self.sync_store.holds_key
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What this store did, by outcome (:class:`fencing._runtime.metrics.StoreMetrics`)."""
+        return self.sync_store.metrics
+
+    async def _give_back(self, leases: Iterable[Lease | None]) -> None:
+        """Release what a claim took for a caller that was cancelled meanwhile: the jobs
+        are claimable again at once (their fences stay)."""
+        for lease in leases:
+            if lease is not None:
+                await run(self.sync_store.release, lease)
+
+    async def _give_one(self, lease: Lease | None) -> None:
+        await self._give_back([lease])
+
+    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        await run(self.sync_store.create_table, conn=caller_sync(conn))
+
+    async def enqueue(
+        self, job_id: str, *, ready_at: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        return await run(self.sync_store.enqueue, job_id, ready_at=ready_at, conn=caller_sync(conn))
+
+    async def state(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> JobState | None:
+        return await run(self.sync_store.state, job_id, conn=caller_sync(conn))
+
+    async def claim(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> Lease | None:
+        back = self._give_back if conn is None else None
+        return await run(
+            self.sync_store.claim,
+            job_id,
+            owner,
+            ttl=ttl,
+            now=now,
+            conn=caller_sync(conn),
+            give_back=None if back is None else lambda lease: back([lease]),
+        )
+
+    async def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await run(self.sync_store.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
+
+    async def complete(
+        self,
+        lease: Lease,
+        result: str | None,
+        *,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> bool:
+        return await run(self.sync_store.complete, lease, result, now=now, conn=caller_sync(conn))
+
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | None = None,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> bool:
+        return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
+
+    async def holder(
+        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await run(self.sync_store.holder, job_id, now=now, conn=caller_sync(conn))
+
+    async def revoke(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_store.revoke, job_id, conn=caller_sync(conn))
+
+    async def delete(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_store.delete, job_id, conn=caller_sync(conn))
+
+    async def requeue(
+        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        return await run(self.sync_store.requeue, job_id, now=now, conn=caller_sync(conn))
+
+    async def check(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> None:
+        await run(self.sync_store.check, lease, now=now, conn=caller_sync(conn))
+
+    async def claim_next(
+        self,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> list[Lease]:
+        return await run(
+            self.sync_store.claim_next,
+            owner,
+            give_back=self._give_back if conn is None else None,
+            ttl=ttl,
+            now=now,
+            limit=limit,
+            max_attempts=max_attempts,
+            conn=caller_sync(conn),
+        )
+
+    async def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> list[bool]:
+        return await run(self.sync_store.complete_many, completions, now=now, conn=caller_sync(conn))
+
+    async def complete_and_claim_next(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        back = self._give_back if conn is None else None
+        return await run(
+            self.sync_store.complete_and_claim_next,
+            completions,
+            owner,
+            give_back=None if back is None else lambda step: back(step[1]),
+            ttl=ttl,
+            now=now,
+            limit=limit,
+            max_attempts=max_attempts,
+            conn=caller_sync(conn),
+        )
+
+    async def claim_many(
+        self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
+    ) -> list[Lease | None]:
+        """Race :meth:`claim` for every owner as tasks of this loop, each on a connection of
+        its own; results in input order. Every argument is checked before the first claim."""
+        units = self.sync_store._claim_units(job_id, owners, ttl, now)
+        # every claim ends before this returns or raises (the first error, as the sync store)
+        claims = (run(self.sync_store._run_own, u, give_back=self._give_one) for u in units)
+        outcomes = await asyncio.gather(*claims, return_exceptions=True)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return [o for o in outcomes if not isinstance(o, BaseException)]
+
+    async def poisoned(
+        self, max_attempts: int, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> list[JobState]:
+        return await run(self.sync_store.poisoned, max_attempts, now=now, conn=caller_sync(conn))
+
+    async def history(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> list[HistoryEntry]:
+        return await run(self.sync_store.history, job_id, conn=caller_sync(conn))
+
+    async def prune_history(self, *, conn: AsyncCallerConnection | None = None) -> int:
+        return await run(self.sync_store.prune_history, conn=caller_sync(conn))
+
+    @contextlib.asynccontextmanager
+    async def fenced(
+        self,
+        lease: Lease,
+        *,
+        now: float | None = None,
+        complete: bool = False,
+        result: str | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> AsyncIterator[Any]:
+        """:meth:`JobStore.fenced` as ``async with``: yields an ``AsyncConnection`` in the
+        store's own transaction, or, with ``conn=``, what you passed (the block joins your
+        transaction in a SAVEPOINT). The same all-or-nothing rule: if the lease is not current
+        at either check, :class:`~fencing.LeaseLost` and nothing of the block stays; a block
+        that raises, or is cancelled, keeps nothing either::
+
+            async with store.fenced(lease, complete=True, result="paid") as conn:
+                await conn.execute(invoices.insert().values(job=lease.job_id, total=99))
+
+        **Cancelled at its end.** Once the block's body is done, its end (the final check,
+        then ``COMMIT``) runs to its answer, which no cancellation can take back. A
+        cancellation (``task.cancel()``, ``asyncio.timeout``) that arrives meanwhile gets
+        the truth: the block exits normally if it committed (the writes are kept, so a
+        retry would apply them twice; ``asyncio.current_task().cancelling()`` still tells
+        a task that it was asked to stop), :class:`~fencing.OutcomeUnknown` if the
+        connection died with the answer, and ``CancelledError`` if nothing was kept.
+        """
+        sync_conn = caller_sync(conn)
+        block = self.sync_store.fenced(lease, now=now, complete=complete, result=result, conn=sync_conn)
+
+        async def abandon(_: object) -> None:  # cancelled while the block began: roll it back
+            cancelled = asyncio.CancelledError()
+            await run(block.__exit__, type(cancelled), cancelled, None)
+
+        entered = await run(block.__enter__, give_back=abandon)
+        # the block's tasks are its own: a task created inside it (asyncio.wait_for on 3.11,
+        # gather, create_task) copies this context, so its operations are the block's task's,
+        # refused at once where they would wait for the block's lock
+        owner = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
+        try:
+            try:
+                yield conn if conn is not None else AsyncConnection(self.engine, entered)
+            finally:
+                bridge.CALLER.reset(owner)  # the block's end is the caller's own again
+        except BaseException as exc:
+            await run(block.__exit__, type(exc), exc, exc.__traceback__)
+            raise
+        ended, cancelled = await _to_its_end(block.__exit__, None, None, None)
+        failed = ended.exception()
+        if not cancelled or isinstance(failed, OutcomeUnknown):
+            ended.result()  # committed, or the end's own error
+        elif failed is not None:  # cancelled, and nothing of the block was kept
+            raise asyncio.CancelledError from failed
+        # cancelled while its COMMIT was on its way, and committed: it says so by ending normally
+
+
+class AsyncFenceMarks:
+    """:class:`fencing.FenceMarks` for an ``AsyncEngine``: the same rules, as coroutines;
+    ``conn=`` takes your ``AsyncConnection`` or ``AsyncSession``."""
+
+    def __init__(
+        self, engine: AsyncEngine, marks: Table = fence_marks, keys: Table = idempotency_keys
+    ) -> None:
+        sync = sync_engine(engine, "AsyncFenceMarks")
+        self.sync_marks: FenceMarks = _BridgedFenceMarks(sync, marks, keys)
+        self.engine = engine
+        self.marks = marks
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<AsyncFenceMarks marks={self.marks.name!r} keys={self.keys.name!r} engine={url!r}>"
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """What these marks did, by outcome (:class:`fencing._runtime.metrics.StoreMetrics`)."""
+        return self.sync_marks.metrics
+
+    async def create_tables(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        await run(self.sync_marks.create_tables, conn=caller_sync(conn))
+
+    async def accept(self, resource: str, fence: int, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_marks.accept, resource, fence, conn=caller_sync(conn))
+
+    async def highest(self, resource: str, *, conn: AsyncCallerConnection | None = None) -> int | None:
+        return await run(self.sync_marks.highest, resource, conn=caller_sync(conn))
+
+    async def record_once(
+        self, key: str, *, fence: int | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        return await run(self.sync_marks.record_once, key, fence=fence, conn=caller_sync(conn))
+
+
+class AsyncLocks:
+    """:class:`fencing.Locks` for an ``AsyncEngine``: the same named locks, every operation
+    a coroutine, run by the sync rules through the bridge (as :class:`AsyncJobStore`).
+    A waiter pauses with ``asyncio.sleep``; :meth:`hold` keeps the lock with an
+    :class:`AsyncHeartbeat` task."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        table: Table = locks,
+        *,
+        history: History | None = None,
+        poll: float = DEFAULT_POLL,
+    ) -> None:
+        #: the async store the locks are rows of
+        self.store = _AsyncLockStore(engine, table, history=history)
+        self.sync_locks = Locks.around(self.store.sync_store, poll=poll)  # type: ignore[arg-type]
+        self.engine = engine
+        self.table = table
+
+    def __repr__(self) -> str:
+        url = self.engine.url.render_as_string(hide_password=True)
+        return f"<AsyncLocks table={self.table.name!r} engine={url!r}>"
+
+    @property
+    def poll(self) -> float:
+        return self.sync_locks.poll
+
+    @property
+    def metrics(self) -> StoreMetrics:
+        """The store's metrics, with the locks' and elections' own counters (as
+        :attr:`fencing.Locks.metrics`)."""
+        return self.store.metrics
+
+    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        await self.store.create_table(conn=conn)
+
+    async def try_acquire(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> Lease | None:
+        back = self.store._give_one if conn is None else None
+        return await run(
+            self.sync_locks.try_acquire, name, owner, ttl=ttl, now=now, conn=caller_sync(conn), give_back=back
+        )
+
+    async def acquire(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None = 0.0,
+        now: Callable[[], float] | None = None,
+    ) -> Lease | None:
+        """:meth:`fencing.Locks.acquire` (its queue, its rules), pausing with ``asyncio.sleep``."""
+        rules = self.sync_locks._acquire_rules(name, owner, ttl=ttl, timeout=timeout, now=now)
+        return await _drive(rules, self.store._give_one)
+
+    @contextlib.asynccontextmanager
+    async def hold(
+        self,
+        name: str,
+        owner: str,
+        *,
+        ttl: float,
+        timeout: float | None = 0.0,
+        interval: float | None = None,
+        on_lost: Callable[[AsyncHeldLock], object] | None = None,
+    ) -> AsyncIterator[AsyncHeldLock]:
+        """:meth:`fencing.Locks.hold` on the loop: the lock kept by an :class:`AsyncHeartbeat`."""
+        lease = await self.acquire(name, owner, ttl=ttl, timeout=timeout)
+        if lease is None:
+            raise timed_out(name, timeout, await self.holder(name))
+        held = AsyncHeldLock(self, lease)
+        heartbeat = AsyncHeartbeat(
+            self.store,
+            lease,
+            ttl,
+            interval=interval,
+            on_lost=lost_reporter(self.metrics, held, on_lost),
+            release_on_exit=True,
+        )
+        held._heartbeat = heartbeat
+        try:
+            await heartbeat.start()
+        except BaseException as exc:
+            if isinstance(exc, LeaseLost):
+                report_lost(self.metrics, lease, heartbeat.reason)
+            with contextlib.suppress(Exception):
+                await self.store.release(lease)
+            raise
+        try:
+            yield held
+        except BaseException as exc:
+            await heartbeat.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        await heartbeat.__aexit__(None, None, None)
+
+    async def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await self.store.renew(lease, ttl=ttl, now=now, conn=conn)
+
+    async def release(self, lease: Lease, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await self.store.release(lease, conn=conn)
+
+    async def check(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> None:
+        await self.store.check(lease, now=now, conn=conn)
+
+    def fenced(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        return self.store.fenced(lease, now=now, conn=conn)
+
+    async def holder(
+        self, name: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        return await run(self.sync_locks.holder, name, now=now, conn=caller_sync(conn))
+
+    async def revoke(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_locks.revoke, name, conn=caller_sync(conn))
+
+    async def delete(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        return await run(self.sync_locks.delete, name, conn=caller_sync(conn))
+
+
+class _AsyncLockStore(AsyncJobStore):
+    _bridged = _BridgedLockStore
+
+
+_locks_logger = logging.getLogger("fencing.locks")
+
+
+async def _nap(step: Wait) -> None:
+    """:func:`fencing._store.locks.nap` in a task: asleep, or listening for the lock's release."""
+    left = max(0.0, step.until - time.monotonic())
+    if step.wake is not None:
+        try:
+            await step.wake.wait_async(left)
+            return
+        except Exception:
+            _locks_logger.debug("a listening connection failed; waiting by backoff", exc_info=True)
+            left = max(0.0, step.until - time.monotonic())
+    await asyncio.sleep(left)
+
+
+async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any], Any]) -> T:
+    """Carry out ``rules`` in this task: each call through the bridge (a lease it took for a
+    task cancelled meanwhile given back), each wait an ``asyncio.sleep``."""
+
+    async def give_back_answer(step: Send, answer: object) -> None:
+        if step.undo is not None:  # what the call made for a task that is no longer there
+            await run(step.undo, answer)
+        elif isinstance(answer, Lease):
+            await give_back(answer)
+
+    try:
+        step = next(rules)
+        while True:
+            try:
+                if isinstance(step, Wait):
+                    await _nap(step)
+                    answer = None
+                else:
+                    answer = await run(step.call, give_back=functools.partial(give_back_answer, step))
+            except BaseException as exc:  # the rules leave the queue, then it goes on up
+                step = rules.throw(exc)
+            else:
+                step = rules.send(answer)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+
+
+class AsyncHeldLock(HeldBase[asyncio.Event]):
+    """A lock held by :meth:`AsyncLocks.hold` for its block (as :class:`fencing.HeldLock`)."""
+
+    def __init__(self, locks: AsyncLocks, lease: Lease) -> None:
+        super().__init__(lease)
+        self._locks = locks
+
+    def fenced(
+        self, *, conn: AsyncCallerConnection | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """:meth:`AsyncLocks.fenced` with this lock's lease."""
+        return self._locks.fenced(self.lease, conn=conn)
+
+
+class AsyncElection(ElectionRules):
+    """:class:`fencing.Election` for :class:`AsyncLocks`: the same campaign (its rules are
+    :class:`~fencing._store.election.ElectionRules`), carried out in an asyncio task, its term
+    kept by an :class:`AsyncHeartbeat`. Callbacks may be plain functions or coroutine
+    functions (awaited in the task). ``await start()`` / ``await stop()`` or ``async with``."""
+
+    _locks_kind = "a fencing.asyncio.AsyncLocks"
+
+    def __init__(
+        self,
+        locks: AsyncLocks,
+        name: str,
+        candidate: str,
+        *,
+        ttl: float = DEFAULT_TTL,
+        interval: float | None = None,
+        retry: float | None = None,
+        on_elected: Callable[[Lease], object] | None = None,
+        on_deposed: Callable[[Lease, str | None], object] | None = None,
+        on_new_leader: Callable[[Lease | None], object] | None = None,
+    ) -> None:
+        super().__init__(
+            locks,
+            name,
+            candidate,
+            ttl=ttl,
+            interval=interval,
+            retry=retry,
+            on_elected=on_elected,
+            on_deposed=on_deposed,
+            on_new_leader=on_new_leader,
+        )
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        #: set while this candidate leads
+        self.elected = asyncio.Event()
+
+    def _sync_store(self, locks: Any) -> JobStore:
+        if not isinstance(locks, AsyncLocks):
+            raise InvalidArgumentType(
+                f"locks must be a fencing.asyncio.AsyncLocks, got {type(locks).__name__}"
+            )
+        return locks.sync_locks.store
+
+    def _new_heartbeat(self, lease: Lease) -> AsyncHeartbeat:
+        return AsyncHeartbeat(
+            self.locks.store, lease, self._ttl, interval=self._interval, on_lost=lambda _: self._wake.set()
+        )
+
+    def _set_elected(self, elected: bool) -> None:
+        if elected:
+            self.elected.set()
+        else:
+            self.elected.clear()
+
+    def fenced(
+        self, *, conn: AsyncCallerConnection | None = None
+    ) -> contextlib.AbstractAsyncContextManager[Any]:
+        """:meth:`AsyncLocks.fenced` under this candidate's term (``LeaseLost`` at once if it
+        does not lead)."""
+        return self.locks.fenced(self._leading(), conn=conn)  # type: ignore[no-any-return]
+
+    async def start(self) -> AsyncElection:
+        """Campaign in a task of the running loop; a second start is an error."""
+        if self._task is not None:
+            raise RuntimeError("this election was started already")
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"fencing-election-{self.name:.40}"
+        )
+        return self
+
+    async def stop(self, *, resign: bool = True) -> None:
+        """Stop campaigning and wait for the task; if leading, step down now (``resign``).
+        Inside a fenced block on the term it returns at once, and the candidate steps down
+        when the block ends (:meth:`fencing.Election.stop`)."""
+        self._resign = resign
+        self._stopping = True
+        self._wake.set()
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            if holds.HELD[0] and await run(self._caller_holds_the_name):
+                return  # the release would wait for the caller's own block: it follows the block
+            await asyncio.wait({task})
+
+    async def resign(self) -> None:
+        await self.stop(resign=True)
+
+    async def __aenter__(self) -> AsyncElection:
+        return await self.start()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        steps = Steps(self._campaign_rules())
+        while steps.step is not None:
+            step = steps.step
+            try:
+                if isinstance(step, Send):
+                    answer = step.call()
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                else:
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), max(0.0, step.until - time.monotonic()))
+                    self._wake.clear()
+                    answer = self._stopping
+            except BaseException as exc:  # the rules decide (a cancellation among them)
+                steps.fail(exc)
+            else:
+                steps.answer(answer)

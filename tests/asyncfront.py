@@ -27,8 +27,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 
+from fencing._runtime import bridge
 from fencing.asyncio import AsyncJobStore
-from fencing.core import bridge
 
 #: the fixture parameter that runs a test through the async store
 ASYNC = "async"

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 import fencing
-import fencing.sqlite
+import fencing.asyncio
 
 #: the local servers of the development and CI machines
 ALIASES = {
@@ -134,7 +134,7 @@ ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy", "
 def async_engine_for(target: str, **kwargs: Any) -> AsyncEngine:
     """An ``AsyncEngine`` the async store accepts, for a file path or a server URL."""
     if "://" not in target:
-        return fencing.sqlite.create_async_engine(target, **kwargs)
+        return fencing.asyncio.create_sqlite_engine(target, **kwargs)
     url = make_url(target)
     return create_async_engine(url.set(drivername=ASYNC_DRIVERS[url.get_backend_name()]), **kwargs)
 

@@ -17,7 +17,7 @@ import os
 from collections.abc import Iterator
 from unittest import mock
 
-from fencing.tools.cli import URL_VARIABLE, build_parser
+from fencing.cli.commands import URL_VARIABLE, build_parser
 
 HEADER = """\
 # Command line

@@ -21,7 +21,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event, 
 
 import fencing
 from fencing import ConfigurationError, FenceMarks, JobStore
-from fencing.schema import as_text
+from fencing._sql.schema import as_text
 from tests.backends import engine_for
 
 TTL = 60.0
@@ -43,7 +43,7 @@ def prepare(target: str) -> None:
     """Fresh tables: ``JOBS`` ready jobs for both sides to share, and ``held``."""
     engine = engine_for(target)
     try:
-        for metadata in (app_metadata, fencing.metadata, fencing.store.marks.marks_metadata):
+        for metadata in (app_metadata, fencing.metadata, fencing._store.marks.marks_metadata):
             metadata.drop_all(engine)
         store = JobStore(engine)
         store.create_table()

@@ -1,4 +1,4 @@
-"""An operator's change of one job (:mod:`fencing.views.admin`: the CLI's ``revoke``,
+"""An operator's change of one job (:mod:`fencing._admin`: the CLI's ``revoke``,
 ``release``, ``delete``, ``requeue`` and the dashboard's actions) with its connection cut,
 and the pooled session it gives back.
 
@@ -34,9 +34,9 @@ from fencing import (
     history_table,
     jobs_table,
 )
+from fencing._admin import Changed, change_job
 from fencing.cli import main
 from fencing.overview import Overview
-from fencing.views.admin import Changed, change_job
 from tests import backends
 from tests.cutting_proxy import HOWS, Cut, CuttingProxy
 from tests.test_connection_cuts import SEED, cuts_for

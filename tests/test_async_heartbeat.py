@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-import fencing.sqlite
+import fencing.asyncio
 from fencing import (
     ConfigurationError,
     DatabaseError,
@@ -32,9 +32,9 @@ from fencing import (
     Lease,
     LeaseLost,
 )
+from fencing._sql.values import JobState
+from fencing._store.heartbeat_task import AsyncHeartbeat
 from fencing.asyncio import AsyncJobStore
-from fencing.core.values import JobState
-from fencing.lease.task import AsyncHeartbeat
 from tests import backends
 
 T = TypeVar("T")
@@ -50,7 +50,7 @@ ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mysql": "mysql+asyncmy", "
 def async_engine(target: str) -> AsyncEngine:
     """An async engine on the test's own database (a SQLite path or a server URL)."""
     if "://" not in target:
-        return fencing.sqlite.create_async_engine(target)
+        return fencing.asyncio.create_sqlite_engine(target)
     url = make_url(target)
     return create_async_engine(url.set(drivername=ASYNC_DRIVERS[url.get_backend_name()]))
 

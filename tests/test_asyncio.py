@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engin
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 import fencing
-import fencing.sqlite
+import fencing.asyncio
 from fencing import ConfigurationError, InvalidArgumentType, JobStore, LeaseLost
 from fencing.asyncio import AsyncFenceMarks, AsyncJobStore
 from tests import backends
@@ -109,10 +109,10 @@ def test_an_aiosqlite_engine_without_the_glue_is_refused(target: str) -> None:
             async with plain.connect() as conn:
                 await conn.exec_driver_sql("SELECT 1")
             with pytest.raises(ConfigurationError, match="configure it before its first use"):
-                fencing.sqlite.configure(plain)
+                fencing.configure_sqlite(plain)
         finally:
             await plain.dispose()
-        fresh = fencing.sqlite.configure(
+        fresh = fencing.configure_sqlite(
             create_async_engine(f"sqlite+aiosqlite:///{target}", poolclass=AsyncAdaptedQueuePool)
         )
         try:

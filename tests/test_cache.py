@@ -1,4 +1,4 @@
-"""The engine cache behind ``service.py`` (``fencing.fronts.cache.StoreCache``), on SQLite files.
+"""The engine cache behind ``service.py`` (``fencing._engines.StoreCache``), on SQLite files.
 
 It must stay bounded over thousands of files, never serve a file that was deleted or
 replaced through a connection to the old one, never let a forked child use its parent's
@@ -26,8 +26,8 @@ import pytest
 import fencing
 import service
 from fencing import JobStore
-from fencing.core.errors import DatabaseMissing
-from fencing.fronts.cache import StoreCache
+from fencing._engines import StoreCache
+from fencing._errors import DatabaseMissing
 
 pytestmark = pytest.mark.backend("sqlite")
 
@@ -263,7 +263,7 @@ def _fork_scenario(path: str) -> dict[str, Any]:
         try:
             os.close(reader)
             child_store = service._stores.get(path)
-            # the engine's pool (and so every connection) is new in the child (fencing.engine.forks)
+            # the engine's pool (and so every connection) is new in the child (fencing._runtime.forks)
             report["child uses the parent's pool"] = child_store.engine.pool is parent_pool
             report["child sees the parent's rows"] = _done_by(path, "before")
             _write_jobs(path, "child")

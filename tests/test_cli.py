@@ -30,11 +30,11 @@ import pytest
 from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
-import fencing.tools.cli
+import fencing.cli.commands
 from fencing import FenceMarks, History, JobStore, attempts_table, history_table, holder_at
+from fencing._sql.schema import KEY_TYPE
 from fencing.cli import main
 from fencing.overview import Overview
-from fencing.schema import KEY_TYPE
 
 #: ids that must come back exactly: quotes, non-ASCII, a wide script, a newline
 ODD_IDS = ['it\'s "q"', "ünï 日本", "two\nlines", "back\\slash `tick` ; DROP TABLE jobs; --"]
@@ -173,7 +173,7 @@ def test_enqueue_says_how_many_were_new_and_changes_no_existing_job(cli: Any, qu
 def test_enqueue_reads_ids_from_stdin_one_per_line(
     cli: Any, queue: JobStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fencing.tools.cli, "ENQUEUE_CHUNK", 2)  # three transactions
+    monkeypatch.setattr(fencing.cli.commands, "ENQUEUE_CHUNK", 2)  # three transactions
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n\nc\nd\r\n spaced \r\n"))
     ran = cli("enqueue", "-")
     assert (ran.code, ran.out) == (0, "enqueued 5 new jobs\n")
@@ -952,17 +952,17 @@ def test_serve_without_the_web_extra_says_what_to_install(
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setitem(sys.modules, "starlette", None)
     monkeypatch.setitem(sys.modules, "uvicorn", None)
-    for name in [n for n in sys.modules if n.startswith(("fencing.web", "fencing.tools.serve"))]:
+    for name in [n for n in sys.modules if n.startswith(("fencing.web", "fencing.cli.serve"))]:
         monkeypatch.delitem(sys.modules, name)
     # and off its package: `from . import serve` takes an attribute an earlier import left
-    monkeypatch.delattr("fencing.tools.serve", raising=False)
+    monkeypatch.delattr("fencing.cli.serve", raising=False)
     assert main(["serve", "--url", str(db)]) == 1
     assert "pip install 'fencing[web]'" in capsys.readouterr().err
 
 
 def test_instants_and_durations_have_one_form_for_the_cli_and_the_pages() -> None:
-    from fencing.views._format import age, duration, instant, when
-    from fencing.views.overview import JobView
+    from fencing._format import age, duration, instant, when
+    from fencing.overview import JobView
 
     assert instant(1796232294.2119) == "2026-12-02 17:24:54.211 UTC"
     assert (instant(None), instant(None, "—"), instant(1e20)) == ("-", "—", "100000000000000000000.000")

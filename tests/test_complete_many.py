@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import Engine, bindparam, event
 
 from fencing import InvalidArgument, InvalidArgumentType, JobState, JobStore, Lease
-from fencing.schema import KEY_TYPE
-from fencing.sql.statements import COMPLETE_CHUNK
+from fencing._sql.schema import KEY_TYPE
+from fencing._sql.statements import COMPLETE_CHUNK
 
 pytestmark = pytest.mark.dialect
 

@@ -2,7 +2,7 @@
 
 The store's own connections wait in SQLite's busy handler for a moment only; a waiter that
 is still waiting then takes priority, the others hold back for it, and the whole wait is
-bounded by the engine's ``busy_timeout`` (``fencing.engine.writelock``). What must hold:
+bounded by the engine's ``busy_timeout`` (``fencing._runtime.writelock``). What must hold:
 
 * a caller never sees SQLite's "database is locked": only ``DatabaseBusy``, and only once
   the budget is spent; a ``DatabaseBusy`` call changed nothing;
@@ -37,11 +37,12 @@ import pytest
 import sqlalchemy
 
 import fencing
-import fencing.engine.writelock
-import fencing.runtime.execution
+import fencing._runtime.execution
+import fencing._runtime.sqlite
+import fencing._runtime.writelock
 from fencing import DatabaseBusy, DatabaseError, JobState, JobStore, Lease
-from fencing.engine.writelock import COURTESY, STARVING, WriteLock, sidecar_path
-from fencing.runtime.execution import TRANSIENT_RETRIES, LockWait
+from fencing._runtime.execution import TRANSIENT_RETRIES, LockWait
+from fencing._runtime.writelock import COURTESY, STARVING, WriteLock, sidecar_path
 from tests.processes import reap
 
 PROCESSES = 4
@@ -155,7 +156,7 @@ def test_a_zero_budget_tries_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         store.enqueue("j", ready_at=0.0)
         pauses: list[int] = []
         monkeypatch.setattr(
-            fencing.engine.writelock, "poll_pause", lambda attempt, left: pauses.append(attempt)
+            fencing._runtime.writelock, "poll_pause", lambda attempt, left: pauses.append(attempt)
         )
         with write_locked(str(path)), pytest.raises(DatabaseBusy):
             store.claim("j", "w", now=NOW, ttl=TTL)
@@ -300,14 +301,14 @@ def test_a_commit_refused_past_the_budget_is_busy_and_changes_nothing(tmp_path: 
 
 
 def test_servers_retry_a_lost_race_a_bounded_number_of_times(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(fencing.runtime.execution, "backoff", lambda attempt: None)
+    monkeypatch.setattr(fencing._runtime.execution, "backoff", lambda attempt: None)
     wait = LockWait(None)
     assert all(wait.again(attempt, 0.0) for attempt in range(1, TRANSIENT_RETRIES + 1))
     assert not wait.again(TRANSIENT_RETRIES + 1, 0.0)
 
 
 class FakeClock:
-    """``time`` for fencing.engine.writelock: sleeping moves the clock, nothing really sleeps."""
+    """``time`` for fencing._runtime.writelock: sleeping moves the clock, nothing really sleeps."""
 
     def __init__(self) -> None:
         self.now = 100.0
@@ -336,7 +337,7 @@ def test_a_lost_race_the_handler_did_not_wait_for_is_not_retried_in_a_spin(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = FakeClock()
-    monkeypatch.setattr(fencing.engine.writelock, "time", clock)
+    monkeypatch.setattr(fencing._runtime.writelock, "time", clock)
     cursor = LockedCursor()  # BEGIN fails at once, as if SQLite's handler did not wait
     with pytest.raises(DatabaseBusy, match="busy_timeout"):
         WriteLock(0.05, None).begin(cursor.execute, "BEGIN IMMEDIATE", (sqlite3.Error,))
@@ -401,10 +402,10 @@ def test_writers_hold_back_while_another_waiter_has_priority(
     path = tmp_path / "courtesy.db"
     sidecar = sidecar_path(str(path))
     assert sidecar is not None
-    monkeypatch.setattr(fencing.engine.writelock, "COURTESY", 60.0)  # hold back as long as it is taken
+    monkeypatch.setattr(fencing._runtime.writelock, "COURTESY", 60.0)  # hold back as long as it is taken
     with sqlite_store(path) as store:
         holding_back = threading.Event()
-        original = fencing.engine.writelock._priority_taken
+        original = fencing._runtime.writelock._priority_taken
 
         def looking(fd: int) -> bool:
             taken = original(fd)
@@ -412,11 +413,11 @@ def test_writers_hold_back_while_another_waiter_has_priority(
                 holding_back.set()
             return taken
 
-        monkeypatch.setattr(fencing.engine.writelock, "_priority_taken", looking)
+        monkeypatch.setattr(fencing._runtime.writelock, "_priority_taken", looking)
         done = threading.Event()
         with priority_held(sidecar):
             # a store looks for a sidecar that did not exist at most every _LOOK_EVERY
-            time.sleep(2 * fencing.engine.writelock._LOOK_EVERY)
+            time.sleep(2 * fencing._runtime.writelock._LOOK_EVERY)
             writer = threading.Thread(target=lambda: (store.enqueue("second"), done.set()), daemon=True)
             writer.start()
             assert holding_back.wait(TIMEOUT)
@@ -438,7 +439,7 @@ def test_a_stalled_priority_holder_holds_a_writer_back_for_a_moment_only(tmp_pat
     sidecar = sidecar_path(str(path))
     assert sidecar is not None
     with sqlite_store(path, busy_timeout=60.0) as store, priority_held(sidecar):
-        time.sleep(2 * fencing.engine.writelock._LOOK_EVERY)  # see test_writers_hold_back_...
+        time.sleep(2 * fencing._runtime.writelock._LOOK_EVERY)  # see test_writers_hold_back_...
         started = time.monotonic()
         assert store.enqueue("j")  # no error, and long before the budget
         waited = time.monotonic() - started
@@ -527,7 +528,7 @@ def test_contending_processes_with_the_default_budget_see_no_error_and_claim_eac
     path = tmp_path / "default.db"
     jobs = [f"job-{n:04d}" for n in range(400 if limit == 1 else 2000)]
     _enqueue(path, jobs)
-    reports = _run_workers(path, fencing.sqlite.DEFAULT_BUSY_TIMEOUT, limit)
+    reports = _run_workers(path, fencing._runtime.sqlite.DEFAULT_BUSY_TIMEOUT, limit)
     assert {name: failures for name, (_, _, failures) in reports.items()} == {name: {} for name in reports}, (
         "an error reached a caller"
     )

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, update
 
-import fencing.store.leases
+import fencing._store.leases
 import service
 from fencing import jobs
-from fencing.schema import as_text
+from fencing._sql.schema import as_text
 
 pytestmark = pytest.mark.dialect
 
@@ -594,7 +594,7 @@ def test_claim_many_runs_claims_concurrently_on_a_thread_pool(
             submitted.append(self._max_workers)
             return super().submit(fn, *args, **kwargs)
 
-    monkeypatch.setattr(fencing.store.leases, "ThreadPoolExecutor", Spy)
+    monkeypatch.setattr(fencing._store.leases, "ThreadPoolExecutor", Spy)
     service.enqueue(db, "j")
     results = service.claim_many(db, "j", ["a", "b", "c", "d"], NOW, TTL)
     assert len(submitted) == 4

@@ -40,8 +40,8 @@ import sqlalchemy
 from sqlalchemy import Engine, MetaData, select
 
 from fencing import FenceMarks, JobStore, fence_marks_table, jobs
-from fencing.core.clock import database_now
-from fencing.schema import as_text
+from fencing._sql.clock import database_now
+from fencing._sql.schema import as_text
 from tests import crash_worker
 from tests.backends import engine_for
 from tests.crash_worker import Burst, app_metadata, writes

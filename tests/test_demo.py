@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from fencing.__main__ import main
-from fencing.core.values import JobState
-from fencing.tools.demo import JOB_ID, RESULT_A, RESULT_B, verdict
+from fencing._sql.values import JobState
+from fencing.cli.demo import JOB_ID, RESULT_A, RESULT_B, verdict
 
 DEMO_TIMEOUT = 120
 

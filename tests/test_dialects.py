@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine
 from sqlalchemy.engine import Dialect
 
-from fencing.store.dialects import ARRAYS, COUNTED, DUPLICATE_KEY, EACH, LOCKING, RETURNED, plan_for
+from fencing._store.dialects import ARRAYS, COUNTED, DUPLICATE_KEY, EACH, LOCKING, RETURNED, plan_for
 
 
 def _dialect(url: str) -> Dialect:

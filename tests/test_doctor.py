@@ -1,4 +1,4 @@
-"""``fencing doctor`` and the durability check behind it (:mod:`fencing.engine.durability`).
+"""``fencing doctor`` and the durability check behind it (:mod:`fencing.durability`).
 
 Every unsafe setting is set where it can be, and the doctor must name it: per session on the
 shared PostgreSQL (``synchronous_commit``), per connection on a SQLite file (the pragmas),

@@ -23,7 +23,7 @@ from fencing import (
     Lease,
     jobs,
 )
-from fencing.checks import (
+from fencing._sql.checks import (
     DATABASE_CLOCK_MIN_TTL,
     FENCE_MAX,
     check_database_ttl,
@@ -32,7 +32,7 @@ from fencing.checks import (
     check_time,
     check_ttl,
 )
-from fencing.schema import as_text
+from fencing._sql.schema import as_text
 from tests import backends
 
 pytestmark = pytest.mark.dialect
@@ -307,8 +307,8 @@ def test_every_store_entry_point_refuses_a_huge_number_by_name(store: JobStore) 
 
 
 def test_the_harness_and_the_demo_refuse_a_huge_number_by_name() -> None:
-    from fencing.tools import demo
-    from fencing.tools.torture import TortureConfig
+    from fencing.cli import demo
+    from fencing.torture import TortureConfig
 
     for name in ("ttl", "seconds", "drain"):
         with pytest.raises(InvalidArgument, match=rf"^{name} must be a finite number of seconds, got 1000"):

@@ -43,7 +43,7 @@ from sqlalchemy.exc import DBAPIError
 
 import fencing
 from fencing import Election, History, LeaseLost, Locks, history_table, locks_table
-from fencing.core.clock import database_now
+from fencing._sql.clock import database_now
 from tests import backends
 from tests.processes import reap
 

@@ -18,8 +18,8 @@ import pytest
 from sqlalchemy import Engine
 
 from fencing import DatabaseError, FencingError, InvalidArgument, InvalidArgumentType, JobStore, Lease
-from fencing.lease.thread import Heartbeat, LeaseLost
-from fencing.schema import as_text
+from fencing._sql.schema import as_text
+from fencing._store.heartbeat import Heartbeat, LeaseLost
 
 pytestmark = pytest.mark.sync_only("Heartbeat renews from a thread; AsyncHeartbeat has its own tests")
 

@@ -33,9 +33,9 @@ from fencing import (
     holder_at,
     jobs_table,
 )
-from fencing.core.clock import database_now
-from fencing.sql.schema import KEY_TYPE, as_text
-from fencing.store.history import PRUNE_BATCH
+from fencing._sql.clock import database_now
+from fencing._sql.schema import KEY_TYPE, as_text
+from fencing._store.history import PRUNE_BATCH
 from tests import backends
 
 pytestmark = pytest.mark.dialect

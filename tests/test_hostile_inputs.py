@@ -57,8 +57,8 @@ from fencing import (
     SchemaMismatch,
     TableMissing,
 )
+from fencing._store.heartbeat_task import AsyncHeartbeat
 from fencing.asyncio import AsyncFenceMarks, AsyncJobStore, AsyncLocks
-from fencing.lease.task import AsyncHeartbeat
 from tests import asyncfront, backends
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "HOSTILE-INPUTS.md"
@@ -175,8 +175,8 @@ ROWS: list[Row] = [
         'JobStore(create_engine(f"sqlite:///{tmp}/plain.db"))',
         ConfigurationError,
         "this SQLite engine does not begin transactions with BEGIN IMMEDIATE, so compare-and-set "
-        "would not be atomic: create it with fencing.sqlite.create_engine() or pass it to "
-        "fencing.sqlite.configure()",
+        "would not be atomic: create it with fencing.create_sqlite_engine() or pass it to "
+        "fencing.configure_sqlite()",
         setup="none",
     ),
     Row(
@@ -954,7 +954,7 @@ ROWS: list[Row] = [
         "an engine configured already",
         'configure_sqlite(create_sqlite_engine(f"{tmp}/jobs.db"))',
         ConfigurationError,
-        "Engine(sqlite:///{tmp}/jobs.db) is already configured by fencing.sqlite.configure()",
+        "Engine(sqlite:///{tmp}/jobs.db) is already configured by fencing.configure_sqlite()",
         setup="none",
         note="the first settings would silently win",
     ),

@@ -25,7 +25,7 @@ from fencing import (
     Lease,
     jobs,
 )
-from fencing.schema import as_text
+from fencing._sql.schema import as_text
 
 NAN, INF = math.nan, math.inf
 

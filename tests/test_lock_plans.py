@@ -20,7 +20,7 @@ from sqlalchemy import Engine, bindparam, insert
 from sqlalchemy.sql import Executable
 
 from fencing import Locks
-from fencing.schema import KEY_TYPE
+from fencing._sql.schema import KEY_TYPE
 from tests.test_plans import explain, postgresql_nodes
 
 LOCKS = 100_000

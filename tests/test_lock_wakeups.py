@@ -1,4 +1,4 @@
-"""Waiters woken when their lock is freed: PostgreSQL's LISTEN/NOTIFY (fencing.locks.wakeups).
+"""Waiters woken when their lock is freed: PostgreSQL's LISTEN/NOTIFY (fencing._store.wakeups).
 
 The waiter's backoff is made deterministic (each pause the top of its span: 10 ms, 20 ms,
 ... so the looks fall at 0.01, 0.03, 0.07, ... 2.55, 5.11 s after it queued), and the lock is
@@ -18,8 +18,8 @@ import sqlalchemy
 from sqlalchemy import Engine
 
 from fencing import Lease, Locks
-from fencing.locks import waiting, wakeups
-from fencing.locks.wakeups import channel_of, listen
+from fencing._store import waiting, wakeups
+from fencing._store.wakeups import channel_of, listen
 from tests import backends
 
 pytestmark = pytest.mark.sync_only("drives the async front from asyncio code of its own")

@@ -700,8 +700,8 @@ def test_a_waiter_cancelled_while_it_queues_leaves_the_queue(
     """The cancellation arrives while the waiter's ticket is being written: the write goes on
     to its end (the bridge never cuts a driver call), and the ticket it answered is taken out
     of the queue again, not left to lapse (other waiters would wait for it for keep seconds)."""
+    from fencing._store.lock_queue import WaitQueue
     from fencing.asyncio import AsyncLocks
-    from fencing.locks.queue import WaitQueue
 
     waiting: list[asyncio.Task[Any]] = []
     enter = WaitQueue.enter

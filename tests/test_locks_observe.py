@@ -1,4 +1,4 @@
-"""What named locks and elections count and log (``fencing.observe.metrics``, ``.events``).
+"""What named locks and elections count and log (``fencing._runtime.metrics``, ``.events``).
 
 Counters and timings on the store's metrics (``locks.metrics``): ``acquire.*``,
 ``hold.lost``, ``election.*``; lines on ``fencing.locks`` and ``fencing.election``. The
@@ -20,7 +20,7 @@ import pytest
 from sqlalchemy import Engine
 
 from fencing import Election, Lease, LeaseLost, Locks, LockTimeout
-from fencing.observe.metrics import StoreMetrics
+from fencing._runtime.metrics import StoreMetrics
 from tests import asyncfront, backends
 
 TTL = 60.0

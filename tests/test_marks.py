@@ -15,9 +15,9 @@ import sqlalchemy
 from sqlalchemy import Column, Engine, Integer, MetaData, Table, func, inspect, select
 
 from fencing import ConfigurationError, InvalidArgument, InvalidArgumentType, TableMissing
-from fencing.checks import FENCE_MAX
-from fencing.schema import as_text
-from fencing.store.marks import (
+from fencing._sql.checks import FENCE_MAX
+from fencing._sql.schema import as_text
+from fencing._store.marks import (
     FenceMarks,
     fence_marks,
     fence_marks_table,
@@ -386,7 +386,7 @@ def test_conn_that_is_not_a_connection_is_refused(marks: FenceMarks, conn: Any) 
 
 @pytest.mark.backend("postgresql", "mysql", "mariadb")
 def test_keys_too_long_for_the_backend_are_refused_never_truncated(marks: FenceMarks) -> None:
-    from fencing.schema import ID_MAX_BYTES
+    from fencing._sql.schema import ID_MAX_BYTES
 
     limit = ID_MAX_BYTES[marks.engine.dialect.name]
     assert limit is not None

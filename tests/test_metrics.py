@@ -1,4 +1,4 @@
-"""What ``store.metrics`` times, and the log lines besides refusals (``fencing.observe.events``).
+"""What ``store.metrics`` times, and the log lines besides refusals (``fencing._runtime.events``).
 
 Timings: claim latency, how long leases were held, lock waits. Lines: a lost lease
 (``fencing.heartbeat``), ``DatabaseBusy`` (``fencing.busy``), a retried lock race
@@ -24,9 +24,9 @@ from sqlalchemy import Engine
 
 import fencing
 from fencing import DatabaseBusy, FenceMarks, JobStore, Lease, LeaseLost
-from fencing.lease.thread import Heartbeat
-from fencing.observe import metrics as metrics_module
-from fencing.observe.metrics import BUCKETS, StoreMetrics, Timing
+from fencing._runtime import metrics as metrics_module
+from fencing._runtime.metrics import BUCKETS, StoreMetrics, Timing
+from fencing._store.heartbeat import Heartbeat
 
 from . import backends
 

@@ -32,7 +32,7 @@ from fencing import (
     idempotency_keys_table,
     jobs_table,
 )
-from fencing.store.marks import marks_metadata
+from fencing._store.marks import marks_metadata
 
 pytestmark = pytest.mark.dialect
 

@@ -31,7 +31,7 @@ from sqlalchemy import Connection
 from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 
 import fencing
-import fencing.sqlite
+import fencing.asyncio
 import service
 from fencing import JobStore, Lease
 from fencing.asyncio import AsyncJobStore
@@ -381,7 +381,7 @@ class AsyncStoreMachine(StoreMachine):
     loop: asyncio.AbstractEventLoop
 
     def open(self) -> None:
-        self.async_engine = fencing.sqlite.create_async_engine(self.path, durability="normal")
+        self.async_engine = fencing.asyncio.create_sqlite_engine(self.path, durability="normal")
         self.engine = self.async_engine.sync_engine
         self.store = asyncfront.BlockingAsyncStore(AsyncJobStore(self.async_engine), self.loop)  # type: ignore[assignment]
         self.store.create_table()

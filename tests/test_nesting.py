@@ -1,7 +1,7 @@
 """A heartbeat and a fenced block on the same lease, in one process: never a hang.
 
 The block holds the job's row (SQLite: the database's write lock) until its transaction
-ends; the heartbeat renews on another connection. Before :mod:`fencing.runtime.holds` a heartbeat
+ends; the heartbeat renews on another connection. Before :mod:`fencing._runtime.holds` a heartbeat
 started in the block, or ``stop()`` called in it, hung PostgreSQL forever and cost SQLite
 its busy timeout. Every scenario here runs under a watchdog, so a hang fails the test
 instead of the run. Also here: the end check of a block on either clock, a serialization
@@ -498,7 +498,7 @@ def test_sqlite_logs_a_block_that_holds_the_write_lock_too_long(
 
 def test_two_engines_on_one_file_meet_in_the_holds(tmp_path: Any) -> None:
     """The holds are per database and table: two stores on one file meet there."""
-    from fencing.sqlite import create_engine as sqlite_engine
+    from fencing import create_sqlite_engine as sqlite_engine
 
     path = tmp_path / "two.db"
     first, second = sqlite_engine(str(path)), sqlite_engine(str(path))

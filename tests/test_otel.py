@@ -14,7 +14,7 @@ pytest.importorskip("opentelemetry.sdk.metrics")
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from fencing.observe.metrics import BUCKETS
+from fencing._runtime.metrics import BUCKETS
 from fencing.otel import instrument
 
 TTL = 10.0

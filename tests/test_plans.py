@@ -24,8 +24,8 @@ from sqlalchemy import Connection, Engine, MetaData, Table, bindparam, create_en
 from sqlalchemy.sql import Executable
 
 from fencing import JobStore, attempts_table
-from fencing.schema import KEY_TYPE
-from fencing.sql.statements import Statements
+from fencing._sql.schema import KEY_TYPE
+from fencing._sql.statements import Statements
 
 pytestmark = pytest.mark.dialect
 

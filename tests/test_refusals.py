@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fencing import FenceMarks, JobStore, Lease, LeaseLost
-from fencing.refusals import REASONS
+from fencing._runtime.refusals import REASONS
 
 pytestmark = pytest.mark.dialect
 

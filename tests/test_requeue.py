@@ -30,8 +30,8 @@ from fencing import (
     history_table,
     jobs_table,
 )
-from fencing.core.checks import FENCE_MAX
-from fencing.sql.schema import as_text
+from fencing._sql.checks import FENCE_MAX
+from fencing._sql.schema import as_text
 from tests import asyncfront, backends
 
 TTL = 30.0

@@ -30,9 +30,9 @@ from sqlalchemy import make_url
 from sqlalchemy.pool import NullPool
 
 from fencing import ConfigurationError
-from fencing.tools.torture import TortureConfig, run_torture, summary
-from fencing.tools.torture.config import DEFAULT_FAULTS, SERVER_CRASH
-from fencing.tools.torture.verdict import DatabaseState, judge
+from fencing.torture import TortureConfig, run_torture, summary
+from fencing.torture.config import DEFAULT_FAULTS, SERVER_CRASH
+from fencing.torture.verdict import DatabaseState, judge
 from tests import private_servers
 
 #: the fault phase; the crash_soak nox session runs it longer

@@ -26,10 +26,10 @@ from typing import Any
 
 import pytest
 
-from fencing.tools.torture import TortureConfig, run_torture, summary
-from fencing.tools.torture.config import DEFAULT_FAULTS, SERVER_CRASH
-from fencing.tools.torture.journal import OPERATIONS, read_journals
-from fencing.tools.torture.verdict import judge, judge_journals
+from fencing.torture import TortureConfig, run_torture, summary
+from fencing.torture.config import DEFAULT_FAULTS, SERVER_CRASH
+from fencing.torture.journal import OPERATIONS, read_journals
+from fencing.torture.verdict import judge, judge_journals
 from tests.test_server_crash import crashing_server
 
 #: CI's run: long enough for every fault kind and a few backlogs' worth of jobs
@@ -144,9 +144,9 @@ def assert_sharded_verdict_is_the_whole_one(run: Any, journals: Path) -> None:
     """The verdict a shard of jobs at a time (as a run takes it, in bounded memory) finds what
     the whole one, in memory, finds: the same tallies, the same count per rule; also with
     shards of a few jobs each, so the run's jobs span many of them."""
-    from fencing.tools.torture.connect import open_engine
-    from fencing.tools.torture.controller import _database_state, _database_totals
-    from fencing.tools.torture.tables import TortureTables
+    from fencing.torture.connect import open_engine
+    from fencing.torture.controller import _database_state, _database_totals
+    from fencing.torture.tables import TortureTables
 
     config = run.config
     tables = TortureTables.named(config.prefix)
@@ -176,7 +176,7 @@ def _event(kind: str, job: str, **fields: Any) -> dict[str, Any]:
 def test_sharded_verdict_finds_a_violation_in_any_shard(tmp_path: Path) -> None:
     # two jobs in two shards; the second's fence went out twice: its shard must say so, and
     # the job rows the database has must be asked for by shard
-    from fencing.tools.torture.verdict import DatabaseState, job_id
+    from fencing.torture.verdict import DatabaseState, job_id
 
     lines = [
         _event("claim", job_id(0), fence=1, until=9.0),

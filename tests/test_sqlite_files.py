@@ -24,7 +24,7 @@ import pytest
 import fencing
 import service
 from fencing import ConfigurationError, DatabaseCorrupt, DatabaseError, JobStore
-from fencing.fronts.cache import StoreCache
+from fencing._engines import StoreCache
 
 pytestmark = pytest.mark.backend("sqlite")
 

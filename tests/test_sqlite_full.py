@@ -38,11 +38,11 @@ from sqlalchemy import Engine, event
 from sqlalchemy.pool import NullPool
 
 import fencing
-import fencing.sqlite
+import fencing.asyncio
 import service
 from fencing import DatabaseFull, DatabaseReadOnly, FenceMarks, History, JobStore, Lease, Locks
+from fencing._sql import dberrors
 from fencing.asyncio import AsyncFenceMarks, AsyncJobStore, AsyncLocks
-from fencing.sql import dberrors
 from tests import asyncfront
 
 pytestmark = pytest.mark.backend("sqlite")
@@ -177,7 +177,7 @@ def world(request: pytest.FixtureRequest, front: str, journal: str, tmp_path: Pa
     loop: asyncio.AbstractEventLoop | None = None
     if front == asyncfront.ASYNC:
         loop = asyncio.new_event_loop()
-        async_engine = fencing.sqlite.create_async_engine(path, **pooling)
+        async_engine = fencing.asyncio.create_sqlite_engine(path, **pooling)
         engine = async_engine.sync_engine
         store: Any = asyncfront.BlockingAsyncStore(AsyncJobStore(async_engine, history=history), loop)
         locks: Any = asyncfront.BlockingAsyncLocks(AsyncLocks(async_engine, history=lock_history), loop)
@@ -474,7 +474,7 @@ def _first_operation_read_only(path: Path, *, what: str, reads_work: bool) -> No
         engine.dispose()
 
         async def claim_async() -> None:
-            async_engine = fencing.sqlite.create_async_engine(path)
+            async_engine = fencing.asyncio.create_sqlite_engine(path)
             try:
                 await AsyncJobStore(async_engine).claim("job-0", "w", now=10.0, ttl=30.0)
             finally:
@@ -537,7 +537,7 @@ def test_a_database_opened_read_only_by_uri_is_refused_at_the_first_write(target
     store.enqueue("job-0", ready_at=0.0)
     store.engine.dispose()
     before = dump(path)
-    engine = fencing.sqlite.configure(sqlalchemy.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true"))
+    engine = fencing.configure_sqlite(sqlalchemy.create_engine(f"sqlite:///file:{path}?mode=ro&uri=true"))
     try:
         read_only = JobStore(engine)
         assert read_only.state("job-0") is not None

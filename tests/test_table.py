@@ -15,8 +15,10 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, inspect, 
 import fencing
 import service
 from fencing import ConfigurationError, InvalidArgument, JobStore, SchemaMismatch, jobs_table
-from fencing.schema import as_text
-from fencing.sqlite import configure, create_engine
+from fencing import configure_sqlite as configure
+from fencing import create_sqlite_engine as create_engine
+from fencing._runtime import sqlite as sqlite_glue
+from fencing._sql.schema import as_text
 
 pytestmark = pytest.mark.dialect
 
@@ -577,7 +579,7 @@ def test_configure_equips_a_user_made_engine(tmp_path: Path) -> None:
     engine = plain_sqlite_engine(path)
     try:
         assert configure(engine) is engine
-        assert fencing.sqlite.is_configured(engine)
+        assert sqlite_glue.is_configured(engine)
         assert pragma(engine, "journal_mode") == "wal"
         assert pragma(engine, "synchronous") == 2
         # the application's transactions begin DEFERRED: a reader takes no write lock
@@ -587,7 +589,7 @@ def test_configure_equips_a_user_made_engine(tmp_path: Path) -> None:
             other.execute("BEGIN IMMEDIATE")
             other.execute("ROLLBACK")
         # asked for IMMEDIATE, the write lock is held from the start of the transaction
-        immediate = {fencing.sqlite.BEGIN_OPTION: "IMMEDIATE"}
+        immediate = {sqlite_glue.BEGIN_OPTION: "IMMEDIATE"}
         with engine.connect().execution_options(**immediate) as conn, conn.begin(), raw(path) as other:
             other.execute("PRAGMA busy_timeout = 0")
             with pytest.raises(sqlite3.OperationalError, match="locked"):
@@ -639,7 +641,7 @@ def test_configure_with_bad_options_leaves_engine_unconfigured(tmp_path: Path, o
     try:
         with pytest.raises(InvalidArgument):
             configure(engine, **options)
-        assert not fencing.sqlite.is_configured(engine)
+        assert not sqlite_glue.is_configured(engine)
         with pytest.raises(ConfigurationError):
             JobStore(engine)
     finally:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from fencing.core.errors import InvalidArgument
-from fencing.tools.torture import TortureConfig, run_torture, summary
-from fencing.tools.torture.verdict import METRICS_DISAGREE, DatabaseState, judge
+from fencing._errors import InvalidArgument
+from fencing.torture import TortureConfig, run_torture, summary
+from fencing.torture.verdict import METRICS_DISAGREE, DatabaseState, judge
 
 #: a short run that still injects every kind of fault several times
 SHORT = {"workers": 4, "jobs": 250, "seconds": 8.0, "fault_every": 0.1, "drain": 60.0}

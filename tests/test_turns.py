@@ -366,7 +366,7 @@ def test_a_pipelined_transaction_that_fails_leaves_its_connection_as_it_found_it
     import psycopg
     from sqlalchemy import text
 
-    from fencing.runtime.execution import Runner
+    from fencing._runtime.execution import Runner
 
     engine = create_engine(target, pool_size=1, max_overflow=0)
     try:

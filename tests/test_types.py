@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import update
 
 from fencing import InvalidArgument, JobStore, Lease
-from fencing.schema import ID_MAX_BYTES, as_text
+from fencing._sql.schema import ID_MAX_BYTES, as_text
 
 pytestmark = pytest.mark.dialect
 

@@ -252,7 +252,7 @@ def test_fencing_serves_app_counts_a_requeued_jobs_attempts_from_its_requeue(eng
     from sqlalchemy import MetaData
 
     from fencing import attempts_table
-    from fencing.tools.serve import app_for
+    from fencing.cli.serve import app_for
 
     attempts = attempts_table(MetaData())
     workers = JobStore(engine, attempts=attempts)
@@ -441,7 +441,7 @@ def test_a_release_is_replayed_when_the_history_proves_it_and_only_then(recorded
 def test_fencing_serves_api_records_the_ownership_history(engine: Engine) -> None:
     """fencing serve --history-table: the API's claims and completions are recorded, as
     the dashboard's actions are."""
-    from fencing.tools.serve import app_for
+    from fencing.cli.serve import app_for
 
     history = history_table(MetaData())
     workers = JobStore(engine, history=History(history))
@@ -467,7 +467,7 @@ def test_fencing_serves_api_records_the_ownership_history(engine: Engine) -> Non
 def test_fencing_serves_api_claims_apply_its_max_attempts(engine: Engine) -> None:
     """fencing serve --max-attempts N: a claim with no max_attempts of its own never takes a
     job claimed N times (one the dashboard shows poisoned); one asking for more is refused."""
-    from fencing.tools.serve import app_for
+    from fencing.cli.serve import app_for
 
     workers = JobStore(engine)
     workers.create_table()
@@ -535,7 +535,7 @@ def test_the_bounds_are_the_apps_and_its_document_says_them(store: JobStore) -> 
 
 
 def test_fencing_serves_default_bounds_are_the_apis() -> None:
-    from fencing.tools.cli import build_parser
+    from fencing.cli.commands import build_parser
 
     args = build_parser().parse_args(["serve", "--url", "x.db"])
     assert (args.api_max_ttl, args.api_max_limit) == (MAX_TTL, MAX_LIMIT)

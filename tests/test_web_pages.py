@@ -433,7 +433,7 @@ def test_a_host_not_allowed_is_refused(engine: Engine, store: JobStore) -> None:
 
 def test_fencing_serve_answers_only_the_hosts_it_binds(engine: Engine, store: JobStore) -> None:
     """fencing serve's app: localhost, 127.0.0.1, [::1], --host and --allowed-host; no other."""
-    from fencing.tools.serve import allowed_hosts, app_for
+    from fencing.cli.serve import allowed_hosts, app_for
 
     store.enqueue("customer-4711")
     hosts = allowed_hosts("127.0.0.1", ["dash.internal"])

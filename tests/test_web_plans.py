@@ -117,7 +117,7 @@ def test_the_refusals_by_reason_use_the_histories_at_index(engine: Engine) -> No
     store.create_table()
     from sqlalchemy import bindparam, insert
 
-    from fencing.schema import KEY_TYPE
+    from fencing._sql.schema import KEY_TYPE
 
     stmt = insert(history).values(
         job_id=bindparam("k", type_=KEY_TYPE), event=bindparam("e"), at=bindparam("a")

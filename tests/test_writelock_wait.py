@@ -1,4 +1,4 @@
-"""Waiting for SQLite's write lock costs the waiter little CPU (``fencing.engine.writelock``).
+"""Waiting for SQLite's write lock costs the waiter little CPU (``fencing._runtime.writelock``).
 
 On a two-core machine every cycle a waiter spends trying again is taken from the process
 that holds the lock. SQLite's own busy handler sleeps up to 100 ms between tries; the
@@ -25,7 +25,7 @@ import pytest
 
 import fencing
 from fencing import JobStore, Lease
-from fencing.engine.writelock import COURTESY, POLL_WITH_PRIORITY_MAX, sidecar_path
+from fencing._runtime.writelock import COURTESY, POLL_WITH_PRIORITY_MAX, sidecar_path
 
 pytestmark = pytest.mark.backend("sqlite")
 

@@ -13,8 +13,8 @@ from sqlalchemy import Connection, Table, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from fencing import History, JobStore, Lease
+from fencing._sql.schema import as_text
 from fencing.asyncio import AsyncJobStore
-from fencing.schema import as_text
 
 #: the gap a GC pause or a network round trip leaves between a read and the write after it
 READ_WRITE_GAP = 0.02

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy
 from sqlalchemy import Connection, Engine, Table, bindparam
 
-from fencing.schema import KEY_TYPE
+from fencing._sql.schema import KEY_TYPE
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

@@ -15,7 +15,7 @@ What to copy:
   next to the application's ``thumbnails`` table: one ``MetaData``, one set of migrations.
 * **One ``AsyncEngine`` and one** :class:`fencing.asyncio.AsyncJobStore` **per process**,
   made in the lifespan and disposed when it ends. SQLite needs the library's engine
-  (``fencing.sqlite.create_async_engine``: WAL, ``BEGIN IMMEDIATE``); a server's is a plain
+  (``fencing.asyncio.create_sqlite_engine``: WAL, ``BEGIN IMMEDIATE``); a server's is a plain
   ``create_async_engine(url)``.
 * **N worker tasks in the lifespan** (:func:`run_worker`), each a loop of ``claim_next`` →
   the work (an ``await``, outside any transaction) → :func:`store_thumbnail`, which writes the
@@ -55,7 +55,7 @@ from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import fencing
-import fencing.sqlite
+import fencing.asyncio
 from fencing.asyncio import AsyncJobStore
 
 logger = logging.getLogger("async_app")
@@ -88,7 +88,7 @@ def make_engine(database_url: str) -> AsyncEngine:
             # its argument), and the store replaces a connection the server closed while idle
             return create_async_engine(url)
         database_url = url.database or ""
-    return fencing.sqlite.create_async_engine(database_url)
+    return fencing.asyncio.create_sqlite_engine(database_url)
 
 
 # -- the work -----------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ application (``app.mount("/leases", lease_api(store, authorize=...))``)::
 Every answer carries the fence (the lease's, and the job's current one). A completion or
 release that was accepted answers with the lease it ended (no read: the guard let it
 through); a replayed one also with the job's row. A write the guard refuses answers ``409``
-with the reason (:data:`fencing.refusals.REASONS`), the holder and the current fence, as problem
+with the reason (:data:`fencing.REASONS`), the holder and the current fence, as problem
 details (:mod:`fencing.web.problems`); bad input ``422`` naming the field; a database that
 cannot answer ``503`` with ``Retry-After``.
 
@@ -57,14 +57,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..core.checks import check_count, check_ttl, fence_can_match, show_value
-from ..core.errors import FencingError, InvalidArgument, InvalidArgumentType
-from ..core.values import Lease
-from ..observe.refusals import Refusal, judge
-from ..sql.dberrors import DB_ERRORS, wrap_database_error
-from ..sql.schema import KEY_TYPE, as_text
-from ..store.jobstore import JobStore
-from ..views.overview import JobView, Overview
+from .._errors import FencingError, InvalidArgument, InvalidArgumentType
+from .._runtime.refusals import Refusal, judge
+from .._sql.checks import check_count, check_ttl, fence_can_match, show_value
+from .._sql.dberrors import DB_ERRORS, wrap_database_error
+from .._sql.schema import KEY_TYPE, as_text
+from .._sql.values import Lease
+from .._store.jobstore import JobStore
+from ..overview import JobView, Overview
 from .auth import Authorize, Caller, caller_of
 from .problems import from_error, problem
 
@@ -482,7 +482,7 @@ _PROBLEM = {
         "status": {"type": "integer"},
         "detail": {"type": "string"},
         "error": {"type": "string", "description": "the library's error name (Refused for a refused write)"},
-        "reason": {"type": "string", "description": "why a write was refused (fencing.refusals.REASONS)"},
+        "reason": {"type": "string", "description": "why a write was refused (fencing.REASONS)"},
         "holder": {"type": ["string", "null"]},
         "current_fence": {"type": ["integer", "null"]},
         "owner": {"type": "string", "description": "a 403's owner, not granted to the token"},

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from starlette.requests import Request
 
-from ..core.errors import InvalidArgument, InvalidArgumentType
+from .._errors import InvalidArgument, InvalidArgumentType
 
 __all__ = ["Authorize", "Caller", "bearer_tokens", "caller_of", "who_is_asking"]
 

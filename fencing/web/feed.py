@@ -27,9 +27,9 @@ from typing import Any
 from sqlalchemy import Connection, Table, and_, bindparam, func, select
 from starlette.concurrency import run_in_threadpool
 
-from ..core.errors import FencingError
-from ..sql.dberrors import DB_ERRORS, wrap_database_error
-from ..views.overview import JobView, Overview
+from .._errors import FencingError
+from .._sql.dberrors import DB_ERRORS, wrap_database_error
+from ..overview import JobView, Overview
 
 __all__ = ["SERIES", "Feed"]
 

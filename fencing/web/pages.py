@@ -56,15 +56,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ..core.checks import check_count, check_timeout
-from ..core.errors import FencingError, InvalidArgument, InvalidArgumentType
-from ..sql.schema import jobs
-from ..store.history import History
-from ..store.jobstore import JobStore
-from ..store.marks import fence_marks, idempotency_keys
-from ..views._format import age, instant, when
-from ..views.admin import change_job
-from ..views.overview import STATES, Cursor, JobView, Overview
+from .._admin import change_job
+from .._errors import FencingError, InvalidArgument, InvalidArgumentType
+from .._format import age, instant, when
+from .._sql.checks import check_count, check_timeout
+from .._sql.schema import jobs
+from .._store.history import History
+from .._store.jobstore import JobStore
+from .._store.marks import fence_marks, idempotency_keys
+from ..overview import STATES, Cursor, JobView, Overview
 from .api import BadBody, read_body
 from .auth import Authorize, who_is_asking
 from .feed import Feed

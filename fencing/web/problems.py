@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from ..core import errors
+from .. import _errors as errors
 
 __all__ = ["PROBLEM_JSON", "from_error", "problem"]
 

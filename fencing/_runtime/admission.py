@@ -1,0 +1,194 @@
+"""What the library needs of the application's engine, and what it must leave to it.
+
+The store is a guest in the application's engine: it takes connections from the engine's
+pool, lets the engine's observers (logging, connection events) see what it runs, and
+refuses settings under which lock + check + write cannot be one transaction:
+
+* ``isolation_level="AUTOCOMMIT"`` on a server (engine, connection, or a ``connect``
+  listener that sets the driver's autocommit): every statement would commit on its own,
+  so a fenced block's writes would commit before its check. (On SQLite the engine's
+  ``begin`` listener always opens a real transaction, so it is harmless there.)
+* pools that hand one DBAPI connection to transactions that must stay apart
+  (``StaticPool``, ``SingletonThreadPool``, ``AssertionPool``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
+
+from .._errors import ConfigurationError
+
+__all__ = [
+    "NO_STAMP",
+    "SHARING_POOLS",
+    "Observers",
+    "autocommit_probe",
+    "observed",
+    "refuse_autocommit_connection",
+    "refuse_autocommit_engine",
+    "refuse_sharing_pool",
+    "registry_stamp",
+]
+
+#: pools that hand one DBAPI connection to transactions that must stay apart (every thread,
+#: or every checkout of one thread): a heartbeat's renewal would run inside, and commit, a
+#: fenced block's transaction
+SHARING_POOLS = (StaticPool, SingletonThreadPool, AssertionPool)
+
+#: connection events an observer of statements or transactions listens to; while any has a
+#: listener the store runs through Core (``Connection.execute``), which calls them all
+_OBSERVING = (
+    "before_execute",
+    "after_execute",
+    "before_cursor_execute",
+    "after_cursor_execute",
+    "engine_connect",
+    "commit",
+    "rollback",
+    "set_connection_execution_options",
+)
+#: the dialect's events of the same kind (an engine's listeners for them live on its dialect)
+_OBSERVING_DIALECT = ("handle_error", "do_execute", "do_execute_no_params", "do_setinputsizes")
+
+_AUTOCOMMIT_FIX = (
+    "lock + check + write must be one transaction; give the store an engine without it "
+    "(e.g. engine.execution_options(isolation_level='READ COMMITTED'))"
+)
+
+
+class Observers:
+    """Whether anything would notice statements the store ran on the driver directly: a
+    logger at INFO (``echo``, ``sqlalchemy.engine``), a connection or dialect event listener
+    (other than the library's own ``begin`` listeners), or execution options on the engine
+    (``isolation_level``, ``schema_translate_map``...) that Core applies.
+
+    Asked before every transaction, so it is cheap (~0.3 µs): the listeners are looked at
+    again only when SQLAlchemy's registry of ``event.listen()`` calls has changed (its size
+    and newest entry); logging levels and execution options are read every time.
+    """
+
+    __slots__ = ("_cache", "engine", "own_begin_listeners")
+
+    def __init__(self, engine: Engine, own_begin_listeners: int) -> None:
+        self.engine = engine
+        self.own_begin_listeners = own_begin_listeners
+        self._cache: tuple[object, bool] = (NO_STAMP, True)
+
+    def __bool__(self) -> bool:
+        engine = self.engine
+        if engine._execution_options or engine._should_log_info():
+            return True
+        stamp = registry_stamp()
+        cached_stamp, listening = self._cache
+        if stamp is NO_STAMP or stamp != cached_stamp:
+            # the stamp is read before the listeners: a change after it shows next time
+            listening = listeners(engine, self.own_begin_listeners)
+            self._cache = (stamp, listening)
+        return listening
+
+
+NO_STAMP = object()
+_REGISTRY: dict[Any, Any] | None
+try:  # every event.listen() of the process, by (target, event, function): SQLAlchemy's own
+    from sqlalchemy.event.registry import _key_to_collection as _REGISTRY
+except ImportError:  # pragma: no cover - a SQLAlchemy without it: look every time
+    _REGISTRY = None
+
+
+def registry_stamp() -> object:
+    """A value that changes whenever a listener is added or removed anywhere (insertion
+    order: the newest key moves with every addition, the size with every removal), or
+    :data:`NO_STAMP` when it cannot be read."""
+    registry = _REGISTRY
+    if registry is None:
+        return NO_STAMP
+    try:
+        return (len(registry), next(reversed(registry), None))
+    except RuntimeError:  # changed by another thread while we looked
+        return NO_STAMP
+
+
+def observed(engine: Engine, own_begin_listeners: int) -> bool:
+    """:class:`Observers`' answer, computed afresh."""
+    if engine.get_execution_options() or engine._should_log_info():
+        return True
+    return listeners(engine, own_begin_listeners)
+
+
+def listeners(engine: Engine, own_begin_listeners: int) -> bool:
+    """Whether a connection or dialect event has a listener besides the library's own."""
+    dialect_dispatch: Any = engine.dialect.dispatch
+    if any(getattr(dialect_dispatch, name) for name in _OBSERVING_DIALECT):
+        return True
+    if not getattr(engine, "_has_events", True):
+        return False
+    dispatch: Any = engine.dispatch
+    if len(dispatch.begin) > own_begin_listeners:
+        return True
+    return any(getattr(dispatch, name) for name in _OBSERVING)
+
+
+def refuse_sharing_pool(engine: Engine) -> None:
+    """:class:`ConfigurationError` for a pool of :data:`SHARING_POOLS`."""
+    if isinstance(engine.pool, SHARING_POOLS):
+        name = type(engine.pool).__name__
+        memory = engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:")
+        raise ConfigurationError(
+            f"the engine's pool is a {name}, which shares one connection between transactions "
+            "that must stay apart (a heartbeat's renewal would commit a fenced block's "
+            "transaction); use the default QueuePool (or NullPool)"
+            + (" and a database file, not :memory:" if memory else "")
+        )
+
+
+def refuse_autocommit_engine(engine: Engine) -> None:
+    """:class:`ConfigurationError` for a server engine whose transactions are AUTOCOMMIT."""
+    if engine.dialect.name == "sqlite":
+        return
+    level = engine.get_execution_options().get("isolation_level") or getattr(
+        engine.dialect, "_on_connect_isolation_level", None
+    )
+    if isinstance(level, str) and level.upper() == "AUTOCOMMIT":
+        raise ConfigurationError(f"the engine has isolation_level='AUTOCOMMIT'; {_AUTOCOMMIT_FIX}")
+
+
+#: libpq's PQTRANS_IDLE: no transaction open on the server
+_PG_IDLE = 0
+
+
+def autocommit_probe(engine: Engine) -> Callable[[Any], bool] | None:
+    """How to read, from a DBAPI connection of this engine, whether its driver is in
+    autocommit mode right now (the ground truth, however it was set); ``None``: SQLite,
+    where it cannot matter, or a driver the library does not know."""
+    driver = engine.dialect.driver
+    if engine.dialect.name == "sqlite":
+        return None
+    if driver == "psycopg":  # (sync, or SQLAlchemy's async adapter, which has info too)
+        # in autocommit with a transaction open on the server (an explicit BEGIN: a fenced
+        # block's, see fencing._runtime.execution.BlockExecutor), every statement joins it
+        return lambda dbapi: bool(dbapi.autocommit) and dbapi.info.transaction_status == _PG_IDLE
+    if driver == "asyncpg":  # SQLAlchemy's adapter says it
+        return lambda dbapi: bool(dbapi.autocommit)
+    if driver == "pymysql":
+        return lambda dbapi: bool(dbapi.get_autocommit())
+    return None
+
+
+def refuse_autocommit_connection(conn: Connection, probe: Callable[[Any], bool] | None) -> None:
+    """:class:`ConfigurationError` for a Connection whose statements would each commit."""
+    if conn.dialect.name == "sqlite":
+        return
+    if probe is not None:
+        # the DBAPI-level object, as the driver path reads it (an async driver's adapter)
+        on = probe(conn.connection.dbapi_connection)
+    else:  # what SQLAlchemy itself believes
+        check = getattr(conn, "_is_autocommit_isolation", None)
+        on = bool(check()) if check is not None else False
+    if on:
+        raise ConfigurationError(
+            f"the connection is in autocommit mode (isolation_level='AUTOCOMMIT'); {_AUTOCOMMIT_FIX}"
+        )

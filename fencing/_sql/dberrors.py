@@ -1,0 +1,287 @@
+"""How database errors cross into the library: wrapped, and classified for retry.
+
+Callers catch one family (:class:`fencing._errors.FencingError`); the SQLAlchemy or
+driver error stays attached as ``__cause__``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Dialect, Engine
+from sqlalchemy import exc as sa_exc
+
+from .._errors import (
+    DatabaseBusy,
+    DatabaseError,
+    DatabaseFull,
+    DatabaseReadOnly,
+    DatabaseUnavailable,
+    FencingError,
+    PoolTimeout,
+    TableMissing,
+)
+
+__all__ = [
+    "DB_ERRORS",
+    "database_errors",
+    "driver_errors",
+    "is_corrupt",
+    "is_duplicate_key",
+    "is_full",
+    "is_read_only",
+    "is_transient",
+    "is_unavailable",
+    "sqlalchemy_error",
+    "wrap_database_error",
+]
+
+#: what a database call can raise that the library translates: asyncpg's connect raises the
+#: socket's own ``ConnectionRefusedError`` (an ``OSError``, not a DBAPI error) for a server
+#: nobody answers at, which SQLAlchemy passes up as it is
+DB_ERRORS = (sa_exc.SQLAlchemyError, sqlite3.Error, ConnectionError)
+
+# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
+_PG_TRANSIENT = {"40001", "40P01", "55P03"}
+# MariaDB/MySQL error numbers: deadlock, lock wait timeout
+_MYSQL_TRANSIENT = {1213, 1205}
+# PostgreSQL: the server is shutting down or starting (admin_shutdown, crash_shutdown,
+# cannot_connect_now), and class 08 (connection_exception)
+_PG_UNAVAILABLE = {"57P01", "57P02", "57P03"}
+# MariaDB/MySQL client and server error numbers: can't connect (2002 socket, 2003 TCP),
+# server gone away, lost connection during query, lost connection at handshake, server
+# shutdown in progress
+_MYSQL_UNAVAILABLE = {2002, 2003, 2006, 2013, 2055, 1053}
+# PostgreSQL disk_full, out_of_memory-class insufficient_resources; MariaDB/MySQL table full,
+# disk full
+_PG_FULL = {"53100"}
+_MYSQL_FULL = {1114, 1021}
+# PostgreSQL read_only_sql_transaction (a hot standby, default_transaction_read_only);
+# MariaDB/MySQL --read-only (1290), a read-only transaction (1792), a read-only table (1036)
+_PG_READ_ONLY = {"25006"}
+_MYSQL_READ_ONLY = {1290, 1792, 1036}
+
+
+def _driver_error(exc: BaseException) -> Any:
+    return getattr(exc, "orig", None) or exc
+
+
+def is_transient(exc: BaseException) -> bool:
+    """The transaction lost a lock race and was rolled back whole: running it again is safe."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.OperationalError):
+        code = getattr(orig, "sqlite_errorcode", None)
+        if code is not None:
+            return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (any extended code)
+        return "database is locked" in str(orig) or "database table is locked" in str(orig)
+    if getattr(orig, "sqlstate", None) in _PG_TRANSIENT:
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
+
+
+def _sqlite_code(orig: Any) -> int | None:
+    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
+    return None if code is None else int(code) & 0xFF
+
+
+def _mysql_code(orig: Any) -> Any:
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return args[0] if args and isinstance(args[0], int) else None
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """The server could not be reached or the connection was lost (down, restarting,
+    failing over, cut by the network)."""
+    if isinstance(exc, sa_exc.DisconnectionError) or getattr(exc, "connection_invalidated", False):
+        return True
+    orig = _driver_error(exc)
+    if isinstance(orig, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(orig, sqlite3.Error):  # a file, not a connection to lose
+        return False
+    sqlstate = getattr(orig, "sqlstate", None)
+    if isinstance(sqlstate, str):
+        return sqlstate.startswith("08") or sqlstate in _PG_UNAVAILABLE
+    name = type(orig).__name__
+    if name == "OperationalError" and type(orig).__module__.startswith("psycopg"):
+        return True  # psycopg's connection failures carry no SQLSTATE
+    if name in ("ConnectionDoesNotExistError", "InterfaceError") and "connection" in str(orig).lower():
+        return True  # asyncpg's closed connection
+    return _mysql_code(orig) in _MYSQL_UNAVAILABLE
+
+
+def is_full(exc: BaseException) -> bool:
+    """No room for the write: SQLITE_FULL, PostgreSQL disk_full, MariaDB/MySQL table or disk
+    full."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.Error):
+        code = _sqlite_code(orig)
+        return code == 13 if code is not None else "database or disk is full" in str(orig)
+    if getattr(orig, "sqlstate", None) in _PG_FULL:
+        return True
+    return _mysql_code(orig) in _MYSQL_FULL
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """The database takes no writes here: SQLITE_READONLY (a read-only file or directory),
+    PostgreSQL read_only_sql_transaction (a hot standby), MariaDB/MySQL read_only."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.Error):
+        code = _sqlite_code(orig)
+        return code == 8 if code is not None else "readonly database" in str(orig)
+    if getattr(orig, "sqlstate", None) in _PG_READ_ONLY:
+        return True
+    return _mysql_code(orig) in _MYSQL_READ_ONLY
+
+
+def is_corrupt(exc: BaseException) -> bool:
+    """SQLite found the file damaged: SQLITE_CORRUPT or SQLITE_NOTADB (any extended code)."""
+    orig = _driver_error(exc)
+    if not isinstance(orig, sqlite3.DatabaseError):
+        return False
+    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (11, 26)
+    return "malformed" in str(orig) or "not a database" in str(orig)
+
+
+def is_duplicate_key(exc: BaseException) -> bool:
+    """A unique/primary key violation (SQLite, PostgreSQL 23505, MariaDB/MySQL 1062)."""
+    orig = _driver_error(exc)
+    if isinstance(orig, sqlite3.IntegrityError):
+        return "UNIQUE constraint failed" in str(orig)
+    if getattr(orig, "sqlstate", None) == "23505":
+        return True
+    args: tuple[Any, ...] = getattr(orig, "args", ())
+    return bool(args) and args[0] == 1062
+
+
+def driver_errors(engine: Engine) -> tuple[type[BaseException], ...]:
+    """The DBAPI module's ``Error`` base class (PEP 249), if the dialect loaded one: what
+    the library's fast path, which calls the driver directly, can raise."""
+    dbapi = getattr(engine.dialect, "loaded_dbapi", None) or getattr(engine.dialect, "dbapi", None)
+    error = getattr(dbapi, "Error", None)
+    return (error,) if isinstance(error, type) and issubclass(error, BaseException) else ()
+
+
+def sqlalchemy_error(exc: BaseException, dialect: Dialect) -> BaseException:
+    """The SQLAlchemy error for ``exc``: a driver error raised on the store's driver path is
+    wrapped the way SQLAlchemy wraps it on its own path (``IntegrityError`` etc., with the
+    driver's error as ``.orig``), so callers see the same ``__cause__`` either way."""
+    if isinstance(exc, sa_exc.SQLAlchemyError):
+        return exc
+    dbapi = getattr(dialect, "loaded_dbapi", None)
+    base = getattr(dbapi, "Error", None)
+    if not (isinstance(base, type) and isinstance(exc, base) and isinstance(exc, Exception)):
+        return exc
+    return sa_exc.DBAPIError.instance(None, None, exc, base, dialect=dialect)
+
+
+def wrap_database_error(
+    exc: BaseException, table_name: str = "jobs", *, database: str | None = None
+) -> FencingError:
+    """The library's error for a driver or SQLAlchemy error (raise it ``from exc``).
+
+    ``database``: the engine's ``url.database``; for a SQLite file, a full or read-only
+    database is then named in the message, with what to do."""
+    if isinstance(exc, sa_exc.TimeoutError):  # the pool's, not the database's
+        return PoolTimeout(
+            "no connection came free in the engine's pool within its pool_timeout; "
+            f"nothing was changed ({exc})"
+        )
+    orig = _driver_error(exc)
+    message = str(orig).strip()
+    missing = (
+        "no such table" in message  # SQLite
+        or getattr(orig, "sqlstate", None) == "42P01"  # PostgreSQL undefined_table
+        or getattr(orig, "args", (None,))[:1] == (1146,)  # MariaDB/MySQL
+    )
+    if missing and table_name in message:
+        return TableMissing(
+            f"table {table_name!r} does not exist; create it first "
+            "(JobStore.create_table() or service.init_db())"
+        )
+    if is_transient(exc):
+        # a lock race the caller's own transaction (conn=, fenced) lost past the busy timeout
+        return DatabaseBusy(
+            f"the database stayed locked by other writers; the transaction was rolled back "
+            f"({type(orig).__name__}: {message})"
+        )
+    described = f"{type(orig).__name__}: {message}"
+    sqlite_file = database if isinstance(orig, sqlite3.Error) and database else None
+    if is_full(exc):
+        where = "the database is full" if sqlite_file is None else _sqlite_full(sqlite_file)
+        return DatabaseFull(
+            f"{where}; the transaction was rolled back whole, nothing was "
+            f"written; it works again once space is freed ({described})"
+        )
+    if is_read_only(exc) or (sqlite_file is not None and _directory_read_only(orig, sqlite_file)):
+        where = (
+            "the database accepts no writes here"
+            if sqlite_file is None
+            else _sqlite_read_only(orig, sqlite_file)
+        )
+        return DatabaseReadOnly(f"{where}; nothing was changed ({described})")
+    if is_unavailable(exc):
+        return DatabaseUnavailable(
+            f"the database could not be reached or the connection was lost before anything "
+            f"committed; nothing was changed; try again once it answers ({described})"
+        )
+    return DatabaseError(described)
+
+
+# SQLite's extended codes: SQLITE_READONLY_DIRECTORY, SQLITE_CANTOPEN
+_SQLITE_READONLY_DIRECTORY = 8 | 6 << 8
+_SQLITE_CANTOPEN = 14
+
+
+def _sqlite_full(database: str) -> str:
+    return (
+        f"the SQLite database {database!r} is full (its filesystem has no space left, or the "
+        "connection's PRAGMA max_page_count was reached)"
+    )
+
+
+def _directory_read_only(orig: Any, database: str) -> bool:
+    """SQLite could not open (or create) a file of the database, and its directory is not
+    writable by this process: SQLite says only "unable to open database file"."""
+    directory = os.path.dirname(os.path.abspath(database))
+    return (
+        (_sqlite_code(orig) == _SQLITE_CANTOPEN or "unable to open database file" in str(orig))
+        and os.path.isdir(directory)
+        and not os.access(directory, os.W_OK)
+    )
+
+
+def _sqlite_read_only(orig: Any, database: str) -> str:
+    """Which file or directory is read-only, and what to do."""
+    directory = os.path.dirname(os.path.abspath(database))
+    code = getattr(orig, "sqlite_errorcode", None)
+    unwritable = os.path.isdir(directory) and not os.access(directory, os.W_OK)
+    # (before Python 3.11 the error has no extended code: the directory itself is asked)
+    if code == _SQLITE_READONLY_DIRECTORY or _directory_read_only(orig, database) or unwritable:
+        return (
+            f"the SQLite database {database!r} cannot be written: its directory {directory!r} "
+            "is not writable by this process, and SQLite creates the database's -wal and -shm "
+            "files (or a new database file) there; make the directory writable for this user"
+        )
+    return (
+        f"the SQLite database {database!r} is read-only here: the file (or its -wal, -shm) is "
+        "not writable by this process, it was opened read-only (mode=ro), or its filesystem "
+        "is mounted read-only; make it writable for this user, or open it read-write"
+    )
+
+
+@contextmanager
+def database_errors(table_name: str = "jobs", *, database: str | None = None) -> Iterator[None]:
+    """Translate database errors raised inside the block (``database``: the engine's
+    ``url.database``, see :func:`wrap_database_error`)."""
+    try:
+        yield
+    except DB_ERRORS as exc:
+        raise wrap_database_error(exc, table_name, database=database) from exc

@@ -1,0 +1,502 @@
+"""Every statement the store runs, built once per table and clock with Core.
+
+The guards live in the ``WHERE`` clause: a compare-and-set either matches the row
+(and changes it in the same statement) or matches nothing. Nothing is read first
+and decided in Python.
+
+Ids and owners are ``str`` here on every backend: each bind parameter of one is typed
+:data:`~fencing.schema.KEY_TYPE` and each read of one is coerced to it (on MariaDB/MySQL
+the columns are bytes and this is their UTF-8 codec).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Literal
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    ColumnElement,
+    Double,
+    Integer,
+    Table,
+    Text,
+    all_,
+    and_,
+    bindparam,
+    case,
+    cast,
+    column,
+    func,
+    literal,
+    literal_column,
+    null,
+    or_,
+    select,
+    text,
+    union_all,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.expression import FromClause, Select, Update
+from sqlalchemy.sql.functions import FunctionElement
+
+from .attempts import exhausted, within_attempts
+from .checks import FENCE_MAX
+from .clock import database_now
+from .schema import KEY_TYPE, as_text
+
+#: a condition a claim of one job must also meet, given the clock's ``now`` (bind parameters
+#: ``job_id`` and ``holder`` are the claim's)
+ClaimGuard = Callable[[ColumnElement[float]], ColumnElement[bool]]
+
+__all__ = ["COMPLETE_CHUNK", "LOST_AT_THE_END", "TOMBSTONE", "Clock", "Statements", "batch_size"]
+
+# constants are written into the SQL, not bound: fewer parameters per call, and a
+# partial index on "done = 0" can match them
+_ZERO: ColumnElement[int] = literal_column("0")
+_ONE: ColumnElement[int] = literal_column("1")
+#: ``done = 2`` marks a deleted job: the row stays as a tombstone that keeps its fence, so
+#: an id enqueued again continues above every fence it ever handed out
+TOMBSTONE = 2
+_TOMBSTONE: ColumnElement[int] = literal_column(str(TOMBSTONE))
+_FENCE_MAX: ColumnElement[int] = literal_column(str(FENCE_MAX))
+
+#: whose clock decides whether a lease is live: the caller's ``now`` or the database's
+Clock = Literal["caller", "database"]
+
+#: the most completions one batch statement carries: 5 bind parameters each, far below
+#: psycopg's 65535; bigger batches run as several statements in the same transaction
+COMPLETE_CHUNK = 1024
+
+
+def _key(name: str) -> ColumnElement[str]:
+    """A bind parameter for an id or owner: a ``str``, UTF-8 bytes where the column is bytes."""
+    return bindparam(name, type_=KEY_TYPE)
+
+
+def batch_size(count: int) -> int:
+    """The statement size a batch of ``count`` (<= COMPLETE_CHUNK) is padded to: a power of
+    two, so a store holds at most 11 shapes (and psycopg prepares each one once)."""
+    return 1 << (count - 1).bit_length()
+
+
+class unindexed(FunctionElement[Any]):
+    """A column read as a value, never as a way into an index: SQLite's unary ``+``,
+    MariaDB's ``col + 0`` (PostgreSQL: the column as is). For a re-check next to a search by
+    primary key, which SQLite's planner (a claim) or MariaDB's (a batch completion joined to
+    its derived table) would otherwise drive through the ready index, testing ready rows."""
+
+    inherit_cache = True
+    name = "unindexed"
+
+
+@compiles(unindexed)
+def _as_is(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **kw)
+
+
+@compiles(unindexed, "sqlite")
+def _plus(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return "+" + compiler.process(element.clauses, **kw)
+
+
+@compiles(unindexed, "mysql")
+@compiles(unindexed, "mariadb")
+def _plus_zero(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    # MariaDB's optimizer may drive a join through the ready index on these columns
+    return "(" + compiler.process(element.clauses, **kw) + " + 0)"
+
+
+#: the text of the error a fenced block's end statement raises when the lease is not current
+#: and live (:attr:`Statements.still_held`): PostgreSQL says ``invalid input syntax for type
+#: integer: "<this> 0"``, and the transaction is aborted before its COMMIT
+LOST_AT_THE_END = "fencing: the lease is not current and live at the end of the fenced block, rows:"
+
+
+def _fails_unless_one(rows: Any) -> Select[Any]:
+    """A SELECT of 1 over ``rows`` (a statement returning rows, or a CTE) that fails with an
+    error naming :data:`LOST_AT_THE_END` unless ``rows`` holds exactly one row. The failing
+    branch depends on the count, so the planner cannot fold it into a constant and fail early."""
+    found = rows.subquery() if isinstance(rows, Select) else rows
+    n = func.count()
+    verdict = case((n == 1, literal("1")), else_=literal(LOST_AT_THE_END + " ") + cast(n, Text()))
+    return select(cast(verdict, Integer())).select_from(found)
+
+
+class Statements:
+    """The compare-and-set statements for one jobs ``table``.
+
+    Bind parameters are named apart from the columns (UPDATE reserves those for SET):
+    ``job_id``, ``holder``, ``token`` (the fence presented), ``new_result``, and for the
+    caller's clock ``now`` and ``new_until`` (``now + ttl``, computed once in Python so every
+    backend stores the same double), for the database's clock ``ttl``.
+    """
+
+    #: PostgreSQL, before a pick of more than one job in a transaction of the store's own:
+    #: on a table never analyzed (a fresh queue loaded in bulk; autovacuum analyzes it
+    #: only later) the planner guesses a handful of ready rows and, for a LIMIT of ~100,
+    #: prefers a bitmap scan and a sort of the whole ready set to the ready index walked
+    #: in claim order. Sorts off for the rest of this transaction only (LOCAL: undone at
+    #: its commit or rollback, never in a caller's transaction), the walk is chosen at
+    #: any backlog with or without statistics; nothing the store runs after it sorts
+    walk_in_claim_order: Executable = text("SET LOCAL enable_sort = off")
+
+    def __init__(
+        self,
+        table: Table,
+        clock: Clock = "caller",
+        *,
+        claim_guard: ClaimGuard | None = None,
+        freed_notice: ColumnElement[Any] | None = None,
+        attempts: Table | None = None,
+    ) -> None:
+        t = table
+        self.table = table
+        #: where a requeue keeps a job's attempts base (:mod:`fencing._sql.attempts`), if anywhere
+        self.attempts = attempts
+        self.clock = clock
+        now: ColumnElement[float]
+        new_until: ColumnElement[float]
+        if clock == "caller":
+            now = bindparam("now", type_=Double())
+            new_until = bindparam("new_until", type_=Double())
+        else:
+            now = database_now()
+            new_until = database_now() + bindparam("ttl", type_=Double())
+
+        job = t.c.id == _key("job_id")
+        current_holder = and_(
+            job,
+            t.c.owner == _key("holder"),
+            t.c.fence == bindparam("token"),
+            t.c.done == _ZERO,
+        )
+        # until == now is expired: a reclaim may happen exactly at the boundary
+        lease_live = t.c.until > now
+
+        # when an enqueued job becomes claimable: the caller's time, or the server's now
+        ready_at: ColumnElement[float] = (
+            bindparam("ready_at", type_=Double()) if clock == "caller" else database_now()
+        )
+        #: registering a job twice must never wipe a lease in progress: insert, or revive a
+        #: tombstone (its fence kept), or change nothing. RETURNING on PostgreSQL, whose
+        #: driver's row count for upserts is not documented
+        revive = {"done": _ZERO, "owner": null(), "until": ready_at, "result": null()}
+        sqlite_insert = sqlite.insert(t).values(id=_key("job_id"), until=ready_at)
+        self.enqueue_sqlite: Executable = sqlite_insert.on_conflict_do_update(
+            index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
+        )
+        pg_insert = postgresql.insert(t).values(id=_key("job_id"), until=ready_at)
+        self.enqueue_postgresql: Executable = pg_insert.on_conflict_do_update(
+            index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
+        ).returning(as_text(t.c.id))
+        #: MariaDB/MySQL: a plain insert; the duplicate-key error means "exists" and the
+        #: revive UPDATE then brings a tombstone back. (INSERT IGNORE would also turn real
+        #: errors into warnings; ON DUPLICATE KEY UPDATE cannot tell "inserted" from "found"
+        #: through the row count the driver reports.)
+        self.enqueue_plain: Executable = t.insert().values(id=_key("job_id"), until=ready_at)
+        self.revive: Executable = update(t).where(job, t.c.done == _TOMBSTONE).values(revive)
+
+        row = (as_text(t.c.id), as_text(t.c.owner), t.c.until, t.c.fence, t.c.result, t.c.done)
+        #: a tombstone is a deleted job: it has no state
+        self.state: Executable = select(*row).where(job, t.c.done != _TOMBSTONE)
+
+        #: a fence can still go up: at 2**63-1, fence + 1 overflows (SQLite to a float that
+        #: every later claimer gets again, the servers to an error), so such a row never matches
+        fence_left = t.c.fence < _FENCE_MAX
+        #: claimable: not done and the lease (if any) has expired; the fence only goes up
+        claimable = and_(job, t.c.done == _ZERO, t.c.until <= now, fence_left)
+        claim_values = {"owner": _key("holder"), "until": new_until, "fence": t.c.fence + _ONE}
+        #: a claim of one job by id, with what a caller adds to its WHERE (named locks: no
+        #: waiter queued ahead of the claimer, :mod:`fencing._store.lock_queue`)
+        claim_one = claimable if claim_guard is None else and_(claimable, claim_guard(now))
+        self.claim_returning: Executable = (
+            update(t).where(claim_one).values(claim_values).returning(t.c.fence, t.c.until)
+        )
+        self.claim_counting: Executable = update(t).where(claim_one).values(claim_values)
+        #: why a claim or revoke matched nothing, asked only then: the job's fences are used up
+        self.exhausted: Executable = select(t.c.fence).where(job, t.c.done == _ZERO, t.c.fence >= _FENCE_MAX)
+        #: read back a claim or renewal under the row lock its UPDATE took, same transaction
+        self.lease_of: Executable = select(t.c.fence, t.c.until).where(job)
+
+        #: renew never revives: the lease must still be live, not merely ours
+        renewal = update(t).where(current_holder, lease_live).values(until=new_until)
+        self.renew_returning: Executable = renewal.returning(t.c.until)
+        self.renew_counting: Executable = renewal
+        #: the late writer stops here: the lease is checked at the moment of writing
+        self.complete: Executable = (
+            update(t).where(current_holder, lease_live).values(result=bindparam("new_result"), done=_ONE)
+        )
+        #: a fenced transaction: the lease is current and live, and its row stays locked
+        #: until commit, so no one can claim the job while the caller's writes are pending
+        self.lock_lease: Executable = select(t.c.fence).where(current_holder, lease_live).with_for_update()
+        #: who holds a job now: its live lease's owner, fence and until (none when free)
+        self.live_lease: Executable = select(as_text(t.c.owner), t.c.fence, t.c.until).where(
+            job, t.c.done == _ZERO, t.c.owner.is_not(None), lease_live
+        )
+        #: the end of a fenced block sent with its COMMIT (PostgreSQL, psycopg's pipeline): the
+        #: same check, or the completion, as a statement that fails when it matches no row, so
+        #: the COMMIT after it in the pipeline is never run (:data:`LOST_AT_THE_END`)
+        self.still_held: Executable = _fails_unless_one(select(t.c.id).where(current_holder, lease_live))
+        self.complete_or_fail: Executable = _fails_unless_one(
+            update(t)
+            .where(current_holder, lease_live)
+            .values(result=bindparam("new_result"), done=_ONE)
+            .returning(t.c.id)
+            .cte("completed")
+        )
+        #: the same check as a write, for SQLite inside a transaction that did not begin
+        #: IMMEDIATE (the caller's): it takes the database's write lock with the check, so
+        #: the caller's writes that follow cannot lose a lock race
+        self.hold_lease: Executable = (
+            update(t).where(current_holder, lease_live).values(fence=t.c.fence).returning(t.c.fence)
+        )
+        #: the fence is kept: resetting it would make an old token valid again
+        release = update(t).where(current_holder).values(owner=null(), until=_ZERO)
+        #: released with a delay: not claimable before now + delay (new_until / ttl)
+        self.release_later: Executable = update(t).where(current_holder).values(owner=null(), until=new_until)
+        #: revoke: the fence moves on, so the holder's token is stale at once
+        #: why a write was refused (fencing.refusals), read only then, in its transaction:
+        #: the job as the guard saw it, and whether its lease had run out on the guard's clock
+        self.row_now: Executable = select(
+            as_text(t.c.owner), t.c.fence, t.c.done, (t.c.until <= now).label("expired")
+        ).where(job)
+        revoke = (
+            update(t)
+            .where(job, t.c.done == _ZERO, fence_left)
+            .values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
+        )
+        delete = (
+            update(t)
+            .where(job, t.c.done != _TOMBSTONE)
+            .values(done=_TOMBSTONE, owner=null(), until=_ZERO, result=null())
+        )
+        if freed_notice is not None:  # what a freed row sends on (a lock's waiters are woken)
+            release, revoke, delete = (
+                release.returning(freed_notice),
+                revoke.returning(freed_notice),
+                delete.returning(freed_notice),
+            )
+        #: the statements that free a row at once (a rowcount of 1: freed)
+        self.release: Executable = release
+        self.revoke: Executable = revoke
+        self.delete: Executable = delete
+
+        # -- the next ready jobs --------------------------------------------------------------
+        #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
+        #: (max_fence <= 2**63-1, so a job at the last fence is never ready)
+        max_fence: ColumnElement[int] = bindparam("max_fence")
+        ready = and_(t.c.done == _ZERO, t.c.until <= now, within_attempts(t, attempts, max_fence))
+        #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie) by
+        #: id: the order of the ready index (done, until, id), so no backend sorts. SKIP
+        #: LOCKED: a worker never waits for rows another worker is claiming (ignored on
+        #: SQLite, where BEGIN IMMEDIATE serializes claims)
+        longest_ready = (t.c.until, t.c.id)
+        pick = (
+            select(as_text(t.c.id))
+            .where(ready)
+            .order_by(*longest_ready)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+        #: for databases without RETURNING: the pick reads each fence too, and the clock's
+        #: reading it judged them ready at (the database's: the claim is stored at that instant,
+        #: so the client knows each lease without reading it back); it locks the rows, so the
+        #: ones claim_ids' UPDATE claimed are exactly those at the picked fence + 1
+        self.pick_ready = pick.add_columns(t.c.fence, now)
+        #: the picked rows, found by primary key; still ready (a re-check that costs nothing)
+        self._ready_again = and_(
+            unindexed(t.c.done) == _ZERO,
+            unindexed(t.c.until) <= now,
+            within_attempts(t, attempts, max_fence, fence=unindexed(t.c.fence)),
+        )
+        self._pick = pick
+        self._ready = ready
+        self._claim_values = claim_values
+        self.claim_next_returning: Executable = self._claim_picked(pick)
+        self._by_count: dict[int, tuple[Executable, Executable]] = {}
+        #: jobs claimed max_fence times or more and not held: retries exhausted
+        self.poisoned: Executable = (
+            select(*row)
+            .where(t.c.done == _ZERO, exhausted(t, attempts, max_fence), t.c.until <= now)
+            .order_by(*longest_ready)
+        )
+        self._now = now
+        self._lease_live = lease_live
+        if attempts is not None:
+            a = attempts
+            #: a requeue: a job not done and not held (a deferred one ready now, an expired
+            #: lease's owner cleared); its fence kept, so every token handed out stays stale
+            self.requeue: Executable = (
+                update(t)
+                .where(job, t.c.done == _ZERO, or_(t.c.owner.is_(None), t.c.until <= now))
+                .values(owner=null(), until=case((t.c.until > now, now), else_=t.c.until))
+            )
+            #: then its attempts count from its fence now: the base replaced, under the row
+            #: lock the requeue took (so two requeues of a job are one after the other)
+            self.forget_base: Executable = a.delete().where(a.c.id == _key("job_id"))
+            self.set_base: Executable = a.insert().from_select(
+                ["id", "base"], select(t.c.id, t.c.fence).where(job)
+            )
+        #: the same, for a row found by its primary key: never a way into the ready index
+        self._lease_live_by_key = unindexed(t.c.until) > now
+        self._batches: dict[tuple[str, int], Executable] = {}
+
+    def claim_ids(self, count: int) -> tuple[Executable, Executable]:
+        """For databases without ``UPDATE ... RETURNING``: claim ``count`` picked ids
+        (binds ``id_0`` ...) and read them back, statements built once per count. On the
+        caller's clock only: a claim on the database's is stored at the instant its pick
+        read (:attr:`pick_ready`), passed as ``now``."""
+        try:
+            return self._by_count[count]
+        except KeyError:
+            t = self.table
+            ids = t.c.id.in_([_key(f"id_{i}") for i in range(count)])
+            claim = update(t).where(ids, self._ready).values(self._claim_values)
+            read = select(as_text(t.c.id), t.c.fence, t.c.until).where(ids, t.c.owner == _key("holder"))
+            self._by_count[count] = (claim, read)
+            return claim, read
+
+    # -- a batch of completions in one statement (servers: one round trip, not one each) ---
+
+    def _batch(self, kind: str, size: int, build: Callable[[], Executable]) -> Executable:
+        key = (kind, size)
+        stmt = self._batches.get(key)
+        if stmt is None:
+            stmt = self._batches[key] = build()
+        return stmt
+
+    def _completions(self, size: int) -> list[tuple[ColumnElement[Any], ...]]:
+        """Bind parameters for ``size`` completions: ``n_i`` (the position in the batch),
+        ``id_i``, ``holder_i``, ``token_i``, ``result_i``, typed like the values they carry."""
+        t = self.table
+        return [
+            (
+                bindparam(f"n_{i}", type_=Integer()),
+                _key(f"id_{i}"),
+                _key(f"holder_{i}"),
+                bindparam(f"token_{i}", type_=t.c.fence.type),
+                bindparam(f"result_{i}", type_=t.c.result.type),
+            )
+            for i in range(size)
+        ]
+
+    def _complete_joined(self, v: FromClause) -> Update:
+        """complete's guard, per completion: the job of ``v.id`` held by ``v.holder`` under
+        ``v.token``, not done, lease live; then its result and done = 1."""
+        t = self.table
+        current = and_(
+            t.c.id == v.c.id, t.c.owner == v.c.holder, t.c.fence == v.c.token, unindexed(t.c.done) == _ZERO
+        )
+        return update(t).where(current, self._lease_live_by_key).values(result=v.c.result, done=_ONE)
+
+    def complete_batch_arrays(self) -> Executable:
+        """Any number of completions in one ``UPDATE ... FROM unnest(arrays)``, returning the
+        positions (``n``) of the accepted ones (PostgreSQL). Binds five arrays, ``ns``,
+        ``ids``, ``holders``, ``tokens``, ``results``, so the statement's text is the same
+        for every batch size: psycopg prepares it once, and nothing is re-parsed per call.
+        Each row of the arrays meets the guard on its own."""
+
+        def build() -> Executable:
+            t = self.table
+            arrays = func.unnest(
+                bindparam("ns", type_=ARRAY(Integer())),
+                bindparam("ids", type_=ARRAY(Text())),
+                bindparam("holders", type_=ARRAY(Text())),
+                bindparam("tokens", type_=ARRAY(BigInteger())),
+                bindparam("results", type_=ARRAY(Text())),
+            )
+            v = arrays.table_valued(
+                column("n", Integer()),
+                column("id", t.c.id.type),
+                column("holder", t.c.owner.type),
+                column("token", t.c.fence.type),
+                column("result", t.c.result.type),
+            ).render_derived(name="v")
+            return self._complete_joined(v).returning(v.c.n)
+
+        return self._batch("complete_arrays", 0, build)
+
+    def _claim_picked(self, pick: Select[Any]) -> Update:
+        """Claim the rows ``pick`` selects (and locks), returning their id, fence and until."""
+        t = self.table
+        # MATERIALIZED: PostgreSQL may otherwise re-run the pick per outer row, each time
+        # skipping the rows this very statement just locked, and claim past the LIMIT
+        picked = pick.cte("picked").prefix_with("MATERIALIZED", dialect="postgresql")
+        return (
+            update(t)
+            .where(t.c.id.in_(select(picked.c.id)), self._ready_again)
+            .values(self._claim_values)
+            .returning(as_text(t.c.id), t.c.fence, t.c.until)
+        )
+
+    def step_arrays(self) -> Executable:
+        """A worker's step in one statement (PostgreSQL): :meth:`complete_batch_arrays` and
+        ``claim_next_returning`` as two data-modifying CTEs of one ``SELECT``, so a step is
+        one round trip. Its rows: ``(n, NULL, NULL, NULL)`` per accepted completion,
+        ``(NULL, id, fence, until)`` per claimed job.
+
+        Both CTEs see one snapshot, and PostgreSQL does not say which of two updates of one
+        row in a statement wins: so the claim never picks a job this step completes (``id <>
+        ALL(ids)``). A completion that is accepted leaves a live lease anyway, which the claim
+        could not take; one that is refused (expired) leaves its job to the claim."""
+
+        def build() -> Executable:
+            t = self.table
+            complete = self.complete_batch_arrays()
+            assert isinstance(complete, Update)
+            done = complete.cte("done")
+            ids = bindparam("ids", type_=ARRAY(Text()))
+            claimed = self._claim_picked(self._pick.where(t.c.id != all_(ids))).cte("claimed")
+            no = null()
+            return union_all(
+                select(
+                    done.c.n,
+                    cast(no, Text()).label("id"),
+                    cast(no, BigInteger()).label("fence"),
+                    cast(no, t.c.until.type).label("until"),
+                ),
+                select(cast(no, Integer()).label("n"), claimed.c.id, claimed.c.fence, claimed.c.until),
+            )
+
+        return self._batch("step_arrays", 0, build)
+
+    def lock_live(self, size: int) -> Executable:
+        """For databases without ``UPDATE ... RETURNING``: lock the rows of ``size`` job ids
+        (binds ``id_i``) and read each one's holder, fence, whether it is current (not done,
+        lease live) and the ``now`` that was judged at (the store binds it into
+        :meth:`complete_batch_joined`, so both statements judge by one instant). The WHERE
+        names only ids, so the lock is taken through the primary key on these rows alone:
+        a range on the ready index would lock every live lease in it."""
+
+        def build() -> Executable:
+            t = self.table
+            ids = t.c.id.in_([_key(f"id_{i}") for i in range(size)])
+            current = and_(t.c.done == _ZERO, self._lease_live).label("is_current")
+            return (
+                select(as_text(t.c.id), as_text(t.c.owner), t.c.fence, current, self._now.label("judged_at"))
+                .where(ids)
+                .with_for_update()
+            )
+
+        return self._batch("lock_live", size, build)
+
+    def complete_batch_joined(self, size: int) -> Executable:
+        """``size`` completions in one ``UPDATE`` joined to a derived table of ``SELECT ...
+        UNION ALL SELECT ...`` (MariaDB/MySQL, which have no ``VALUES`` with column names)."""
+
+        def build() -> Executable:
+            names = ("id", "holder", "token", "result")
+            rows = [
+                select(*(b.label(n) for b, n in zip(row[1:], names, strict=True)))
+                for row in self._completions(size)
+            ]
+            v = (union_all(*rows) if size > 1 else rows[0]).subquery("v")
+            return self._complete_joined(v)
+
+        return self._batch("complete_joined", size, build)

@@ -1,0 +1,473 @@
+"""Worker batches: claims of workers that do not know job ids, and completions many at once.
+
+:class:`WorkerBatches` is the part of :class:`~fencing.JobStore` a worker loop uses:
+:meth:`~WorkerBatches.claim_next`, :meth:`~WorkerBatches.complete_many`, the worker's step
+:meth:`~WorkerBatches.complete_and_claim_next` (both in one transaction) and the jobs a
+``max_attempts`` skips (:meth:`~WorkerBatches.poisoned`). How a batch of completions
+reaches the database is the dialect plan's (:mod:`.dialects`): one ``UPDATE`` each on
+SQLite, one ``UPDATE ... FROM unnest(arrays)`` per chunk on PostgreSQL, a locking read and one
+joined ``UPDATE`` per chunk on MariaDB/MySQL.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqlalchemy.sql import Executable
+
+from .._errors import DatabaseError, InvalidArgumentType
+from .._runtime import events
+from .._runtime.execution import CallerConnection, Executor
+from .._runtime.refusals import judge, never_current
+from .._sql.checks import FENCE_MAX, check_count, check_until, fence_can_match
+from .._sql.statements import COMPLETE_CHUNK, Statements, batch_size
+from .._sql.values import JobState, Lease, Refusal
+from .context import JobsContext
+from .dialects import ARRAYS, EACH, LOCKING
+from .history import Outcome
+
+__all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
+
+#: job_id, owner, fence, result: one checked item of complete_many
+_Completion = tuple[str, str, int, "str | None"]
+#: how a batch's completions are stored: a unit made of the statements, the clock, the batch
+#: and the positions to store, returning those accepted
+_StoredBy = Callable[
+    [Statements, dict[str, Any], list[_Completion], list[int]], Callable[[Executor], set[int]]
+]
+#: result characters per batch statement: a statement stays far below MariaDB's packet limit
+COMPLETE_CHUNK_CHARS = 1 << 20
+
+
+class WorkerBatches:
+    """Claims and completions of workers, many at once (a part of :class:`~fencing.JobStore`)."""
+
+    _ctx: JobsContext
+
+    def claim_next(
+        self,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: CallerConnection | None = None,
+    ) -> list[Lease]:
+        """Claim up to ``limit`` ready jobs in one transaction; their leases (maybe none).
+
+        Ready: not done, lease expired or never taken, not deferred, and (with
+        ``max_attempts``) claimed fewer than that many times, the fence being the attempt
+        count (since the job's last :meth:`requeue`, with the store's ``attempts`` table).
+        The jobs that have been ready longest come first (by ``until``: enqueue time, lease
+        expiry or retry time; with :meth:`enqueue`'s default that is first-come
+        first-served), ties by id (the order of the ready index, so the pick walks it from
+        its start and stops at ``limit``, at any backlog); the order of the returned list
+        is the database's. On PostgreSQL and MariaDB workers skip rows another worker is
+        claiming (``FOR UPDATE SKIP LOCKED``); on SQLite ``BEGIN IMMEDIATE`` serializes
+        claims.
+        """
+        ctx = self._ctx
+        outcome = ctx.outcome()
+        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
+        unit = self._claim_next_unit(s, params, outcome)
+        started = time.perf_counter()
+        # one UPDATE ... RETURNING (a batch's after the claim order is set: one round trip
+        # still where the driver pipelines)
+        leases = ctx.run_jobs(
+            unit, conn, outcome=outcome, single=ctx.plan.returning, prelude=self._claim_order(s, params)
+        )
+        self._claimed(leases, max_attempts, started)
+        return leases
+
+    def _claimed(self, leases: list[Lease], max_attempts: int | None, started: float) -> None:
+        """Count and time a claim of workers that began at ``started`` (``perf_counter``)."""
+        self._ctx.metrics.claimed(leases, started)
+        if max_attempts is not None and leases:
+            events.last_attempts(leases, max_attempts)
+
+    def _claim_params(
+        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object
+    ) -> tuple[Statements, dict[str, Any]]:
+        """A claim of the next jobs, its arguments checked: its clock's statements and its
+        bind parameters (``holder``, ``limit``, ``max_fence`` and the clock's)."""
+        ctx = self._ctx
+        owner = ctx.job_key("owner", owner)
+        limit = check_count("limit", limit)
+        max_fence = FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)
+        s, clock = ctx.clock(now, ttl)
+        return s, {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+
+    def _claim_order(self, s: Statements, params: dict[str, Any]) -> tuple[Executable, ...]:
+        """What a transaction of the store's own that claims ``params["limit"]`` jobs runs
+        first, so the pick walks the ready index in claim order (PostgreSQL, past one job)."""
+        if params["limit"] > 1 and self._ctx.plan.walks_claim_order:
+            return (s.walk_in_claim_order,)
+        return ()
+
+    def _claim_next_unit(
+        self, s: Statements, params: dict[str, Any], outcome: Outcome
+    ) -> Callable[[Executor], list[Lease]]:
+        """The unit of :meth:`claim_next` (``s`` and ``params`` from :meth:`_claim_params`),
+        its claims noted in ``outcome``."""
+        ctx = self._ctx
+        owner: str = params["holder"]
+
+        def returning(x: Executor) -> list[Lease]:
+            rows = x.rows(s.claim_next_returning, params)
+            leases = [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+            outcome.leases("claim", leases, params)
+            return leases
+
+        by_caller = ctx.by_caller
+
+        def picking(x: Executor) -> list[Lease]:
+            rows = x.rows(s.pick_ready, params)
+            if not rows:
+                return []
+            picked = {job_id: int(fence) for job_id, fence, _ in rows}
+            # the claim is stored at the instant the pick judged its rows ready (on the
+            # database's clock: the pick's own reading), so its leases are known here
+            at = params["now"] if "now" in params else float(rows[0][2])
+            new_until = params["new_until"] if "now" in params else check_until(at, params["ttl"])
+            claim, read = by_caller.claim_ids(len(picked))
+            ids = {f"id_{i}": job_id for i, job_id in enumerate(picked)}
+            both = {**params, **ids, "now": at, "new_until": new_until}
+            if x.count(claim, both) == len(picked):
+                # the pick locked these rows, ready at ``at``: each is claimed one fence above
+                leases = [Lease(job_id, owner, fence + 1, new_until) for job_id, fence in picked.items()]
+            else:  # (not seen: rows locked since the pick and judged at the same instant)
+                # one no longer ready may still carry this owner from an earlier, expired
+                # lease: its old fence must not be handed out a second time
+                leases = [
+                    Lease(job_id, owner, int(fence), float(until))
+                    for job_id, fence, until in x.rows(read, both)
+                    if int(fence) == picked[job_id] + 1
+                ]
+            outcome.leases("claim", leases, params)
+            return leases
+
+        return returning if ctx.plan.returning else picking
+
+    def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> list[bool]:
+        """:meth:`complete` for each ``(lease, result)``, all in one transaction.
+
+        Each completion is checked on its own (owner, fence, not done, lease live at
+        ``now``): a stale one is refused, the others stored; the list says which were
+        accepted, in input order. The same lease twice: only the first can be accepted
+        (it makes the job done). Every item is checked before anything runs, so a bad one
+        raises and changes nothing. On PostgreSQL a batch is one ``UPDATE`` (per
+        :data:`~fencing._sql.statements.COMPLETE_CHUNK` completions), on MariaDB/MySQL a read
+        that locks the batch's rows and one ``UPDATE``, on SQLite one ``UPDATE`` each (no
+        round trips there). With ``now=None`` the servers judge a whole chunk at one
+        instant of their clock, SQLite each completion at its own statement's.
+        """
+        _check_completions(completions)
+        outcome = self._ctx.outcome()
+        size, unit, refused, single = self._completions_unit(completions, now, outcome)
+        if unit is None:
+            return self._judged(size, set(), refused)
+        accepted = self._ctx.run_jobs(unit, conn, outcome=outcome, single=single)
+        return self._judged(size, accepted, refused)
+
+    def _judged(self, size: int, accepted: set[int], refused: list[Refusal]) -> list[bool]:
+        """complete_many's answer, its accepted completions counted and refused ones reported."""
+        if accepted:
+            self._ctx.metrics.add("complete_many.accepted", len(accepted))
+        return self._ctx.refused(refused, [i in accepted for i in range(size)])
+
+    def _completions_unit(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        now: object,
+        outcome: Outcome,
+        stored_by: _StoredBy | None = None,
+    ) -> tuple[int, Callable[[Executor], set[int]] | None, list[Refusal], bool]:
+        """The unit of :meth:`complete_many`, every item checked: how many items there are,
+        the unit returning the positions accepted (``None``: none can be), the list the unit
+        fills with the refused ones' reasons (read in its transaction), and whether it writes
+        with one statement (one chunk of arrays: :meth:`Runner.run`'s ``single``)."""
+        ctx = self._ctx
+        s, clock = ctx.clock(now)
+        batch: list[_Completion] = []
+        for item in completions:
+            if not (isinstance(item, tuple) and len(item) == 2):
+                raise InvalidArgumentType(f"completions must hold (lease, result) pairs, got {item!r:.80}")
+            lease, result = item
+            job_id, owner, fence = ctx.lease(lease)
+            batch.append((job_id, owner, fence, ctx.result(result)))
+        # what goes to the database: the first of identical leases, with a fence that can match
+        first: dict[tuple[str, str, int], int] = {}
+        todo = [
+            i
+            for i, (job_id, owner, fence, _) in enumerate(batch)
+            if fence_can_match(fence) and first.setdefault((job_id, owner, fence), i) == i
+        ]
+        refused: list[Refusal] = []
+        if not todo:
+            refused += [never_current("complete_many", j, o, f) for j, o, f, _ in batch]
+            return len(batch), None, refused, False
+        complete = (stored_by or self._complete_many)(s, clock, batch, todo)
+
+        def unit(x: Executor) -> set[int]:
+            accepted = complete(x)
+            # each refused item is judged as the guard met it: before the item of this batch
+            # that completed its job, that item's lease was the current, live one
+            completed_by = {batch[i][0]: i for i in accepted}
+            refused[:] = [
+                _refusal(ctx, x, s, clock, batch, i, completed_by.get(batch[i][0]))
+                for i in range(len(batch))
+                if i not in accepted
+            ]
+            tokens = [batch[i][:3] for i in sorted(accepted)]
+            outcome.tokens("complete", tokens, clock, path="complete_many")
+            outcome.refusals([r for r in refused if fence_can_match(r.fence)], clock)
+            return accepted
+
+        single = ctx.plan.batch_completion == ARRAYS and len(_chunks(batch, todo)) == 1
+        return len(batch), unit, refused, single
+
+    def complete_and_claim_next(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        limit: int = 1,
+        max_attempts: int | None = None,
+        conn: CallerConnection | None = None,
+    ) -> tuple[list[bool], list[Lease]]:
+        """A worker's step: :meth:`complete_many` of ``completions``, then :meth:`claim_next`
+        for ``owner``, in **one** transaction (one commit, so on SQLite one fsync, where the
+        two calls take two).
+
+        Returns ``(accepted, leases)``: which completions were accepted, in input order (each
+        judged on its own, exactly as :meth:`complete_many` does; a refused one does not stop
+        the claim), and the new leases. All arguments are checked before anything runs::
+
+            [lease] = store.claim_next("w", ttl=30) or [None]
+            while lease is not None:
+                result = work(lease.job_id)
+                _, leases = store.complete_and_claim_next([(lease, result)], "w", ttl=30)
+                lease = leases[0] if leases else None
+        """
+        _check_completions(completions)
+        ctx = self._ctx
+        outcome = ctx.outcome()
+        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
+        claim = self._claim_next_unit(s, params, outcome)
+        claimed: list[Lease] = []
+        stored_by = None
+        if ctx.plan.batch_completion == ARRAYS and ctx.plan.returning:
+            # PostgreSQL: the completions and the claim in one statement, one round trip
+            stored_by = self._step_in_one(params, outcome, claimed)
+        size, complete, refused, single = self._completions_unit(completions, now, outcome, stored_by)
+
+        def step(x: Executor) -> tuple[set[int], list[Lease]]:
+            if complete is None:  # no completion can be accepted: the claim alone
+                return set(), claim(x)
+            accepted = complete(x)
+            return accepted, (list(claimed) if stored_by is not None else claim(x))
+
+        # one statement: the step's own, or (nothing to complete) the claim's
+        single = stored_by is not None and (single or complete is None)
+        started = time.perf_counter()
+        prelude = self._claim_order(s, params)
+        accepted, leases = ctx.run_jobs(step, conn, outcome=outcome, single=single, prelude=prelude)
+        self._claimed(leases, max_attempts, started)
+        return self._judged(size, accepted, refused), leases
+
+    def _step_in_one(self, params: dict[str, Any], outcome: Outcome, claimed: list[Lease]) -> _StoredBy:
+        """How a step stores its completions on PostgreSQL: in one statement with its claim
+        (:meth:`Statements.step_arrays`), whose leases go to ``claimed`` (noted in ``outcome``).
+        More completions than one chunk take the chunks first, the last with the claim."""
+        owner: str = params["holder"]
+
+        def stored_by(
+            s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+        ) -> Callable[[Executor], set[int]]:
+            chunks = _chunks(batch, todo)
+            first = s.complete_batch_arrays()
+            both = s.step_arrays()
+
+            def unit(x: Executor) -> set[int]:
+                accepted: set[int] = set()
+                for chunk in chunks[:-1]:
+                    rows = x.rows(first, {**_completion_arrays(batch, chunk), **clock})
+                    accepted.update(int(row[0]) for row in rows)
+                rows = x.rows(both, {**_completion_arrays(batch, chunks[-1]), **clock, **params})
+                accepted.update(int(row[0]) for row in rows if row[0] is not None)
+                leases = [
+                    Lease(row[1], owner, int(row[2]), float(row[3])) for row in rows if row[1] is not None
+                ]
+                outcome.leases("claim", leases, params)
+                claimed[:] = leases
+                return accepted
+
+            return unit
+
+        return stored_by
+
+    def _complete_many(
+        self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+    ) -> Callable[[Executor], set[int]]:
+        """The unit that stores the completions at positions ``todo``: the accepted ones, the
+        way the dialect's plan says."""
+        how = self._ctx.plan.batch_completion
+        # one completion (a worker's step): its guarded UPDATE alone, one statement where a
+        # locking read and a joined UPDATE take two
+        if how == EACH or (how == LOCKING and len(todo) == 1):
+
+            def each(x: Executor) -> set[int]:
+                stmt = s.complete
+                accepted = set()
+                for i in todo:
+                    job_id, owner, fence, result = batch[i]
+                    params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result}
+                    if x.count(stmt, {**params, **clock}) == 1:
+                        accepted.add(i)
+                return accepted
+
+            return each
+
+        chunks = _chunks(batch, todo)
+        if how == ARRAYS:
+            stmt = s.complete_batch_arrays()
+
+            def returning(x: Executor) -> set[int]:
+                accepted: set[int] = set()
+                for chunk in chunks:
+                    rows = x.rows(stmt, {**_completion_arrays(batch, chunk), **clock})
+                    accepted.update(int(row[0]) for row in rows)
+                return accepted
+
+            return returning
+
+        by_caller = self._ctx.by_caller
+
+        def locking(x: Executor) -> set[int]:
+            accepted: set[int] = set()
+            for chunk in chunks:
+                job_ids = list(dict.fromkeys(batch[i][0] for i in chunk))
+                size = batch_size(len(job_ids))
+                ids = {f"id_{k}": job_ids[k] if k < len(job_ids) else None for k in range(size)}
+                rows = x.rows(s.lock_live(size), {**ids, **clock})
+                # the rows stay locked until commit: what is current now is current at the UPDATE
+                live = {(job_id, owner, int(fence)) for job_id, owner, fence, ok, _ in rows if ok}
+                current = [i for i in chunk if batch[i][:3] in live]
+                if not current:
+                    continue
+                size = batch_size(len(current))
+                at = clock["now"] if "now" in clock else float(rows[0][4])
+                stored = x.count(
+                    by_caller.complete_batch_joined(size),
+                    {**_completion_params(batch, current, size), "now": at},
+                )
+                if stored != len(current):
+                    raise DatabaseError(
+                        f"complete_many: {stored} of {len(current)} locked, current leases were "
+                        "stored; the transaction is rolled back"
+                    )
+                accepted.update(current)
+            return accepted
+
+        return locking
+
+    def poisoned(
+        self, max_attempts: int, *, now: float | None = None, conn: CallerConnection | None = None
+    ) -> list[JobState]:
+        """Jobs that :meth:`claim_next` with this ``max_attempts`` skips: not done, not
+        held, claimed ``max_attempts`` times or more (since the last :meth:`requeue`, with
+        the store's ``attempts`` table). Longest ready first."""
+        ctx = self._ctx
+        s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
+        params = {"max_fence": check_count("max_attempts", max_attempts), **clock}
+        stmt = s.poisoned
+        return ctx.run_jobs(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)
+
+
+def _refusal(
+    ctx: JobsContext,
+    x: Executor,
+    s: Statements,
+    clock: dict[str, Any],
+    batch: list[_Completion],
+    i: int,
+    by: int | None,
+) -> Refusal:
+    """Why item ``i`` of a batch was refused. ``by``: the item of the same batch that
+    completed its job, if one did. An item before it met that item's lease, current and
+    live (judged against it, not against the job the batch left done); an item after it
+    met the job done; an item of a job no item completed meets its row as it is."""
+    job_id, owner, fence, _ = batch[i]
+    if not fence_can_match(fence):
+        return never_current("complete_many", job_id, owner, fence)
+    if by is not None and i < by:
+        holder, current = batch[by][1], batch[by][2]
+        return judge("complete_many", job_id, owner, fence, (holder, current, 0, False))
+    return ctx.why(x, s, "complete_many", {"job_id": job_id, "holder": owner, "token": fence, **clock})
+
+
+def _check_completions(completions: object) -> None:
+    if isinstance(completions, (str, bytes)) or not isinstance(completions, Iterable):
+        raise InvalidArgumentType(
+            "completions must be an iterable of (lease, result) pairs, "
+            f"got {type(completions).__name__} {completions!r:.80}"
+        )
+
+
+def _chunks(batch: list[_Completion], todo: list[int]) -> list[list[int]]:
+    """``todo`` cut into chunks of at most COMPLETE_CHUNK completions and (past the first
+    completion) COMPLETE_CHUNK_CHARS result characters."""
+    chunks: list[list[int]] = []
+    chunk: list[int] = []
+    chars = 0
+    for i in todo:
+        size = len(batch[i][3] or "")
+        if chunk and (len(chunk) == COMPLETE_CHUNK or chars + size > COMPLETE_CHUNK_CHARS):
+            chunks.append(chunk)
+            chunk, chars = [], 0
+        chunk.append(i)
+        chars += size
+    chunks.append(chunk)
+    return chunks
+
+
+def _completion_params(batch: list[_Completion], chunk: list[int], size: int) -> dict[str, Any]:
+    """The bind parameters of a batch statement of ``size`` for the completions at ``chunk``;
+    the rows past them are NULLs, which match no job."""
+    params: dict[str, Any] = {}
+    padding = (None, None, None, None, None)
+    for k, names in enumerate(_completion_binds(size)):
+        row = (chunk[k], *batch[chunk[k]]) if k < len(chunk) else padding
+        params.update(zip(names, row, strict=True))
+    return params
+
+
+def _completion_arrays(batch: list[_Completion], chunk: list[int]) -> dict[str, Any]:
+    """The five arrays :meth:`Statements.complete_batch_arrays` binds, for ``chunk``."""
+    rows = [batch[i] for i in chunk]
+    return {
+        "ns": chunk,
+        "ids": [r[0] for r in rows],
+        "holders": [r[1] for r in rows],
+        "tokens": [r[2] for r in rows],
+        "results": [r[3] for r in rows],
+    }
+
+
+@functools.lru_cache(maxsize=16)
+def _completion_binds(size: int) -> tuple[tuple[str, str, str, str, str], ...]:
+    """The names :meth:`Statements.complete_batch_joined` and :meth:`Statements.lock_live`
+    bind, per row."""
+    return tuple((f"n_{k}", f"id_{k}", f"holder_{k}", f"token_{k}", f"result_{k}") for k in range(size))

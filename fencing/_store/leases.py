@@ -1,0 +1,429 @@
+"""Single-lease operations: each is one compare-and-set on one job's row, its guard in the
+``WHERE``; a refused write's reason is read in the same transaction.
+
+:class:`LeaseOperations` is the part of :class:`~fencing.JobStore` that a caller who knows
+the job id uses: enqueue, state, claim, renew, complete, release, revoke, delete, requeue
+and the claim race of :meth:`~LeaseOperations.claim_many`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from sqlalchemy.sql import Executable
+
+from .._errors import ConfigurationError, FencesExhausted, InvalidArgumentType
+from .._runtime.execution import CallerConnection, Executor
+from .._runtime.refusals import never_current
+from .._sql.checks import FENCE_MAX, check_now, check_time, fence_can_match, show_value
+from .._sql.statements import Statements
+from .._sql.values import JobState, Lease, Refusal
+from .context import JobsContext
+from .dialects import DUPLICATE_KEY
+from .history import Outcome
+
+__all__ = ["CLAIM_MANY_MAX_THREADS", "LeaseOperations"]
+
+T = TypeVar("T")
+
+logger = logging.getLogger("fencing.store")  # the name operators filter on
+
+#: more threads than this only queue for the same row lock
+CLAIM_MANY_MAX_THREADS = 32
+
+
+class LeaseOperations:
+    """The operations on one job's lease (a part of :class:`~fencing.JobStore`)."""
+
+    _ctx: JobsContext
+
+    def enqueue(
+        self, job_id: str, *, ready_at: float | None = None, conn: CallerConnection | None = None
+    ) -> bool:
+        """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists.
+
+        ``ready_at``: not claimable before this time on the caller's clock. The default
+        ``None`` stamps the database's now, which :meth:`claim_next` (``now=None``) can
+        claim at once and which makes it first-come first-served: it takes the jobs that
+        have been ready longest first, and jobs ready at the same instant by id (the ready
+        index is ``(done, until, id)``; SQLite's clock counts milliseconds, so enqueues within
+        one millisecond tie there, the servers' count microseconds). ``ready_at=0`` is the
+        contract's row (``service.enqueue``): ready at once on any clock. A
+        :meth:`delete`-d id comes back with its fence kept, so it never hands out an old
+        token again.
+        """
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        params: dict[str, Any]
+        if ready_at is None:
+            s, params = ctx.by_database, {"job_id": job_id}
+        else:
+            s, params = ctx.by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
+        enqueue = ctx.enqueue
+        single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
+        return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
+
+    def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
+        """The stored row, read from the database now, or ``None``."""
+        ctx = self._ctx
+        params = {"job_id": ctx.job_key("job_id", job_id)}
+        stmt = ctx.by_caller.state
+
+        if conn is None:
+            # one SELECT is its own snapshot: no transaction, no write lock
+            try:
+                row = ctx.runner.read_row(stmt, params)
+            except ctx.errors as exc:
+                ctx.fail(exc, ctx.table)
+            return None if row is None else JobState.from_row(row)
+
+        def unit(x: Executor) -> JobState | None:
+            rows = x.rows(stmt, params)
+            return JobState.from_row(rows[0]) if rows else None
+
+        return ctx.run_jobs(unit, conn)  # (the caller's transaction: conn is given)
+
+    def holder(
+        self, job_id: str, *, now: float | None = None, conn: CallerConnection | None = None
+    ) -> Lease | None:
+        """Who holds ``job_id`` now: its live lease (owner, fence, ``until``), read from the
+        database, or ``None`` when no lease on it is live at ``now`` (the database's clock by
+        default): free, expired, done or missing. A read: it locks nothing, so the answer
+        may be out of date the moment it arrives; a write must still present its lease."""
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
+        params = {"job_id": job_id, **clock}
+        stmt = s.live_lease
+
+        def unit(x: Executor) -> Lease | None:
+            rows = x.rows(stmt, params)
+            if not rows:
+                return None
+            owner, fence, until = rows[0]
+            return Lease(job_id, owner, int(fence), float(until))
+
+        return ctx.run_jobs(unit, conn, write=False, single=True)
+
+    def claim(
+        self,
+        job_id: str,
+        owner: str,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> Lease | None:
+        """Take the lease on ``job_id`` if it is not done and not held (``until <= now``).
+
+        The fence goes up by one and is part of the returned :class:`Lease`; ``None`` for a
+        missing, done or held job. :class:`FencesExhausted` (nothing changed) for a job whose
+        fence is already 2**63-1, the last one a signed 64-bit fence holds: it can never be
+        claimed again, so it is said at once, even while the last lease is held.
+        """
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        owner = ctx.job_key("owner", owner)
+        s, clock = ctx.clock(now, ttl)
+        outcome = ctx.outcome()
+        unit = self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}, outcome)
+        started = time.perf_counter()
+        single = ctx.plan.returning  # one UPDATE ... RETURNING (then, if refused, a read)
+        lease = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=single)
+        ctx.metrics.claim(lease, started)
+        return lease
+
+    def _claim_unit(
+        self, s: Statements, params: dict[str, Any], outcome: Outcome
+    ) -> Callable[[Executor], Lease | None]:
+        job_id, owner = params["job_id"], params["holder"]
+        if self._ctx.plan.returning:
+
+            def returning(x: Executor) -> Lease | None:
+                rows = x.rows(s.claim_returning, params)
+                if rows:
+                    lease = Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]))
+                    outcome.leases("claim", [lease], params)
+                    return lease
+                _refuse_if_exhausted(x, s, job_id)
+                return None
+
+            return returning
+
+        def counting(x: Executor) -> Lease | None:
+            if x.count(s.claim_counting, params) != 1:
+                _refuse_if_exhausted(x, s, job_id)
+                return None
+            fence, until = x.rows(s.lease_of, params)[0]
+            lease = Lease(job_id, owner, int(fence), float(until))
+            outcome.leases("claim", [lease], params)
+            return lease
+
+        return counting
+
+    def renew(
+        self,
+        lease: Lease,
+        *,
+        ttl: float,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> Lease | None:
+        """Extend a live lease to ``now + ttl``: the new :class:`Lease`, or ``None``.
+
+        ``None`` when the token is stale (another fence, another owner, done) or the lease
+        has already expired (``until <= now``): an expired lease is never revived.
+        """
+        ctx = self._ctx
+        job_id, owner, fence = ctx.lease(lease)
+        s, clock = ctx.clock(now, ttl)
+        if not fence_can_match(fence):
+            return ctx.refused([never_current("renew", job_id, owner, fence)], None)
+        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
+        refused: list[Refusal] = []
+        outcome = ctx.outcome()
+
+        def renewed(x: Executor) -> Lease | None:
+            renewal = self._renewal(x, s, params)
+            if renewal is None:
+                refused[:] = [ctx.why(x, s, "renew", params)]
+                outcome.refusals(refused, params)
+            else:
+                outcome.leases("renew", [renewal], params)
+            return renewal
+
+        single = ctx.plan.returning or "new_until" in params  # one UPDATE (then, if refused, a read)
+        renewal = ctx.run_jobs(renewed, conn, job=job_id, outcome=outcome, single=single)
+        return ctx.refused(refused, None) if renewal is None else ctx.accepted("renew", renewal)
+
+    def _renewal(self, x: Executor, s: Statements, params: dict[str, Any]) -> Lease | None:
+        """Renew the lease in ``params``: the new :class:`Lease`, or ``None`` if refused."""
+        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
+        if "new_until" in params:
+            if x.count(s.renew_counting, params) == 1:
+                return Lease(job_id, owner, fence, params["new_until"])
+        elif self._ctx.plan.returning:
+            rows = x.rows(s.renew_returning, params)
+            if rows:
+                return Lease(job_id, owner, fence, float(rows[0][0]))
+        elif x.count(s.renew_counting, params) == 1:
+            return Lease(job_id, owner, fence, float(x.rows(s.lease_of, params)[0][1]))
+        return None
+
+    def complete(
+        self,
+        lease: Lease,
+        result: str | None,
+        *,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> bool:
+        """Store ``result`` and mark the job done, only under the current, live lease.
+
+        ``False`` (and the stored result untouched) for a late or stale writer.
+        """
+        ctx = self._ctx
+        job_id, owner, fence = ctx.lease(lease)
+        s, clock = ctx.clock(now)
+        result = ctx.result(result)
+        params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}
+        return self._guarded("complete", s, s.complete, params, conn)
+
+    def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | None = None,
+        now: float | None = None,
+        conn: CallerConnection | None = None,
+    ) -> bool:
+        """Give the lease back early (``owner = NULL``); the fence is kept.
+
+        Without ``delay`` the job is claimable at once (``until = 0``); with it, not before
+        ``now + delay`` (a retry with backoff). ``False`` if the token is stale or done.
+        """
+        ctx = self._ctx
+        job_id, owner, fence = ctx.lease(lease)
+        clock: dict[str, Any] = {}
+        if delay is None:
+            s = ctx.by_caller
+            stmt = s.release
+            clock = {"now": 0.0}  # release checks no clock; the reason read compares with 0
+            # the history's instant: the caller's now, else the database's
+            ctx.recorded_on(now)
+            at = {} if now is None else {"now": check_now(now)}
+        else:
+            s, clock = ctx.clock(now, delay, name="delay")
+            stmt = s.release_later
+            at = clock
+        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
+        return self._guarded("release", s, stmt, params, conn, at=at)
+
+    def _guarded(
+        self,
+        path: str,
+        s: Statements,
+        stmt: Executable,
+        params: dict[str, Any],
+        conn: CallerConnection | None,
+        *,
+        at: dict[str, Any] | None = None,
+    ) -> bool:
+        """Run the guarded write ``stmt`` of one lease: accepted, or refused with its reason
+        (read in the same transaction, logged and counted after it). ``at``: the history's
+        clock, when it is not the statement's."""
+        ctx = self._ctx
+        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
+        if not fence_can_match(fence):
+            return ctx.refused([never_current(path, job_id, owner, fence)], False)
+        refused: list[Refusal] = []
+        outcome = ctx.outcome()
+        clock = params if at is None else at
+
+        def unit(x: Executor) -> bool:
+            if x.count(stmt, params) == 1:
+                outcome.tokens(path, [(job_id, owner, fence)], clock)
+                return True
+            refused[:] = [ctx.why(x, s, path, params)]
+            outcome.refusals(refused, clock)
+            return False
+
+        if ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True):
+            return ctx.accepted(path, True, (job_id, fence))
+        return ctx.refused(refused, False)
+
+    def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
+        """Take the lease away at once: the fence moves on, so the holder's token is stale
+        for every later write; the job is claimable again. ``False`` if missing or done.
+
+        :class:`FencesExhausted` if the job's fence is already 2**63-1: it cannot move on, so
+        the holder of that last fence keeps it (nothing changed)."""
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        params = {"job_id": job_id}
+        s = ctx.by_caller
+        outcome = ctx.outcome()
+
+        def unit(x: Executor) -> bool:
+            if x.count(s.revoke, params) == 1:
+                outcome.copy("revoke", job_id, {})
+                return True
+            _refuse_if_exhausted(x, s, job_id)
+            return False
+
+        revoked = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
+        if revoked:
+            ctx.metrics.ended("revoke", job_id)
+            logger.info("revoked the lease on job %r", job_id, extra={"path": "revoke", "job_id": job_id})
+        return revoked
+
+    def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
+        """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
+        is enqueued again continues above every fence it ever had. ``False`` if missing."""
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        params = {"job_id": job_id}
+        stmt = ctx.by_caller.delete
+        outcome = ctx.outcome()
+
+        def unit(x: Executor) -> bool:
+            if x.count(stmt, params) != 1:
+                return False
+            outcome.copy("delete", job_id, {})
+            return True
+
+        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
+        if deleted:
+            ctx.metrics.ended("delete", job_id)
+            logger.info("deleted job %r", job_id, extra={"path": "delete", "job_id": job_id})
+        return deleted
+
+    def requeue(self, job_id: str, *, now: float | None = None, conn: CallerConnection | None = None) -> bool:
+        """Give a job its attempts back: ``claim_next(max_attempts=N)`` may take it ``N`` more
+        times, counted from its fence now (kept in the store's ``attempts`` table: the fence
+        never goes down, so every token handed out stays stale). A deferred job is ready at
+        once. ``False`` if missing, done, deleted or held by a live lease (revoke it first).
+
+        ``now``: the caller's clock that judges whether a lease is live (``None``: the
+        database's). :class:`ConfigurationError` if the store has no attempts table
+        (``JobStore(engine, table, attempts=fencing.attempts_table(metadata))``)."""
+        ctx = self._ctx
+        if ctx.attempts is None:
+            raise ConfigurationError(
+                "requeue needs a table for the attempts' bases: JobStore(engine, table, "
+                "attempts=fencing.attempts_table(metadata)), created by store.create_table()"
+            )
+        job_id = ctx.job_key("job_id", job_id)
+        s, clock = ctx.clock(now)
+        params = {"job_id": job_id, **clock}
+        outcome = ctx.outcome()
+
+        def unit(x: Executor) -> bool:
+            if x.count(s.requeue, params) != 1:
+                return False
+            # under the row lock the requeue took: the base is the fence it left
+            x.count(s.forget_base, params)
+            x.count(s.set_base, params)
+            outcome.copy("requeue", job_id, clock)
+            return True
+
+        # three writes (the job, then its base out and in): one transaction, never ``single``
+        requeued = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome)
+        if requeued:
+            ctx.metrics.ended("requeue", job_id)
+            logger.info("requeued job %r", job_id, extra={"path": "requeue", "job_id": job_id})
+        return requeued
+
+    def claim_many(
+        self, job_id: str, owners: Iterable[str], *, ttl: float, now: float | None = None
+    ) -> list[Lease | None]:
+        """Race :meth:`claim` for every owner on a thread pool; results in input order.
+
+        On a claimable job exactly one owner gets a lease. Every argument is checked
+        before the first claim runs.
+        """
+        units = self._claim_units(job_id, owners, ttl, now)
+        if not units:
+            return []
+        workers = min(len(units), CLAIM_MANY_MAX_THREADS)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fencing-claim") as pool:
+            futures = [pool.submit(self._run_own, unit) for unit in units]
+            return [f.result() for f in futures]
+
+    def _claim_units(
+        self, job_id: object, owners: object, ttl: object, now: object
+    ) -> list[Callable[[Executor], Lease | None]]:
+        """:meth:`claim_many`'s units, one per owner, every argument checked first (the
+        async store races them as tasks); each records its own history."""
+        ctx = self._ctx
+        job_id = ctx.job_key("job_id", job_id)
+        if isinstance(owners, (str, bytes)) or not isinstance(owners, Iterable):
+            raise InvalidArgumentType(
+                f"owners must be an iterable of str, got {type(owners).__name__} {owners!r:.80}"
+            )
+        owner_list = [ctx.job_key("owner", o) for o in owners]
+        s, clock = ctx.clock(now, ttl)
+        return [self._recorded_claim(s, {"job_id": job_id, "holder": o, **clock}) for o in owner_list]
+
+    def _recorded_claim(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
+        """A claim unit that records its own history at its end (it runs on its own)."""
+        outcome = self._ctx.outcome()
+        return self._ctx.recorded(self._claim_unit(s, params, outcome), outcome)
+
+    def _run_own(self, unit: Callable[[Executor], T]) -> T:
+        """Run ``unit`` in a transaction of the store's own (retried, errors mapped)."""
+        return self._ctx.run_jobs(unit, None)
+
+
+def _refuse_if_exhausted(x: Executor, s: Statements, job_id: str) -> None:
+    """After a claim or revoke matched nothing: raise :class:`FencesExhausted` if that is
+    because the job's fence is at 2**63-1 (its guard, ``fence < 2**63-1``, is in the WHERE)."""
+    if x.rows(s.exhausted, {"job_id": job_id}):
+        raise FencesExhausted(
+            f"job {show_value(job_id)} has handed out its last fence ({FENCE_MAX}, 2**63-1): "
+            "it can never be claimed or revoked again"
+        )

@@ -1,1 +1,0 @@
-"""What an operator reads: the read-only queries the CLI and the dashboard share."""
