@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from .cli.main import build_parser, main
+from .cli.commands import build_parser, main
 
 __all__ = ["build_parser", "main"]
 
