@@ -14,6 +14,8 @@ refuses settings under which lock + check + write cannot be one transaction:
 
 from __future__ import annotations
 
+import logging
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -21,9 +23,9 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 
 from .._errors import ConfigurationError
+from .private_sqlalchemy import believes_autocommit, engine_isolation_level
 
 __all__ = [
-    "NO_STAMP",
     "SHARING_POOLS",
     "Observers",
     "autocommit_probe",
@@ -31,7 +33,6 @@ __all__ = [
     "refuse_autocommit_connection",
     "refuse_autocommit_engine",
     "refuse_sharing_pool",
-    "registry_stamp",
 ]
 
 #: pools that hand one DBAPI connection to transactions that must stay apart (every thread,
@@ -53,6 +54,9 @@ _OBSERVING = (
 )
 #: the dialect's events of the same kind (an engine's listeners for them live on its dialect)
 _OBSERVING_DIALECT = ("handle_error", "do_execute", "do_execute_no_params", "do_setinputsizes")
+#: each event's listeners in one call (a collection is falsy when it has none)
+_observing = operator.attrgetter(*_OBSERVING)
+_observing_dialect = operator.attrgetter(*_OBSERVING_DIALECT)
 
 _AUTOCOMMIT_FIX = (
     "lock + check + write must be one transaction; give the store an engine without it "
@@ -66,70 +70,35 @@ class Observers:
     (other than the library's own ``begin`` listeners), or execution options on the engine
     (``isolation_level``, ``schema_translate_map``...) that Core applies.
 
-    Asked before every transaction, so it is cheap (~0.3 µs): the listeners are looked at
-    again only when SQLAlchemy's registry of ``event.listen()`` calls has changed (its size
-    and newest entry); logging levels and execution options are read every time.
+    Asked before every transaction, through SQLAlchemy's public names only (the engine's
+    execution options and logger, its dispatch's listener collections): about 1 µs.
     """
 
-    __slots__ = ("_cache", "engine", "own_begin_listeners")
+    __slots__ = ("engine", "own_begin_listeners")
 
     def __init__(self, engine: Engine, own_begin_listeners: int) -> None:
         self.engine = engine
         self.own_begin_listeners = own_begin_listeners
-        self._cache: tuple[object, bool] = (NO_STAMP, True)
 
     def __bool__(self) -> bool:
-        engine = self.engine
-        if engine._execution_options or engine._should_log_info():
-            return True
-        stamp = registry_stamp()
-        cached_stamp, listening = self._cache
-        if stamp is NO_STAMP or stamp != cached_stamp:
-            # the stamp is read before the listeners: a change after it shows next time
-            listening = listeners(engine, self.own_begin_listeners)
-            self._cache = (stamp, listening)
-        return listening
-
-
-NO_STAMP = object()
-_REGISTRY: dict[Any, Any] | None
-try:  # every event.listen() of the process, by (target, event, function): SQLAlchemy's own
-    from sqlalchemy.event.registry import _key_to_collection as _REGISTRY
-except ImportError:  # pragma: no cover - a SQLAlchemy without it: look every time
-    _REGISTRY = None
-
-
-def registry_stamp() -> object:
-    """A value that changes whenever a listener is added or removed anywhere (insertion
-    order: the newest key moves with every addition, the size with every removal), or
-    :data:`NO_STAMP` when it cannot be read."""
-    registry = _REGISTRY
-    if registry is None:
-        return NO_STAMP
-    try:
-        return (len(registry), next(reversed(registry), None))
-    except RuntimeError:  # changed by another thread while we looked
-        return NO_STAMP
+        return observed(self.engine, self.own_begin_listeners)
 
 
 def observed(engine: Engine, own_begin_listeners: int) -> bool:
-    """:class:`Observers`' answer, computed afresh."""
-    if engine.get_execution_options() or engine._should_log_info():
+    """:class:`Observers`' answer."""
+    if engine.get_execution_options() or engine.logger.isEnabledFor(logging.INFO):
         return True
     return listeners(engine, own_begin_listeners)
 
 
 def listeners(engine: Engine, own_begin_listeners: int) -> bool:
     """Whether a connection or dialect event has a listener besides the library's own."""
-    dialect_dispatch: Any = engine.dialect.dispatch
-    if any(getattr(dialect_dispatch, name) for name in _OBSERVING_DIALECT):
-        return True
-    if not getattr(engine, "_has_events", True):
-        return False
     dispatch: Any = engine.dispatch
-    if len(dispatch.begin) > own_begin_listeners:
-        return True
-    return any(getattr(dispatch, name) for name in _OBSERVING)
+    return (
+        len(dispatch.begin) > own_begin_listeners
+        or any(_observing(dispatch))
+        or any(_observing_dialect(engine.dialect.dispatch))
+    )
 
 
 def refuse_sharing_pool(engine: Engine) -> None:
@@ -149,9 +118,7 @@ def refuse_autocommit_engine(engine: Engine) -> None:
     """:class:`ConfigurationError` for a server engine whose transactions are AUTOCOMMIT."""
     if engine.dialect.name == "sqlite":
         return
-    level = engine.get_execution_options().get("isolation_level") or getattr(
-        engine.dialect, "_on_connect_isolation_level", None
-    )
+    level = engine.get_execution_options().get("isolation_level") or engine_isolation_level(engine)
     if isinstance(level, str) and level.upper() == "AUTOCOMMIT":
         raise ConfigurationError(f"the engine has isolation_level='AUTOCOMMIT'; {_AUTOCOMMIT_FIX}")
 
@@ -182,12 +149,9 @@ def refuse_autocommit_connection(conn: Connection, probe: Callable[[Any], bool] 
     """:class:`ConfigurationError` for a Connection whose statements would each commit."""
     if conn.dialect.name == "sqlite":
         return
-    if probe is not None:
-        # the DBAPI-level object, as the driver path reads it (an async driver's adapter)
-        on = probe(conn.connection.dbapi_connection)
-    else:  # what SQLAlchemy itself believes
-        check = getattr(conn, "_is_autocommit_isolation", None)
-        on = bool(check()) if check is not None else False
+    # the DBAPI-level object, as the driver path reads it (an async driver's adapter), or
+    # what SQLAlchemy itself believes
+    on = probe(conn.connection.dbapi_connection) if probe is not None else believes_autocommit(conn)
     if on:
         raise ConfigurationError(
             f"the connection is in autocommit mode (isolation_level='AUTOCOMMIT'); {_AUTOCOMMIT_FIX}"

@@ -76,8 +76,8 @@ from .admission import (
     refuse_autocommit_engine,
     refuse_sharing_pool,
 )
-from .checkout import Checkout, give_back
 from .metrics import LOCK_WAIT_MIN
+from .private_sqlalchemy import Checkout, give_back, retire_older
 from .profile import EngineProfile, profile_of
 from .writelock import busy_error, poll_pause
 
@@ -290,12 +290,12 @@ class _PipelinedExecutor(_DriverExecutor):
         self,
         cursor: Any,
         compiled: Callable[[Executable], _Compiled],
-        conn: Any,
+        driver_connection: Any,
         prelude: Sequence[Executable],
         profile: EngineProfile,
     ) -> None:
         super().__init__(cursor, compiled)
-        self.pipe = profile.pipe(conn)
+        self.pipe = profile.pipe(driver_connection)
         self.prelude: Sequence[Executable] | None = prelude
         #: the cursor the first statement's answer is read from
         self.sent: Any = None
@@ -355,7 +355,7 @@ class BlockExecutor:
         self.core = core
         self.runner = runner
         self.profile = runner._profile
-        self.pipe = self.profile.pipe(self.conn)
+        self.pipe = self.profile.pipe(core.connection.driver_connection)
 
     def _send(self, stmt: Executable, params: Mapping[str, Any]) -> tuple[_Compiled, Any]:
         c = self.compiled(stmt)
@@ -694,8 +694,8 @@ class Runner:
             options = self._profile.begin_options(write=write)
             if single and not self._isolated(fairy):
                 # one statement, its own transaction (see run); reset at checkin
-                if self._profile.closed_by_server(fairy.dbapi_connection):
-                    _retire_older(pool, fairy, None)
+                if self._profile.closed_by_server(fairy.driver_connection):
+                    retire_older(pool, fairy, None)
                     conn.invalidate()  # nothing was sent: the next statement reconnects
                 options = {**options, "isolation_level": "AUTOCOMMIT"}
             if options:
@@ -790,7 +790,7 @@ class Runner:
         # closed while idle (a server restart closes them all): nothing was sent on it yet, so
         # the next one, until a live one (a new connection is); bounded all the same
         for _ in range(_DEAD_IDLE_CHECKS):
-            if not (single and self._profile.closed_by_server(held.dbapi_connection)):
+            if not (single and self._profile.closed_by_server(held.driver_connection)):
                 break
             _invalidate(pool, held, None)
             self._checkin(held, lean, pool, ended=False)
@@ -811,7 +811,8 @@ class Runner:
                 # COMMIT where the driver can (one round trip still), else a transaction as usual
                 single = committing = self._profile.pipelines
             if single:
-                result, ended = self._autocommitted(unit, cursor, conn, prelude, isolated)
+                driver = held.driver_connection
+                result, ended = self._autocommitted(unit, cursor, conn, driver, prelude, isolated)
                 return result
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
@@ -851,6 +852,7 @@ class Runner:
         unit: Callable[[Executor], T],
         cursor: Any,
         conn: Any,
+        driver: Any,
         prelude: Sequence[Executable],
         pipelined: bool = False,
     ) -> tuple[T, bool]:
@@ -865,7 +867,7 @@ class Runner:
         executor: _DriverExecutor
         pipelined = pipelined or bool(prelude)
         if pipelined:
-            executor = _PipelinedExecutor(cursor, self._compiled_for, conn, prelude, profile)
+            executor = _PipelinedExecutor(cursor, self._compiled_for, driver, prelude, profile)
         else:
             executor = _DriverExecutor(cursor, self._compiled_for)
         try:
@@ -907,7 +909,7 @@ class Runner:
             raise ConfigurationError(why)
 
     def _checkout(self) -> tuple[Any, bool, Any]:
-        """A connection from the pool (:mod:`fencing._runtime.checkout`), whether it is a bare pool
+        """A connection from the pool (:mod:`fencing._runtime.private_sqlalchemy`), whether it is a bare pool
         record, and the pool; on SQLite with the short busy handler its BEGIN waits in."""
         held, lean, pool = self._checkout_from()
         forks.in_use(held, self._root)
@@ -993,19 +995,9 @@ class Runner:
 _CURSOR = "fencing_cursor"
 
 
-def _retire_older(pool: Any, held: Any, exc: BaseException | None) -> None:
-    """As Core does on a disconnect, mark every connection ``pool`` made before now to be
-    replaced at its next checkout: a server that closed one (a restart, a failover, an idle
-    cull) has closed the others too, and each would fail a call in turn."""
-    mark = getattr(pool, "_invalidate", None)
-    if callable(mark):
-        with contextlib.suppress(Exception):
-            mark(held, exc, _checkin=False)  # the pool's invalidation time: older ones reconnect
-
-
 def _invalidate(pool: Any, held: Any, exc: BaseException | None) -> None:
     """Drop a connection the server closed, and retire the pool's older ones with it."""
-    _retire_older(pool, held, exc)
+    retire_older(pool, held, exc)
     held.invalidate(exc)
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from . import private_sqlalchemy
+
 __all__ = ["GENERATION", "in_use", "on_child", "refusal", "refuse", "register", "released", "root"]
 
 #: bumped in every forked child; an int compare per operation is cheaper than getpid()
@@ -58,8 +60,8 @@ _LOCAL: dict[str, Callable[[Engine, Any, bool], None]] = {}
 def root(engine: Engine) -> Engine:
     """The engine that owns ``engine``'s pool: itself, or for ``engine.execution_options(...)``
     (an ``OptionEngine``, which shares its parent's pool and events) the parent."""
-    while (proxied := getattr(engine, "_proxied", None)) is not None:
-        engine = proxied
+    while (parent := private_sqlalchemy.parent_engine(engine)) is not None:
+        engine = parent
     return engine
 
 
@@ -103,7 +105,7 @@ def _cut_loose(held: Any) -> Any:
     DBAPI connection, so nothing returns, resets or closes it through the pool; the
     connection is returned."""
     dbapi = getattr(held, "dbapi_connection", None)
-    record = getattr(held, "_connection_record", None)
+    record = private_sqlalchemy.record_of(held)
     if record is not None:
         record.dbapi_connection = None
     with contextlib.suppress(AttributeError):

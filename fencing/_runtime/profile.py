@@ -57,13 +57,15 @@ class EngineProfile:
         """Put the driver's connection in (or out of) autocommit (``statement_commits``)."""
         raise NotImplementedError
 
-    def closed_by_server(self, dbapi_connection: Any) -> bool:
-        """Whether an idle pooled connection was closed by the server, seen on the client
-        alone (no round trip): a statement sent on it would fail without having run."""
+    def closed_by_server(self, driver_connection: Any) -> bool:
+        """Whether an idle pooled connection (the driver's own, ``driver_connection``) was
+        closed by the server, seen on the client alone (no round trip): a statement sent on it
+        would fail without having run."""
         return False
 
-    def pipe(self, dbapi_connection: Any) -> Pipe:
-        """The driver's pipeline on ``dbapi_connection`` (``pipelines``)."""
+    def pipe(self, driver_connection: Any) -> Pipe:
+        """The driver's pipeline on its own connection (``pipelines``): ``driver_connection``,
+        SQLAlchemy's public name for it under any adapter."""
         raise TypeError("this engine's driver has no pipeline")
 
     def ended_its_transaction(self, driver_connection: Any) -> bool:
@@ -105,10 +107,10 @@ class PostgreSQLProfile(EngineProfile):
     def autocommit(self, dbapi_connection: Any, on: bool) -> None:
         dbapi_connection.autocommit = on
 
-    def pipe(self, dbapi_connection: Any) -> Pipe:
+    def pipe(self, driver_connection: Any) -> Pipe:
         if not self.pipelines:
             raise TypeError("this engine's driver has no pipeline")
-        return AsyncPipe(dbapi_connection) if self._awaits else Pipe(dbapi_connection)
+        return AsyncPipe(driver_connection) if self._awaits else Pipe(driver_connection)
 
     def ended_its_transaction(self, driver_connection: Any) -> bool:
         # asyncpg, whose transaction SQLAlchemy's adapter began and which does not see a raw
@@ -142,8 +144,8 @@ class PostgreSQLProfile(EngineProfile):
                 return level not in ("READ COMMITTED", "AUTOCOMMIT")
         return False
 
-    def closed_by_server(self, dbapi_connection: Any) -> bool:
-        inner = getattr(dbapi_connection, "_connection", dbapi_connection)  # SQLAlchemy's async adapters
+    def closed_by_server(self, driver_connection: Any) -> bool:
+        inner = driver_connection
         is_closed = getattr(inner, "is_closed", None)
         if callable(is_closed):  # asyncpg: its protocol saw the socket close
             return bool(is_closed())
@@ -231,10 +233,9 @@ class Pipe:
     the runner makes on it, the same for the sync driver and (:class:`AsyncPipe`) the
     async one."""
 
-    def __init__(self, dbapi_connection: Any) -> None:
-        self.conn = dbapi_connection
-        #: the psycopg connection itself (SQLAlchemy's async adapter wraps it)
-        self.raw: Any = dbapi_connection
+    def __init__(self, driver_connection: Any) -> None:
+        #: the psycopg connection itself (which SQLAlchemy's async adapter wraps)
+        self.raw: Any = driver_connection
 
     def pipeline(self) -> contextlib.AbstractContextManager[Any]:
         return self.raw.pipeline()  # type: ignore[no-any-return]
@@ -276,10 +277,6 @@ class AsyncPipe(Pipe):
     the bridge (each call awaited with ``await_only``): the adapter's own cursor fetches a
     statement's rows as it runs it, which a pipeline defers, so the pipe works on the
     psycopg connection the adapter wraps."""
-
-    def __init__(self, dbapi_connection: Any) -> None:
-        super().__init__(dbapi_connection)
-        self.raw = dbapi_connection._connection
 
     @contextlib.contextmanager
     def pipeline(self) -> Iterator[Any]:
