@@ -239,17 +239,6 @@ class AsyncJobStore:
     async def _give_one(self, lease: Lease | None) -> None:
         await self._give_back([lease])
 
-    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
-        await run(self.sync_store.create_table, conn=caller_sync(conn))
-
-    async def enqueue(
-        self, job_id: str, *, ready_at: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> bool:
-        return await run(self.sync_store.enqueue, job_id, ready_at=ready_at, conn=caller_sync(conn))
-
-    async def state(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> JobState | None:
-        return await run(self.sync_store.state, job_id, conn=caller_sync(conn))
-
     async def claim(
         self,
         job_id: str,
@@ -269,52 +258,6 @@ class AsyncJobStore:
             conn=caller_sync(conn),
             give_back=None if back is None else lambda lease: back([lease]),
         )
-
-    async def renew(
-        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> Lease | None:
-        return await run(self.sync_store.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
-
-    async def complete(
-        self,
-        lease: Lease,
-        result: str | None,
-        *,
-        now: float | None = None,
-        conn: AsyncCallerConnection | None = None,
-    ) -> bool:
-        return await run(self.sync_store.complete, lease, result, now=now, conn=caller_sync(conn))
-
-    async def release(
-        self,
-        lease: Lease,
-        *,
-        delay: float | None = None,
-        now: float | None = None,
-        conn: AsyncCallerConnection | None = None,
-    ) -> bool:
-        return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
-
-    async def holder(
-        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> Lease | None:
-        return await run(self.sync_store.holder, job_id, now=now, conn=caller_sync(conn))
-
-    async def revoke(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
-        return await run(self.sync_store.revoke, job_id, conn=caller_sync(conn))
-
-    async def delete(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
-        return await run(self.sync_store.delete, job_id, conn=caller_sync(conn))
-
-    async def requeue(
-        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> bool:
-        return await run(self.sync_store.requeue, job_id, now=now, conn=caller_sync(conn))
-
-    async def check(
-        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> None:
-        await run(self.sync_store.check, lease, now=now, conn=caller_sync(conn))
 
     async def claim_next(
         self,
@@ -336,15 +279,6 @@ class AsyncJobStore:
             max_attempts=max_attempts,
             conn=caller_sync(conn),
         )
-
-    async def complete_many(
-        self,
-        completions: Iterable[tuple[Lease, str | None]],
-        *,
-        now: float | None = None,
-        conn: AsyncCallerConnection | None = None,
-    ) -> list[bool]:
-        return await run(self.sync_store.complete_many, completions, now=now, conn=caller_sync(conn))
 
     async def complete_and_claim_next(
         self,
@@ -383,17 +317,6 @@ class AsyncJobStore:
             if isinstance(outcome, BaseException):
                 raise outcome
         return [o for o in outcomes if not isinstance(o, BaseException)]
-
-    async def poisoned(
-        self, max_attempts: int, *, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> list[JobState]:
-        return await run(self.sync_store.poisoned, max_attempts, now=now, conn=caller_sync(conn))
-
-    async def history(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> list[HistoryEntry]:
-        return await run(self.sync_store.history, job_id, conn=caller_sync(conn))
-
-    async def prune_history(self, *, conn: AsyncCallerConnection | None = None) -> int:
-        return await run(self.sync_store.prune_history, conn=caller_sync(conn))
 
     @contextlib.asynccontextmanager
     async def fenced(
@@ -450,6 +373,104 @@ class AsyncJobStore:
             raise asyncio.CancelledError from failed
         # cancelled while its COMMIT was on its way, and committed: it says so by ending normally
 
+    # START GENERATED AsyncJobStore
+    # written by tools/generate_async.py from the signatures of fencing.JobStore:
+    # edit the script or the sync methods, never this block, then run the script again
+
+    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        """:meth:`fencing.JobStore.create_table` as a coroutine."""
+        await run(self.sync_store.create_table, conn=caller_sync(conn))
+
+    async def history(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> list[HistoryEntry]:
+        """:meth:`fencing.JobStore.history` as a coroutine."""
+        return await run(self.sync_store.history, job_id, conn=caller_sync(conn))
+
+    async def prune_history(self, *, conn: AsyncCallerConnection | None = None) -> int:
+        """:meth:`fencing.JobStore.prune_history` as a coroutine."""
+        return await run(self.sync_store.prune_history, conn=caller_sync(conn))
+
+    async def enqueue(
+        self, job_id: str, *, ready_at: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        """:meth:`fencing.JobStore.enqueue` as a coroutine."""
+        return await run(self.sync_store.enqueue, job_id, ready_at=ready_at, conn=caller_sync(conn))
+
+    async def state(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> JobState | None:
+        """:meth:`fencing.JobStore.state` as a coroutine."""
+        return await run(self.sync_store.state, job_id, conn=caller_sync(conn))
+
+    async def holder(
+        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        """:meth:`fencing.JobStore.holder` as a coroutine."""
+        return await run(self.sync_store.holder, job_id, now=now, conn=caller_sync(conn))
+
+    async def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        """:meth:`fencing.JobStore.renew` as a coroutine."""
+        return await run(self.sync_store.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
+
+    async def complete(
+        self,
+        lease: Lease,
+        result: str | None,
+        *,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> bool:
+        """:meth:`fencing.JobStore.complete` as a coroutine."""
+        return await run(self.sync_store.complete, lease, result, now=now, conn=caller_sync(conn))
+
+    async def release(
+        self,
+        lease: Lease,
+        *,
+        delay: float | None = None,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> bool:
+        """:meth:`fencing.JobStore.release` as a coroutine."""
+        return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
+
+    async def revoke(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        """:meth:`fencing.JobStore.revoke` as a coroutine."""
+        return await run(self.sync_store.revoke, job_id, conn=caller_sync(conn))
+
+    async def delete(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        """:meth:`fencing.JobStore.delete` as a coroutine."""
+        return await run(self.sync_store.delete, job_id, conn=caller_sync(conn))
+
+    async def requeue(
+        self, job_id: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> bool:
+        """:meth:`fencing.JobStore.requeue` as a coroutine."""
+        return await run(self.sync_store.requeue, job_id, now=now, conn=caller_sync(conn))
+
+    async def complete_many(
+        self,
+        completions: Iterable[tuple[Lease, str | None]],
+        *,
+        now: float | None = None,
+        conn: AsyncCallerConnection | None = None,
+    ) -> list[bool]:
+        """:meth:`fencing.JobStore.complete_many` as a coroutine."""
+        return await run(self.sync_store.complete_many, completions, now=now, conn=caller_sync(conn))
+
+    async def poisoned(
+        self, max_attempts: int, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> list[JobState]:
+        """:meth:`fencing.JobStore.poisoned` as a coroutine."""
+        return await run(self.sync_store.poisoned, max_attempts, now=now, conn=caller_sync(conn))
+
+    async def check(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> None:
+        """:meth:`fencing.JobStore.check` as a coroutine."""
+        await run(self.sync_store.check, lease, now=now, conn=caller_sync(conn))
+
+    # END GENERATED AsyncJobStore
+
 
 class AsyncFenceMarks:
     """:class:`fencing.FenceMarks` for an ``AsyncEngine``: the same rules, as coroutines;
@@ -473,19 +494,29 @@ class AsyncFenceMarks:
         """What these marks did, by outcome (:class:`fencing._runtime.metrics.StoreMetrics`)."""
         return self.sync_marks.metrics
 
+    # START GENERATED AsyncFenceMarks
+    # written by tools/generate_async.py from the signatures of fencing.FenceMarks:
+    # edit the script or the sync methods, never this block, then run the script again
+
     async def create_tables(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        """:meth:`fencing.FenceMarks.create_tables` as a coroutine."""
         await run(self.sync_marks.create_tables, conn=caller_sync(conn))
 
     async def accept(self, resource: str, fence: int, *, conn: AsyncCallerConnection | None = None) -> bool:
+        """:meth:`fencing.FenceMarks.accept` as a coroutine."""
         return await run(self.sync_marks.accept, resource, fence, conn=caller_sync(conn))
 
     async def highest(self, resource: str, *, conn: AsyncCallerConnection | None = None) -> int | None:
+        """:meth:`fencing.FenceMarks.highest` as a coroutine."""
         return await run(self.sync_marks.highest, resource, conn=caller_sync(conn))
 
     async def record_once(
         self, key: str, *, fence: int | None = None, conn: AsyncCallerConnection | None = None
     ) -> bool:
+        """:meth:`fencing.FenceMarks.record_once` as a coroutine."""
         return await run(self.sync_marks.record_once, key, fence=fence, conn=caller_sync(conn))
+
+    # END GENERATED AsyncFenceMarks
 
 
 class AsyncLocks:
@@ -521,9 +552,6 @@ class AsyncLocks:
         """The store's metrics, with the locks' and elections' own counters (as
         :attr:`fencing.Locks.metrics`)."""
         return self.store.metrics
-
-    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
-        await self.store.create_table(conn=conn)
 
     async def try_acquire(
         self,
@@ -592,34 +620,50 @@ class AsyncLocks:
             raise
         await heartbeat.__aexit__(None, None, None)
 
-    async def renew(
-        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> Lease | None:
-        return await self.store.renew(lease, ttl=ttl, now=now, conn=conn)
-
-    async def release(self, lease: Lease, *, conn: AsyncCallerConnection | None = None) -> bool:
-        return await self.store.release(lease, conn=conn)
-
-    async def check(
-        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> None:
-        await self.store.check(lease, now=now, conn=conn)
-
     def fenced(
         self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
     ) -> contextlib.AbstractAsyncContextManager[Any]:
         return self.store.fenced(lease, now=now, conn=conn)
 
+    # START GENERATED AsyncLocks
+    # written by tools/generate_async.py from the signatures of fencing.Locks:
+    # edit the script or the sync methods, never this block, then run the script again
+
+    async def create_table(self, *, conn: AsyncCallerConnection | None = None) -> None:
+        """:meth:`fencing.Locks.create_table` as a coroutine."""
+        await run(self.sync_locks.create_table, conn=caller_sync(conn))
+
+    async def renew(
+        self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> Lease | None:
+        """:meth:`fencing.Locks.renew` as a coroutine."""
+        return await run(self.sync_locks.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
+
+    async def release(self, lease: Lease, *, conn: AsyncCallerConnection | None = None) -> bool:
+        """:meth:`fencing.Locks.release` as a coroutine."""
+        return await run(self.sync_locks.release, lease, conn=caller_sync(conn))
+
+    async def check(
+        self, lease: Lease, *, now: float | None = None, conn: AsyncCallerConnection | None = None
+    ) -> None:
+        """:meth:`fencing.Locks.check` as a coroutine."""
+        await run(self.sync_locks.check, lease, now=now, conn=caller_sync(conn))
+
     async def holder(
         self, name: str, *, now: float | None = None, conn: AsyncCallerConnection | None = None
     ) -> Lease | None:
+        """:meth:`fencing.Locks.holder` as a coroutine."""
         return await run(self.sync_locks.holder, name, now=now, conn=caller_sync(conn))
 
     async def revoke(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        """:meth:`fencing.Locks.revoke` as a coroutine."""
         return await run(self.sync_locks.revoke, name, conn=caller_sync(conn))
 
     async def delete(self, name: str, *, conn: AsyncCallerConnection | None = None) -> bool:
+        """:meth:`fencing.Locks.delete` as a coroutine."""
         return await run(self.sync_locks.delete, name, conn=caller_sync(conn))
+
+    # END GENERATED AsyncLocks
 
 
 class _AsyncLockStore(AsyncJobStore):
