@@ -2,7 +2,7 @@
 operations through the store's driver path and through Core, side by side.
 
 Two stores on one database, each with a jobs table of its own: one as the library makes it
-(its units on the pooled driver connection), one with ``FAST_DRIVERS`` emptied while it is
+(its units on the pooled driver connection), one with ``DRIVER_PATH`` off while it is
 made (every unit through ``Connection.execute``, as when something observes the engine). The
 N calls of each operation are cut into 10 slices run alternately, so a slow stretch hits
 both; medians of R repetitions. It measures the library against itself, not against raw
@@ -45,13 +45,12 @@ def make_engine(where: str) -> sa.Engine:
 
 
 def make_store(where: str, name: str, *, core: bool) -> fencing.JobStore:
-    saved = execution.FAST_DRIVERS
-    if core:
-        execution.FAST_DRIVERS = frozenset()  # read when the store's runner is made
+    saved = execution.DRIVER_PATH
+    execution.DRIVER_PATH = not core  # read when the store's runner is made
     try:
         store = fencing.JobStore(make_engine(where), fencing.jobs_table(sa.MetaData(), name))
     finally:
-        execution.FAST_DRIVERS = saved
+        execution.DRIVER_PATH = saved
     store.table.drop(store.engine, checkfirst=True)
     store.create_table()
     return store

@@ -15,12 +15,12 @@ not, never "nothing changed" for a change the server kept.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from sqlalchemy import Connection
 
+from ._dialects import of
 from ._errors import DatabaseBusy, OutcomeUnknown
 from ._sql.dberrors import database_errors
 from ._sql.values import Lease
@@ -64,21 +64,7 @@ def _lock_wait(conn: Connection, wait: float | None) -> Callable[[], None] | Non
     the session back as it was, where the setting outlives the transaction."""
     if wait is None:
         return None
-    dialect = conn.dialect.name
-    if dialect == "postgresql":  # LOCAL: it ends with the transaction
-        conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{max(1, round(wait * 1000))}ms'")
-    elif dialect in ("mysql", "mariadb"):
-        # a session setting (no transaction-wide form; SET STATEMENT would cover one
-        # statement, not the store's after it): the pooled session's own value is put back
-        before = int(conn.exec_driver_sql("SELECT @@session.innodb_lock_wait_timeout").scalar_one())
-        # whole seconds, at least 1, the server's unit
-        conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {max(1, math.ceil(wait))}")
-        return lambda: _set_wait(conn, before)
-    return None
-
-
-def _set_wait(conn: Connection, seconds: int) -> None:
-    conn.exec_driver_sql(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+    return of(conn.dialect).wait_for_locks(conn.exec_driver_sql, wait)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ import sqlalchemy
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
+from ._dialects import by_name
 from ._errors import (
     ConfigurationError,
     DatabaseError,
@@ -87,7 +88,7 @@ def normalize_target(target: object) -> tuple[str, str]:
             url = make_url(raw)
         except ArgumentError as exc:
             raise InvalidArgument(f"not a database URL: {raw!r} ({exc})") from None
-        if url.get_backend_name() != "sqlite":
+        if not by_name(url.get_backend_name()).is_file:
             return "url", url.render_as_string(hide_password=False)
         raw = url.database or ""
     if raw in ("", ":memory:"):

@@ -53,12 +53,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import Executable, Select
 
+from ._dialects import of
 from ._errors import InvalidArgument, InvalidArgumentType
 from ._sql.attempts import check_attempts_table, exhausted, within_attempts
 from ._sql.checks import FENCE_MAX, check_count, check_text, check_time, show_value
 from ._sql.clock import database_now
 from ._sql.dberrors import DB_ERRORS, wrap_database_error
-from ._sql.schema import ID_MAX_BYTES, KEY_TYPE, as_text, jobs
+from ._sql.schema import KEY_TYPE, as_text, jobs
 from ._sql.statements import TOMBSTONE, Statements
 from ._store.marks import fence_marks, idempotency_keys
 
@@ -244,11 +245,8 @@ class Overview:
         self.keys = keys
         #: the store's attempts table (a requeued job's attempts count from its base), if any
         self.attempts = attempts = check_attempts_table(attempts)
-        self._postgresql = engine.dialect.name == "postgresql"
-        self._sqlite = engine.dialect.name == "sqlite"
-        #: PostgreSQL and SQLite start an index range at a row value ``(until, id) > (u, i)``;
-        #: MariaDB walks the index from its start then, and needs the order spelled out
-        self._ranges_at_row_values = self._postgresql or self._sqlite
+        #: what differs on this database (fencing._dialects)
+        self._database = of(engine.dialect)
         t = table
         now = database_now()
         done, tombstone = _constant(1), _constant(TOMBSTONE)
@@ -316,8 +314,7 @@ class Overview:
             func.min(case((and_(ready, t.c.until > _constant(0)), t.c.until))),
             count(and_(held, t.c.until <= now + horizon)),
             func.max(t.c.fence),
-            # SQLite's sum() fails on a 64-bit overflow (a job at the last fence); total() is a float
-            func.total(t.c.fence) if self._sqlite else func.coalesce(func.sum(t.c.fence), 0),
+            self._database.fence_sum(t.c.fence),
         )
         m, k = marks, keys
         self._marks = select(as_text(m.c.resource), m.c.fence).order_by(m.c.resource).limit(limit)
@@ -348,7 +345,7 @@ class Overview:
         except DB_ERRORS as exc:
             raise wrap_database_error(exc, self.table.name) from exc
         with own:
-            if self._postgresql:
+            if self._database.walks_claim_order:
                 try:
                     own.execute(Statements.walk_in_claim_order)
                 except DB_ERRORS as exc:
@@ -392,7 +389,7 @@ class Overview:
             elif not self._storable(prefix):
                 return []  # no stored id starts with what this backend cannot store
             else:
-                params["prefix"] = _glob_prefix(prefix) if self._sqlite else _like_prefix(prefix)
+                params["prefix"] = self._database.prefix_pattern(prefix)
                 params["prefix_low"] = prefix
         if after is not None:
             params.update(after_done=after.done, after_until=after.until, after_id=after.job_id)
@@ -405,7 +402,7 @@ class Overview:
         u: ColumnElement[float] = bindparam("after_until", type_=Double())
         i = bindparam("after_id", type_=KEY_TYPE)
         d = bindparam("after_done", type_=Integer())
-        if not self._ranges_at_row_values:
+        if not self._database.ranges_at_row_values:
             # the same order spelled out: its leading bound (until >= u, within done = d) is
             # the range the walk starts at
             later = and_(t.c.until >= u, or_(t.c.until > u, t.c.id > i))
@@ -425,13 +422,10 @@ class Overview:
             if prefixed:
                 # by id: the prefix is a range of the primary key, walked in its order
                 pattern = bindparam("prefix", type_=KEY_TYPE)
-                if self._sqlite:  # SQLite's LIKE folds ASCII case; GLOB does not (and uses the key)
-                    where.append(t.c.id.op("GLOB")(pattern))
-                else:
-                    where.append(t.c.id.like(pattern, escape="\\"))
-                if self._postgresql:
-                    # PostgreSQL derives a key range from LIKE only in the C collation: the
-                    # bounds say it in any (the pattern still decides what matches)
+                where.append(self._database.prefix_match(t.c.id, pattern))
+                if self._database.prefix_needs_low_bound:
+                    # a key range from LIKE only in the C collation: the bound says it in any
+                    # (the pattern still decides what matches)
                     where.append(t.c.id >= bindparam("prefix_low", type_=KEY_TYPE))
                 if paged:
                     where.append(t.c.id > bindparam("after_id", type_=KEY_TYPE))
@@ -513,21 +507,10 @@ class Overview:
         ]
 
     def _storable(self, key: str) -> bool:
-        dialect = self.engine.dialect.name
-        if dialect == "postgresql" and "\x00" in key:
+        if not self._database.text_holds_nul and "\x00" in key:
             return False
-        limit = ID_MAX_BYTES.get(dialect)
+        limit = self._database.id_max_bytes
         return limit is None or len(key.encode("utf-8")) <= limit
-
-
-def _like_prefix(prefix: str) -> str:
-    """``prefix`` as a ``LIKE`` pattern that matches the ids starting with it, exactly."""
-    return prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-
-
-def _glob_prefix(prefix: str) -> str:
-    """``prefix`` as a SQLite ``GLOB`` pattern that matches the ids starting with it, exactly."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in prefix) + "*"
 
 
 def _max_fence(max_attempts: int | None) -> int:

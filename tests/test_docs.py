@@ -159,7 +159,7 @@ def test_every_command_line_parses(page: Path, line: str, monkeypatch: pytest.Mo
     """A renamed option or command breaks this test, not a reader's paste. ``--url`` may be
     left out (``$FENCING_URL``), as the pages say; ``--help`` lines exit 0."""
     monkeypatch.setenv("FENCING_URL", "jobs.db")
-    from fencing.cli import build_parser
+    from fencing.cli.commands import build_parser
 
     parser = build_parser("fencing")
     code: object = None

@@ -386,9 +386,9 @@ def test_conn_that_is_not_a_connection_is_refused(marks: FenceMarks, conn: Any) 
 
 @pytest.mark.backend("postgresql", "mysql", "mariadb")
 def test_keys_too_long_for_the_backend_are_refused_never_truncated(marks: FenceMarks) -> None:
-    from fencing._sql.schema import ID_MAX_BYTES
+    from fencing._dialects import of
 
-    limit = ID_MAX_BYTES[marks.engine.dialect.name]
+    limit = of(marks.engine.dialect).id_max_bytes
     assert limit is not None
     unchanged = _unchanged(marks)
     longest = "é" * (limit // 2)

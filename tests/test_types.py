@@ -6,7 +6,8 @@ import pytest
 from sqlalchemy import update
 
 from fencing import InvalidArgument, JobStore, Lease
-from fencing._sql.schema import ID_MAX_BYTES, as_text
+from fencing._dialects import of
+from fencing._sql.schema import as_text
 
 pytestmark = pytest.mark.dialect
 
@@ -72,7 +73,7 @@ def test_owner_compare_is_exact(store: JobStore) -> None:
 
 
 def test_longest_id_the_backend_keys_on_round_trips(store: JobStore) -> None:
-    limit = ID_MAX_BYTES.get(store.engine.dialect.name) or 100_000
+    limit = of(store.engine.dialect).id_max_bytes or 100_000
     job_id = "é" * (limit // 2)  # two UTF-8 bytes each: exactly at the limit
     assert store.enqueue(job_id, ready_at=0.0) is True
     lease = store.claim(job_id, "a", now=0.0, ttl=5.0)
@@ -82,7 +83,7 @@ def test_longest_id_the_backend_keys_on_round_trips(store: JobStore) -> None:
 
 @pytest.mark.backend("postgresql", "mysql", "mariadb")  # SQLite keys any length
 def test_id_longer_than_the_backend_can_key_is_refused_not_truncated(store: JobStore) -> None:
-    limit = ID_MAX_BYTES[store.engine.dialect.name]
+    limit = of(store.engine.dialect).id_max_bytes
     assert limit is not None
     too_long = "x" * (limit + 1)
     with pytest.raises(InvalidArgument, match=r"job_id is .* bytes"):

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Connection, Engine
 from sqlalchemy.pool import AssertionPool, SingletonThreadPool, StaticPool
 
+from .._dialects import of
 from .._errors import ConfigurationError
 from .private_sqlalchemy import believes_autocommit, engine_isolation_level
 
@@ -105,7 +106,7 @@ def refuse_sharing_pool(engine: Engine) -> None:
     """:class:`ConfigurationError` for a pool of :data:`SHARING_POOLS`."""
     if isinstance(engine.pool, SHARING_POOLS):
         name = type(engine.pool).__name__
-        memory = engine.dialect.name == "sqlite" and engine.url.database in (None, "", ":memory:")
+        memory = of(engine.dialect).is_file and engine.url.database in (None, "", ":memory:")
         raise ConfigurationError(
             f"the engine's pool is a {name}, which shares one connection between transactions "
             "that must stay apart (a heartbeat's renewal would commit a fenced block's "
@@ -116,38 +117,23 @@ def refuse_sharing_pool(engine: Engine) -> None:
 
 def refuse_autocommit_engine(engine: Engine) -> None:
     """:class:`ConfigurationError` for a server engine whose transactions are AUTOCOMMIT."""
-    if engine.dialect.name == "sqlite":
+    if not of(engine.dialect).honours_autocommit:
         return
     level = engine.get_execution_options().get("isolation_level") or engine_isolation_level(engine)
     if isinstance(level, str) and level.upper() == "AUTOCOMMIT":
         raise ConfigurationError(f"the engine has isolation_level='AUTOCOMMIT'; {_AUTOCOMMIT_FIX}")
 
 
-#: libpq's PQTRANS_IDLE: no transaction open on the server
-_PG_IDLE = 0
-
-
 def autocommit_probe(engine: Engine) -> Callable[[Any], bool] | None:
     """How to read, from a DBAPI connection of this engine, whether its driver is in
     autocommit mode right now (the ground truth, however it was set); ``None``: SQLite,
     where it cannot matter, or a driver the library does not know."""
-    driver = engine.dialect.driver
-    if engine.dialect.name == "sqlite":
-        return None
-    if driver == "psycopg":  # (sync, or SQLAlchemy's async adapter, which has info too)
-        # in autocommit with a transaction open on the server (an explicit BEGIN: a fenced
-        # block's, see fencing._runtime.execution.BlockExecutor), every statement joins it
-        return lambda dbapi: bool(dbapi.autocommit) and dbapi.info.transaction_status == _PG_IDLE
-    if driver == "asyncpg":  # SQLAlchemy's adapter says it
-        return lambda dbapi: bool(dbapi.autocommit)
-    if driver == "pymysql":
-        return lambda dbapi: bool(dbapi.get_autocommit())
-    return None
+    return of(engine.dialect).autocommit_probe(engine.dialect.driver)
 
 
 def refuse_autocommit_connection(conn: Connection, probe: Callable[[Any], bool] | None) -> None:
     """:class:`ConfigurationError` for a Connection whose statements would each commit."""
-    if conn.dialect.name == "sqlite":
+    if not of(conn.dialect).honours_autocommit:
         return
     # the DBAPI-level object, as the driver path reads it (an async driver's adapter), or
     # what SQLAlchemy itself believes

@@ -66,6 +66,7 @@ from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
 from .. import durability
+from .._dialects import of
 from .._errors import ConfigurationError, DatabaseBusy, InvalidArgumentType, OutcomeUnknown
 from .._sql.dberrors import DB_ERRORS, driver_errors, is_transient, is_unavailable
 from . import bridge, events, forks, identity
@@ -87,7 +88,7 @@ if TYPE_CHECKING:
     from .metrics import StoreMetrics
 
 __all__ = [
-    "FAST_DRIVERS",
+    "DRIVER_PATH",
     "BlockExecutor",
     "CallerConnection",
     "CoreExecutor",
@@ -103,9 +104,11 @@ T = TypeVar("T")
 #: transaction the operation runs
 CallerConnection: TypeAlias = "Connection | Session | scoped_session[Any]"
 
-#: drivers whose pooled connections the store can drive directly (statements compiled once);
-#: asyncpg only ever inside the async front's bridge (its adapter awaits each call there)
-FAST_DRIVERS = frozenset({"pysqlite", "psycopg", "pymysql", "asyncpg"})
+#: whether a store drives the pooled connections of a driver its database allows
+#: (``driven_directly``: statements compiled once; asyncpg only ever inside the async front's
+#: bridge, its adapter awaiting each call there); ``False`` sends every statement through Core
+#: (``benchmarks/one_road.py`` sets it to compare), read when a store's runner is made
+DRIVER_PATH = True
 #: retries of a unit a server rolled back for a lock race (deadlock, serialization failure)
 TRANSIENT_RETRIES = 20
 _BACKOFF_CAP = 0.05
@@ -490,7 +493,7 @@ class Runner:
         self._write_lock = profile.write_lock
         #: whether anything observes the engine (its own begin listener, SQLite's, does not)
         self._observers = Observers(engine, profile.own_listeners)
-        self._fast = dialect.driver in FAST_DRIVERS
+        self._fast = DRIVER_PATH and of(dialect).driven_directly(dialect.driver)
         self._root = forks.root(engine)
         self._checkout_from = Checkout(engine)
         self._autocommit = autocommit_probe(engine)

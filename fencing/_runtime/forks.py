@@ -38,6 +38,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from .._dialects import of
 from . import private_sqlalchemy
 
 __all__ = ["GENERATION", "in_use", "on_child", "refusal", "refuse", "register", "released", "root"]
@@ -125,7 +126,7 @@ def _after_fork_in_child() -> None:
         dbapi = _cut_loose(held)
         if dbapi is None:
             continue
-        local = engine.dialect.name in _LOCAL
+        local = of(engine.dialect).family in _LOCAL
         if local and thread == me:
             # this very thread held it (e.g. a fenced() block around the fork): closing a
             # process-local handle tells no one anything (for SQLite, it frees this child's
@@ -146,7 +147,7 @@ def _after_fork_in_child() -> None:
         seen.add(id(pool))
         _INHERITED.append(pool)
         engine.dispose(close=False)
-        release = _LOCAL.get(engine.dialect.name)
+        release = _LOCAL.get(of(engine.dialect).family)
         if release is not None:
             release(engine, pool, id(engine) in kept_local)
 

@@ -34,6 +34,8 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
+from .._dialects import of as database_of
+
 __all__ = ["ATTEMPTS", "note", "of", "resolve"]
 
 #: how many times a server's identity is asked for before the URL stands for it for good
@@ -52,7 +54,7 @@ def of(engine: Engine) -> str:
     found = _known.get(pool)
     if found is not None:
         return found
-    if engine.dialect.name == "sqlite":
+    if database_of(engine.dialect).is_file:
         found = _sqlite(engine.url, pool)
         if found is not None:
             _known[pool] = found
@@ -84,7 +86,7 @@ def note(engine: Engine, dbapi_connection: Any) -> bool:
     try:
         cursor = dbapi_connection.cursor()
         try:
-            found = _ask(engine.dialect.name, cursor)
+            found = database_of(engine.dialect).identity(cursor)
         finally:
             cursor.close()
     except Exception:
@@ -100,27 +102,7 @@ def _settled(engine: Engine) -> bool:
     """Nothing left to ask the database: its identity is known, it is SQLite's (known by
     its file, no query), or it was asked :data:`ATTEMPTS` times."""
     pool = engine.pool
-    return pool in _known or engine.dialect.name == "sqlite" or _tries.get(pool, 0) >= ATTEMPTS
-
-
-def _ask(dialect: str, cursor: Any) -> str | None:
-    if dialect == "postgresql":
-        cursor.execute("SELECT current_database(), has_function_privilege('pg_control_system()', 'EXECUTE')")
-        database, can_read_control = cursor.fetchone()
-        if can_read_control:
-            cursor.execute("SELECT system_identifier FROM pg_control_system()")
-            (system,) = cursor.fetchone()
-            return f"postgresql {system} {database}"
-        cursor.execute("SELECT host(inet_server_addr()), inet_server_port()")
-        host, port = cursor.fetchone()
-        if host is None:  # a Unix socket: no address to tell two servers apart by
-            return None
-        return f"postgresql {host}:{port} {database}"
-    if dialect in ("mysql", "mariadb"):
-        cursor.execute("SELECT @@hostname, @@port, @@datadir, DATABASE()")
-        host, port, datadir, database = cursor.fetchone()
-        return f"mysql {host}:{port}:{datadir} {database}"
-    return None
+    return pool in _known or database_of(engine.dialect).is_file or _tries.get(pool, 0) >= ATTEMPTS
 
 
 def _sqlite(url: URL, pool: Any) -> str | None:

@@ -10,20 +10,17 @@ SQLite's comes from the settings :func:`fencing.configure_sqlite` installed.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import select
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Engine
 
+from .._dialects import of
 from . import sqlite
 from .writelock import WriteLock
 
-__all__ = ["STATEMENT_COMMITS", "AsyncPipe", "EngineProfile", "Pipe", "PostgreSQLProfile", "profile_of"]
-
-#: PostgreSQL drivers whose autocommit is set on the client alone (no round trip)
-STATEMENT_COMMITS = frozenset({"psycopg", "psycopg_async", "asyncpg"})
+__all__ = ["AsyncPipe", "EngineProfile", "Pipe", "PostgreSQLProfile", "profile_of"]
 
 
 class EngineProfile:
@@ -101,7 +98,7 @@ class PostgreSQLProfile(EngineProfile):
     def __init__(self, dialect: Any) -> None:
         #: psycopg's pipeline mode (sync, or async inside the bridge), where its libpq has
         #: one (14 and later)
-        self.pipelines = dialect.driver == "psycopg" and _psycopg_pipelines()
+        self.pipelines = of(dialect).pipelines(dialect.driver)
         self._awaits = bool(getattr(dialect, "is_async", False))
 
     def autocommit(self, dbapi_connection: Any, on: bool) -> None:
@@ -203,9 +200,10 @@ class _UnconfiguredSQLite(EngineProfile):
 
 def profile_of(engine: Engine) -> EngineProfile:
     """The profile of ``engine``'s database, as its dialect's glue describes it."""
-    if engine.dialect.name == "postgresql" and engine.dialect.driver in STATEMENT_COMMITS:
+    database = of(engine.dialect)
+    if database.statement_commits(engine.dialect.driver):
         return PostgreSQLProfile(engine.dialect)
-    if engine.dialect.name != "sqlite":
+    if not database.is_file:
         return EngineProfile()
     settings = sqlite.settings_of(engine)
     return _UnconfiguredSQLite() if settings is None else SQLiteProfile(settings)
@@ -217,14 +215,6 @@ def _level(level: object) -> str | None:
     if level is None:
         return None
     return str(getattr(level, "name", level)).replace("_", " ").upper()
-
-
-def _psycopg_pipelines() -> bool:
-    try:  # (by name: psycopg is an extra, and the type checker may run without it)
-        psycopg = importlib.import_module("psycopg")
-    except ImportError:  # pragma: no cover - the engine's driver is psycopg
-        return False
-    return bool(psycopg.Pipeline.is_supported())
 
 
 class Pipe:

@@ -38,6 +38,8 @@ import sqlalchemy
 from sqlalchemy import Engine, event
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from .._dialects import of
+from .._dialects.sqlite import SQLite
 from .._errors import ConfigurationError, InvalidArgument, InvalidArgumentType
 from .._sql.dberrors import DB_ERRORS
 from . import forks
@@ -218,7 +220,7 @@ def _check_options(durability: object, busy_timeout: object, begin: object) -> t
 
 #: the SQLite drivers whose transactions the listeners can begin: the standard library's
 #: sqlite3, and aiosqlite (the same module on a thread, for :mod:`fencing.asyncio`)
-DRIVERS = ("pysqlite", "aiosqlite")
+DRIVERS = SQLite.glued_drivers
 
 E = TypeVar("E")
 
@@ -244,7 +246,7 @@ def configure(
         raise InvalidArgumentType(
             f"engine must be a sqlalchemy Engine or AsyncEngine, got {type(engine).__name__}"
         )
-    if sync.dialect.name != "sqlite":
+    if not of(sync.dialect).is_file:
         raise ConfigurationError(f"configure() is for SQLite engines, got {sync.dialect.name!r}")
     if sync.dialect.driver not in DRIVERS:
         raise ConfigurationError(
@@ -381,4 +383,4 @@ def _release_in_child(engine: Engine, pool: Any, kept: bool) -> None:
         )
 
 
-forks.on_child("sqlite", _release_in_child)
+forks.on_child(SQLite.family, _release_in_child)

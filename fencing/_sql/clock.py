@@ -19,7 +19,9 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 from sqlalchemy.types import Double
 
-__all__ = ["RESOLUTION", "database_now"]
+from .._dialects import of
+
+__all__ = ["database_now"]
 
 
 class database_now(FunctionElement[float]):
@@ -31,29 +33,10 @@ class database_now(FunctionElement[float]):
 
 
 @compiles(database_now)
-def _default(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
-    raise NotImplementedError(
-        f"no database clock for the {compiler.dialect.name!r} dialect; pass now= explicitly"
-    )
-
-
-@compiles(database_now, "sqlite")
-def _sqlite(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "((julianday('now') - 2440587.5) * 86400.0)"
-
-
-@compiles(database_now, "postgresql")
-def _postgresql(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
-
-
-@compiles(database_now, "mysql")
-@compiles(database_now, "mariadb")
-def _mysql(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
-    return "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) * 1e-6)"
-
-
-#: how finely each database's clock (:class:`database_now`) counts, in seconds: SQLite's
-#: ``julianday('now')`` counts milliseconds, PostgreSQL's and MariaDB's microseconds. A
-#: reading is up to this much earlier than the instant it was taken.
-RESOLUTION = {"sqlite": 1e-3, "postgresql": 1e-6, "mysql": 1e-6, "mariadb": 1e-6}
+def _clock(element: database_now, compiler: SQLCompiler, **kw: Any) -> str:
+    sql = of(compiler.dialect).clock_sql  # each database's, in fencing._dialects
+    if sql is None:
+        raise NotImplementedError(
+            f"no database clock for the {compiler.dialect.name!r} dialect; pass now= explicitly"
+        )
+    return sql

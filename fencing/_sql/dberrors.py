@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import Dialect, Engine
 from sqlalchemy import exc as sa_exc
 
+from .._dialects import MySQL, PostgreSQL, SQLite
 from .._errors import (
     DatabaseBusy,
     DatabaseError,
@@ -45,25 +46,8 @@ __all__ = [
 #: nobody answers at, which SQLAlchemy passes up as it is
 DB_ERRORS = (sa_exc.SQLAlchemyError, sqlite3.Error, ConnectionError)
 
-# PostgreSQL SQLSTATEs: serialization_failure, deadlock_detected, lock_not_available
-_PG_TRANSIENT = {"40001", "40P01", "55P03"}
-# MariaDB/MySQL error numbers: deadlock, lock wait timeout
-_MYSQL_TRANSIENT = {1213, 1205}
-# PostgreSQL: the server is shutting down or starting (admin_shutdown, crash_shutdown,
-# cannot_connect_now), and class 08 (connection_exception)
-_PG_UNAVAILABLE = {"57P01", "57P02", "57P03"}
-# MariaDB/MySQL client and server error numbers: can't connect (2002 socket, 2003 TCP),
-# server gone away, lost connection during query, lost connection at handshake, server
-# shutdown in progress
-_MYSQL_UNAVAILABLE = {2002, 2003, 2006, 2013, 2055, 1053}
-# PostgreSQL disk_full, out_of_memory-class insufficient_resources; MariaDB/MySQL table full,
-# disk full
-_PG_FULL = {"53100"}
-_MYSQL_FULL = {1114, 1021}
-# PostgreSQL read_only_sql_transaction (a hot standby, default_transaction_read_only);
-# MariaDB/MySQL --read-only (1290), a read-only transaction (1792), a read-only table (1036)
-_PG_READ_ONLY = {"25006"}
-_MYSQL_READ_ONLY = {1290, 1792, 1036}
+#: the databases whose drivers' errors the library reads (each knows its own codes)
+_KNOWN = (SQLite(), PostgreSQL(), MySQL())
 
 
 def _driver_error(exc: BaseException) -> Any:
@@ -73,25 +57,7 @@ def _driver_error(exc: BaseException) -> Any:
 def is_transient(exc: BaseException) -> bool:
     """The transaction lost a lock race and was rolled back whole: running it again is safe."""
     orig = _driver_error(exc)
-    if isinstance(orig, sqlite3.OperationalError):
-        code = getattr(orig, "sqlite_errorcode", None)
-        if code is not None:
-            return code & 0xFF in (5, 6)  # SQLITE_BUSY, SQLITE_LOCKED (any extended code)
-        return "database is locked" in str(orig) or "database table is locked" in str(orig)
-    if getattr(orig, "sqlstate", None) in _PG_TRANSIENT:
-        return True
-    args: tuple[Any, ...] = getattr(orig, "args", ())
-    return bool(args) and isinstance(args[0], int) and args[0] in _MYSQL_TRANSIENT
-
-
-def _sqlite_code(orig: Any) -> int | None:
-    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
-    return None if code is None else int(code) & 0xFF
-
-
-def _mysql_code(orig: Any) -> Any:
-    args: tuple[Any, ...] = getattr(orig, "args", ())
-    return args[0] if args and isinstance(args[0], int) else None
+    return any(db.transient(orig) for db in _KNOWN)
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -102,63 +68,33 @@ def is_unavailable(exc: BaseException) -> bool:
     orig = _driver_error(exc)
     if isinstance(orig, (ConnectionError, TimeoutError)):
         return True
-    if isinstance(orig, sqlite3.Error):  # a file, not a connection to lose
-        return False
-    sqlstate = getattr(orig, "sqlstate", None)
-    if isinstance(sqlstate, str):
-        return sqlstate.startswith("08") or sqlstate in _PG_UNAVAILABLE
-    name = type(orig).__name__
-    if name == "OperationalError" and type(orig).__module__.startswith("psycopg"):
-        return True  # psycopg's connection failures carry no SQLSTATE
-    if name in ("ConnectionDoesNotExistError", "InterfaceError") and "connection" in str(orig).lower():
-        return True  # asyncpg's closed connection
-    return _mysql_code(orig) in _MYSQL_UNAVAILABLE
+    return any(db.unavailable(orig) for db in _KNOWN)
 
 
 def is_full(exc: BaseException) -> bool:
     """No room for the write: SQLITE_FULL, PostgreSQL disk_full, MariaDB/MySQL table or disk
     full."""
     orig = _driver_error(exc)
-    if isinstance(orig, sqlite3.Error):
-        code = _sqlite_code(orig)
-        return code == 13 if code is not None else "database or disk is full" in str(orig)
-    if getattr(orig, "sqlstate", None) in _PG_FULL:
-        return True
-    return _mysql_code(orig) in _MYSQL_FULL
+    return any(db.full(orig) for db in _KNOWN)
 
 
 def is_read_only(exc: BaseException) -> bool:
     """The database takes no writes here: SQLITE_READONLY (a read-only file or directory),
     PostgreSQL read_only_sql_transaction (a hot standby), MariaDB/MySQL read_only."""
     orig = _driver_error(exc)
-    if isinstance(orig, sqlite3.Error):
-        code = _sqlite_code(orig)
-        return code == 8 if code is not None else "readonly database" in str(orig)
-    if getattr(orig, "sqlstate", None) in _PG_READ_ONLY:
-        return True
-    return _mysql_code(orig) in _MYSQL_READ_ONLY
+    return any(db.read_only(orig) for db in _KNOWN)
 
 
 def is_corrupt(exc: BaseException) -> bool:
     """SQLite found the file damaged: SQLITE_CORRUPT or SQLITE_NOTADB (any extended code)."""
     orig = _driver_error(exc)
-    if not isinstance(orig, sqlite3.DatabaseError):
-        return False
-    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
-    if code is not None:
-        return code & 0xFF in (11, 26)
-    return "malformed" in str(orig) or "not a database" in str(orig)
+    return any(db.corrupt(orig) for db in _KNOWN)
 
 
 def is_duplicate_key(exc: BaseException) -> bool:
     """A unique/primary key violation (SQLite, PostgreSQL 23505, MariaDB/MySQL 1062)."""
     orig = _driver_error(exc)
-    if isinstance(orig, sqlite3.IntegrityError):
-        return "UNIQUE constraint failed" in str(orig)
-    if getattr(orig, "sqlstate", None) == "23505":
-        return True
-    args: tuple[Any, ...] = getattr(orig, "args", ())
-    return bool(args) and args[0] == 1062
+    return any(db.duplicate_key(orig) for db in _KNOWN)
 
 
 def driver_errors(engine: Engine) -> tuple[type[BaseException], ...]:
@@ -238,6 +174,11 @@ def wrap_database_error(
 # SQLite's extended codes: SQLITE_READONLY_DIRECTORY, SQLITE_CANTOPEN
 _SQLITE_READONLY_DIRECTORY = 8 | 6 << 8
 _SQLITE_CANTOPEN = 14
+
+
+def _sqlite_code(orig: Any) -> int | None:
+    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
+    return None if code is None else int(code) & 0xFF
 
 
 def _sqlite_full(database: str) -> str:

@@ -38,12 +38,13 @@ from sqlalchemy.dialects import mysql, sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
+from .._dialects import of
+from .._dialects.mysql import MySQL
 from .._errors import DatabaseCorrupt, SchemaMismatch
 from .checks import check_new_table
 from .dberrors import is_corrupt
 
 __all__ = [
-    "ID_MAX_BYTES",
     "KEY_COLUMN",
     "KEY_TYPE",
     "Utf8Key",
@@ -54,9 +55,6 @@ __all__ = [
     "metadata",
 ]
 
-#: the longest job id, in UTF-8 bytes, each backend can key on (None: no limit).
-#: PostgreSQL's btree refuses entries over ~2.7 kB; MariaDB/MySQL keys are capped too.
-ID_MAX_BYTES = {"sqlite": None, "postgresql": 2000, "mysql": 1024, "mariadb": 1024}
 
 # -- what the columns are: stock SQLAlchemy types only, so Alembic renders and compares them ----
 # On MariaDB/MySQL ids, owners, resources and keys are bytes: their text collations fold case
@@ -64,7 +62,7 @@ ID_MAX_BYTES = {"sqlite": None, "postgresql": 2000, "mysql": 1024, "mariadb": 10
 # different owner string match; bytes compare exactly.
 
 #: the column type of every key: job ids, fence-mark resources, idempotency keys
-KEY_COLUMN: types.TypeEngine[Any] = Text().with_variant(VARBINARY(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+KEY_COLUMN: types.TypeEngine[Any] = Text().with_variant(VARBINARY(MySQL.id_max_bytes), "mysql", "mariadb")
 _OWNER = Text().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 _RESULT = Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
 _UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
@@ -93,7 +91,7 @@ class Utf8Key(TypeDecorator[str]):
 
 #: ``str`` in and out on every backend: the type of every bind parameter and read of an id,
 #: owner, resource or key (``bindparam(..., type_=KEY_TYPE)``, ``type_coerce(col, KEY_TYPE)``)
-KEY_TYPE: types.TypeEngine[str] = Text().with_variant(Utf8Key(ID_MAX_BYTES["mysql"]), "mysql", "mariadb")
+KEY_TYPE: types.TypeEngine[str] = Text().with_variant(Utf8Key(MySQL.id_max_bytes), "mysql", "mariadb")
 
 
 def as_text(value: ColumnElement[Any] | str | None) -> ColumnElement[str]:
@@ -177,7 +175,7 @@ def ensure_jobs_table(conn: Connection, table: Table = jobs) -> None:
     a table whose pages are damaged raises :class:`DatabaseCorrupt` (:func:`_check_pages`).
     """
     conn.execute(CreateTable(table, if_not_exists=True))
-    if conn.dialect.name == "sqlite":
+    if of(conn.dialect).is_file:
         _check_pages(conn, table)
     problems = _differences(conn, table)
     if problems:
@@ -228,7 +226,7 @@ def _check_pages(conn: Connection, table: Table) -> None:
 
 def _differences(conn: Connection, table: Table) -> list[str]:
     found = {c["name"]: c for c in inspect(conn).get_columns(table.name, schema=table.schema)}
-    on_sqlite = conn.dialect.name == "sqlite"
+    on_sqlite = of(conn.dialect).types_are_declared_names
     problems = []
     for want in _EXPECTED:
         col = found.pop(want.name, None)

@@ -45,6 +45,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.expression import FromClause, Select, Update
 from sqlalchemy.sql.functions import FunctionElement
 
+from .._dialects import of
 from .attempts import exhausted, within_attempts
 from .checks import FENCE_MAX
 from .clock import database_now
@@ -96,20 +97,8 @@ class unindexed(FunctionElement[Any]):
 
 
 @compiles(unindexed)
-def _as_is(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(element.clauses, **kw)
-
-
-@compiles(unindexed, "sqlite")
-def _plus(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
-    return "+" + compiler.process(element.clauses, **kw)
-
-
-@compiles(unindexed, "mysql")
-@compiles(unindexed, "mariadb")
-def _plus_zero(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
-    # MariaDB's optimizer may drive a join through the ready index on these columns
-    return "(" + compiler.process(element.clauses, **kw) + " + 0)"
+def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
+    return of(compiler.dialect).unindexed(compiler.process(element.clauses, **kw))
 
 
 #: the text of the error a fenced block's end statement raises when the lease is not current

@@ -1,65 +1,53 @@
-"""What differs between databases, in one plan per dialect, chosen once per store.
-
-A store (and :class:`~fencing.FenceMarks`) asks its plan, never the dialect's name: how a
-job is enqueued, whether a claim is one ``UPDATE ... RETURNING`` or an ``UPDATE`` and a
-read, how a batch of completions reaches the database, what a writer locks, which keys and
-text the columns hold, and how finely the clock counts. A new dialect is a new subclass
-here, not new flags across the store (alembic's ``DefaultImpl`` per dialect, the same way).
+"""The store's plan on one database: the facts of :mod:`fencing._dialects` it acts on, and
+the two choices built from them (how a job is enqueued, what a fenced block's first check
+locks). Chosen once per store; a store asks its plan, never the dialect's name.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import Executable
 
+from .._dialects import of
+from .._dialects.base import ARRAYS, COUNTED, DUPLICATE_KEY, EACH, LOCKING, RETURNED
 from .._runtime.execution import Executor
-from .._sql.clock import RESOLUTION
 from .._sql.dberrors import is_duplicate_key
-from .._sql.schema import ID_MAX_BYTES
 from .._sql.statements import Statements
 
-__all__ = ["DialectPlan", "MySQLPlan", "PostgreSQLPlan", "SQLitePlan", "plan_for"]
-
-#: how a batch of completions reaches the database (:attr:`DialectPlan.batch_completion`)
-EACH, ARRAYS, LOCKING = "each", "returning", "locking"
-#: how "insert unless it exists" answers (:attr:`DialectPlan.upsert`): the statement's row
-#: count (SQLite's ``ON CONFLICT DO NOTHING``), its ``RETURNING`` rows (PostgreSQL's), or a
-#: duplicate-key error that undoes only the statement (MariaDB/MySQL)
-COUNTED, RETURNED, DUPLICATE_KEY = "counted", "returned", "duplicate key"
+__all__ = ["ARRAYS", "COUNTED", "DUPLICATE_KEY", "EACH", "LOCKING", "RETURNED", "DialectPlan", "plan_for"]
 
 
 class DialectPlan:
-    """The plan of a database the library does not know by name: the portable statements.
+    """What the store does on ``dialect``'s database (:class:`fencing._dialects.base.Database`
+    says what differs; a database the library does not know gets the portable statements).
 
     ``returning``: the dialect's ``UPDATE ... RETURNING`` (SQLAlchemy says whether this
     server has it), so a claim or a renewal is one statement instead of an update and a read.
     """
 
-    name: ClassVar[str] = "default"
-    #: how an insert that may exist already tells which happened (enqueue, fence marks,
-    #: idempotency keys)
-    upsert: ClassVar[str] = DUPLICATE_KEY
-    #: a writer locks the whole database (SQLite), not the rows it writes
-    locks_whole_database: ClassVar[bool] = False
-    #: its text columns can store U+0000
-    text_holds_nul: ClassVar[bool] = True
-    #: how a batch of completions is stored: one UPDATE each (no round trips to save), one
-    #: UPDATE ... FROM unnest(arrays) RETURNING per chunk, or a locking read and one joined UPDATE
-    batch_completion: ClassVar[str] = EACH
-    #: a batched claim of the store's own first makes the planner walk the ready index in
-    #: claim order (PostgreSQL on a never-analyzed table)
-    walks_claim_order: ClassVar[bool] = False
-
     def __init__(self, dialect: Dialect) -> None:
+        database = of(dialect)
+        self.name = database.family
+        #: how an insert that may exist already tells which happened (enqueue, fence marks,
+        #: idempotency keys)
+        self.upsert = database.upsert
+        #: a writer locks the whole database (SQLite), not the rows it writes
+        self.locks_whole_database = database.locks_whole_database
+        #: its text columns can store U+0000
+        self.text_holds_nul = database.text_holds_nul
+        #: how a batch of completions is stored
+        self.batch_completion = database.batch_completion
+        #: a batched claim first makes the planner walk the ready index in claim order
+        self.walks_claim_order = database.walks_claim_order
         self.dialect_name = dialect.name
         self.returning = bool(getattr(dialect, "update_returning", False))
         #: UTF-8 bytes a key column (job id, resource, idempotency key) holds; None: no limit
-        self.max_key_bytes: int | None = ID_MAX_BYTES.get(dialect.name)
+        self.max_key_bytes = database.id_max_bytes
         #: how finely the database's clock counts (seconds)
-        self.clock_resolution = RESOLUTION.get(dialect.name, 1e-3)
+        self.clock_resolution = database.clock_resolution
 
     def enqueue(
         self, errors: tuple[type[BaseException], ...]
@@ -86,48 +74,12 @@ class DialectPlan:
 
     def hold_statement(self, s: Statements, *, joined: bool) -> Executable:
         """The first check of a fenced block (or ``check(conn=)``): a locking read of the
-        lease's row. ``joined``: in a transaction the store did not begin."""
-        return s.lock_lease
-
-
-class SQLitePlan(DialectPlan):
-    """SQLite: one writer at a time (``BEGIN IMMEDIATE``), statements without round trips."""
-
-    name = "sqlite"
-    upsert = COUNTED
-    locks_whole_database = True
-
-    def hold_statement(self, s: Statements, *, joined: bool) -> Executable:
-        # a transaction the store did not begin IMMEDIATE: an UPDATE takes the write lock now,
-        # so the block's own writes never lose a lock race
-        return s.hold_lease if joined else s.lock_lease
-
-
-class PostgreSQLPlan(DialectPlan):
-    """PostgreSQL: ``RETURNING``, ``ON CONFLICT``, arrays for batches, no U+0000 in text."""
-
-    name = "postgresql"
-    upsert = RETURNED
-    text_holds_nul = False
-    batch_completion = ARRAYS
-    walks_claim_order = True
-
-
-class MySQLPlan(DialectPlan):
-    """MariaDB/MySQL: no ``UPDATE ... RETURNING``; a batch is a locking read and one UPDATE."""
-
-    name = "mysql"
-    batch_completion = LOCKING
-
-
-_PLANS: dict[str, type[DialectPlan]] = {
-    "sqlite": SQLitePlan,
-    "postgresql": PostgreSQLPlan,
-    "mysql": MySQLPlan,
-    "mariadb": MySQLPlan,
-}
+        lease's row. ``joined``: in a transaction the store did not begin, where a database
+        locked whole (SQLite) takes its write lock with an UPDATE now, so the block's own
+        writes never lose a lock race."""
+        return s.hold_lease if joined and self.locks_whole_database else s.lock_lease
 
 
 def plan_for(dialect: Dialect) -> DialectPlan:
-    """The plan for ``dialect`` (the portable one for a dialect not named here)."""
-    return _PLANS.get(dialect.name, DialectPlan)(dialect)
+    """The plan for ``dialect``."""
+    return DialectPlan(dialect)

@@ -46,6 +46,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.sql import Executable
 
+from .._dialects import of
 from .._runtime.execution import Executor
 from .._sql.checks import check_new_table
 from .._sql.clock import database_now
@@ -212,11 +213,11 @@ class LockStore(JobStore):
         self, engine: Any, table: Table, *, history: History | None = None, attempts: Table | None = None
     ) -> None:
         self.waiters = waiters_of(table) if isinstance(table, Table) else None
-        dialect = getattr(getattr(engine, "dialect", None), "name", None)
-        #: on PostgreSQL, what wakes a freed lock's waiters (:mod:`fencing._store.wakeups`)
-        self.notifier = (
-            Notifier(table, self.waiters) if self.waiters is not None and dialect == "postgresql" else None
-        )
+        dialect = getattr(engine, "dialect", None)
+        notifies = dialect is not None and of(dialect).notifies
+        #: where the database can notify, what wakes a freed lock's waiters
+        #: (:mod:`fencing._store.wakeups`)
+        self.notifier = Notifier(table, self.waiters) if self.waiters is not None and notifies else None
         super().__init__(engine, table, history=history, attempts=attempts)
 
     def _freed_notice(self) -> ColumnElement[Any] | None:

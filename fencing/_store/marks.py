@@ -45,6 +45,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.schema import CreateTable
 from sqlalchemy.sql import Executable
 
+from .._dialects import KNOWN_NAMES, of
 from .._errors import (
     ConfigurationError,
     InvalidArgument,
@@ -74,7 +75,7 @@ __all__ = [
 T = TypeVar("T")
 
 #: the dialects FenceMarks has statements for
-SUPPORTED_DIALECTS = ("sqlite", "postgresql", "mysql", "mariadb")
+SUPPORTED_DIALECTS = KNOWN_NAMES
 
 
 def fence_marks_table(metadata: MetaData, name: str = "fence_marks", *, schema: str | None = None) -> Table:
@@ -197,9 +198,8 @@ class FenceMarks:
         for name, table in (("marks", marks), ("keys", keys)):
             if not isinstance(table, Table):
                 raise InvalidArgumentType(f"{name} must be a sqlalchemy Table, got {type(table).__name__}")
-        dialect = engine.dialect.name
-        if dialect not in SUPPORTED_DIALECTS:
-            raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {dialect!r}")
+        if not of(engine.dialect).known:
+            raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {engine.dialect.name!r}")
         #: the runner, the dialect's plan, the key checks and the metrics a store has
         self._ctx = Context(engine, bridged=self.async_front, create_hint="FenceMarks.create_tables()")
         self.engine = engine

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import logging
 import os
@@ -39,6 +38,8 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Table, func, literal, select
 
+from .._dialects import of
+from .._dialects.base import LOOP
 from .._runtime import forks
 
 __all__ = ["LINGER", "Listener", "Notifier", "channel_of", "listen"]
@@ -91,33 +92,18 @@ def listen(engine: Engine, channel: str, name: str) -> Listener | None:
     had (not PostgreSQL, a driver without them): the waiter then paces itself by backoff
     alone. On the async front it is called inside asyncio's bridge, on the loop the waiting
     task runs on. It never takes a connection of the engine's pool."""
-    if engine.dialect.name != "postgresql":
+    dialect = engine.dialect
+    where = of(dialect).wakeups(dialect.driver, is_async=bool(getattr(dialect, "is_async", False)))
+    if where is None:
         return None
     engine = forks.root(engine)  # an engine.execution_options() copy shares its parent's pool
-    dialect = engine.dialect
     try:
-        if dialect.is_async:
-            if dialect.driver not in ("asyncpg", "psycopg"):
-                return None
+        if where == LOOP:
             return _loop_hub(engine).subscribe(channel, name)
-        if dialect.driver != "psycopg" or not _notifies_take_a_timeout():
-            return None
         return _thread_hub(engine).subscribe(channel, name)
     except Exception:
         logger.debug("could not listen for a lock's release; waiting by backoff", exc_info=True)
         return None
-
-
-@functools.cache
-def _notifies_take_a_timeout() -> bool:
-    import importlib
-    import inspect
-
-    psycopg: Any = importlib.import_module("psycopg")  # by name: an extra, maybe not where mypy runs
-    try:
-        return "timeout" in inspect.signature(psycopg.Connection.notifies).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _quoted(channel: str) -> str:

@@ -1,0 +1,87 @@
+"""SQLite: a file on this machine, one writer at a time (``BEGIN IMMEDIATE``, the library's
+engine glue in ``fencing._runtime.sqlite``), statements without round trips."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from sqlalchemy import ColumnElement, func
+
+from .base import COUNTED, Database
+
+__all__ = ["SQLite"]
+
+# SQLite's primary result codes (an extended code's low byte)
+_BUSY, _LOCKED, _READONLY, _CORRUPT, _FULL, _NOTADB = 5, 6, 8, 11, 13, 26
+
+
+def _code(error: Any) -> int | None:
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    return None if code is None else int(code) & 0xFF
+
+
+class SQLite(Database):
+    names = ("sqlite",)
+    family = "sqlite"
+    known = True
+    # julianday('now') counts milliseconds
+    clock_sql = "((julianday('now') - 2440587.5) * 86400.0)"
+    clock_resolution = 1e-3
+    upsert = COUNTED
+    locks_whole_database = True
+    ranges_at_row_values = True
+    is_file = True
+    #: the drivers the library's engine glue (``fencing.configure_sqlite``) supports
+    glued_drivers = ("pysqlite", "aiosqlite")
+    types_are_declared_names = True
+    # the engine's begin listener always opens a real transaction
+    honours_autocommit = False
+
+    def driven_directly(self, driver: str) -> bool:
+        return driver == "pysqlite"
+
+    def unindexed(self, sql: str) -> str:
+        return "+" + sql  # SQLite's way to keep an index out of a join
+
+    def fence_sum(self, fence: ColumnElement[Any]) -> ColumnElement[Any]:
+        # sum() fails on a 64-bit overflow (a job at the last fence); total() is a float
+        return func.total(fence)
+
+    def prefix_match(self, column: ColumnElement[Any], pattern: ColumnElement[Any]) -> ColumnElement[bool]:
+        # LIKE folds ASCII case; GLOB does not (and uses the key)
+        return column.op("GLOB")(pattern)
+
+    def prefix_pattern(self, prefix: str) -> str:
+        return "".join(f"[{c}]" if c in "*?[" else c for c in prefix) + "*"
+
+    def transient(self, error: Any) -> bool:
+        if not isinstance(error, sqlite3.OperationalError):
+            return False
+        code = _code(error)
+        if code is not None:
+            return code in (_BUSY, _LOCKED)
+        return "database is locked" in str(error) or "database table is locked" in str(error)
+
+    def full(self, error: Any) -> bool:
+        if not isinstance(error, sqlite3.Error):
+            return False
+        code = _code(error)
+        return code == _FULL if code is not None else "database or disk is full" in str(error)
+
+    def read_only(self, error: Any) -> bool:
+        if not isinstance(error, sqlite3.Error):
+            return False
+        code = _code(error)
+        return code == _READONLY if code is not None else "readonly database" in str(error)
+
+    def corrupt(self, error: Any) -> bool:
+        if not isinstance(error, sqlite3.DatabaseError):
+            return False
+        code = _code(error)
+        if code is not None:
+            return code in (_CORRUPT, _NOTADB)
+        return "malformed" in str(error) or "not a database" in str(error)
+
+    def duplicate_key(self, error: Any) -> bool:
+        return isinstance(error, sqlite3.IntegrityError) and "UNIQUE constraint failed" in str(error)
