@@ -169,6 +169,156 @@ def test_bad_input_is_named_and_changes_nothing(
     assert store.holder("x") is None
 
 
+_L = {"job_id": "x", "owner": "w", "fence": 1}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "error", "says"),
+    [
+        # a JSON value of another type is refused, never converted
+        ("/claim", {"owner": "w", "ttl": 30, "limit": True}, "InvalidArgumentType", "limit must be an int"),
+        ("/claim", {"owner": "w", "ttl": 30, "limit": 2.0}, "InvalidArgumentType", "limit must be an int"),
+        ("/claim", {"owner": "w", "ttl": 30, "limit": None}, "InvalidArgumentType", "limit must be an int"),
+        ("/claim", {"owner": "w", "ttl": True}, "InvalidArgumentType", "ttl must be a real number"),
+        (
+            "/claim",
+            {"owner": "w", "ttl": 30, "max_attempts": "3"},
+            "InvalidArgumentType",
+            "max_attempts must",
+        ),
+        ("/claim", {"owner": None, "ttl": 30}, "InvalidArgumentType", "owner must be a str, got NoneType"),
+        (
+            "/renew",
+            {"lease": {**_L, "fence": True}, "ttl": 30},
+            "InvalidArgumentType",
+            "lease.fence must be an int",
+        ),
+        (
+            "/renew",
+            {"lease": {**_L, "fence": "1"}, "ttl": 30},
+            "InvalidArgumentType",
+            "lease.fence must be an int",
+        ),
+        (
+            "/complete",
+            {"lease": {**_L, "job_id": 7}, "result": "r"},
+            "InvalidArgumentType",
+            "lease.job_id must",
+        ),
+        ("/complete", {"lease": _L, "result": False}, "InvalidArgumentType", "result must be a str or None"),
+        ("/release", {"lease": _L, "delay": "60"}, "InvalidArgumentType", "delay must be a real number"),
+        (
+            "/enqueue",
+            {"job_id": "n", "ready_at": "now"},
+            "InvalidArgumentType",
+            "ready_at must be a real number",
+        ),
+        # a value of the right type, out of range
+        ("/claim", {"owner": "w", "ttl": 10**400}, "InvalidArgument", "ttl must be a finite number within"),
+        (
+            "/claim",
+            {"owner": "w", "ttl": 30, "limit": -1},
+            "InvalidArgument",
+            "limit must be at least 1, got -1",
+        ),
+        ("/release", {"lease": _L, "delay": 0}, "InvalidArgument", "delay must be > 0, got 0"),
+        # the body's shape: fields missing or unknown, in a lease too
+        ("/complete", {"lease": _L}, "InvalidArgument", "the body has no 'result'"),
+        (
+            "/renew",
+            {"lease": {"job_id": "x", "owner": "w"}, "ttl": 30},
+            "InvalidArgument",
+            "lease has no 'fence'",
+        ),
+        (
+            "/release",
+            {"lease": {**_L, "holder": "w"}},
+            "InvalidArgument",
+            "unknown field(s) 'holder' in lease",
+        ),
+        (
+            "/enqueue",
+            {"job_id": "n", "b": 1, "a": 2},
+            "InvalidArgument",
+            "unknown field(s) 'a', 'b'; this call",
+        ),
+    ],
+)
+def test_a_field_is_of_its_own_json_type_and_range_or_refused(
+    client: TestClient, store: JobStore, path: str, body: dict[str, Any], error: str, says: str
+) -> None:
+    """The request models are strict: a bool is no int, a string no number, 2.0 no count,
+    null no default; the error is the library's, its detail names the field."""
+    store.enqueue("x")
+    before = store.state("x")
+    answer = post(client, path, body)
+    assert answer.status_code == 422, answer.text
+    assert (answer.json()["error"], answer.json()["title"]) == (error, error)
+    assert says in answer.json()["detail"], answer.json()["detail"]
+    assert store.state("x") == before and store.state("n") is None
+
+
+def test_who_may_act_is_judged_after_the_bodys_shape_and_before_its_values(
+    two: TestClient, store: JobStore
+) -> None:
+    """Unknown fields and where the owner is come first (422); then who may act (403),
+    before any value is judged; then the values, the API's bounds before the rest."""
+    store.enqueue("j")
+    lease = {"job_id": "j", "owner": "worker-a", "fence": 1}
+    as_b = [
+        ("/claim", {"owner": "worker-a", "ttl": 1e308}, 403),
+        ("/claim", {"owner": "worker-a", "ttl": "30", "limit": True}, 403),
+        ("/renew", {"lease": {**lease, "fence": "1"}, "ttl": -1}, 403),
+        ("/release", {"lease": lease, "delay": "soon"}, 403),
+        ("/claim", {"owner": "worker-a", "ttl": 30, "surprise": 1}, 422),
+        ("/claim", {"ttl": 30}, 422),
+        ("/renew", {"lease": {"job_id": "j", "owner": "worker-a"}, "ttl": 30}, 422),
+        ("/complete", {"lease": "j:worker-a:1", "result": "r"}, 422),
+    ]
+    for path, body, status in as_b:
+        answer = two.post(path, json=body, headers=AS_B)
+        assert answer.status_code == status, (path, body, answer.text)
+    both_wrong = two.post("/claim", json={"owner": 5, "ttl": 0, "limit": 0}, headers=AS_B)
+    assert both_wrong.json()["detail"] == "ttl must be > 0, got 0"
+    # an owner that is no text names itself (it was a 500: the 403 echoed it, unencodable)
+    hdr = {**AS_B, "content-type": "application/json"}
+    surrogate = two.post("/claim", content=b'{"owner": "\\ud800", "ttl": 30}', headers=hdr)
+    assert surrogate.status_code == 422
+    assert surrogate.json()["detail"].startswith(
+        "owner cannot be stored as UTF-8 (lone surrogate at index 0)"
+    )
+    assert store.holder("j") is None and store.state("j").fence == 0  # type: ignore[union-attr]
+
+
+def test_every_problem_is_the_documents_problem(client: TestClient, store: JobStore) -> None:
+    """Each problem the API answers holds only the fields of the Problem model, which is the
+    document's (a generated client reads every field it is sent)."""
+    from fencing.web.models import Problem
+
+    store.enqueue("p")
+    [lease] = post(client, "/claim", {"owner": "go-1", "ttl": 30}).json()["leases"]
+    assert post(client, "/complete", {"lease": lease, "result": "a"}).status_code == 200
+    hdr = {**AUTH, "content-type": "application/json"}
+    answers = [
+        client.post("/claim", json={"owner": "w", "ttl": 30}),  # 401
+        post(client, "/claim", {"owner": "stranger", "ttl": 30}),  # 403
+        client.get("/jobs/none-such", headers=AUTH),  # 404
+        post(client, "/complete", {"lease": lease, "result": "b"}),  # 409, done with another result
+        post(client, "/renew", {"lease": lease, "ttl": 30}),  # 409, refused
+        post(client, "/claim", {"owner": "w", "ttl": "30"}),  # 422
+        client.post("/claim", content=b"{", headers=hdr),  # 400
+        client.post("/claim", content=b"w", headers={**AUTH, "content-type": "text/plain"}),  # 415
+        post(client, "/enqueue", {"job_id": "y" * (2 * 1024 * 1024)}),  # 413
+    ]
+    assert [a.status_code for a in answers] == [401, 403, 404, 409, 409, 422, 400, 415, 413]
+    documented = client.get("/openapi.json").json()["components"]["schemas"]["Problem"]["properties"]
+    assert set(documented) == set(Problem.model_fields)
+    for answer in answers:
+        assert answer.headers["content-type"] == "application/problem+json"
+        assert set(answer.json()) <= set(Problem.model_fields), answer.json()
+        Problem.model_validate(answer.json(), strict=True)
+
+
 def test_bodies_that_are_not_json_objects_or_too_large_are_refused(
     client: TestClient, store: JobStore
 ) -> None:

@@ -18,7 +18,10 @@ release that was accepted answers with the lease it ended (no read: the guard le
 through); a replayed one also with the job's row. A write the guard refuses answers ``409``
 with the reason (:data:`fencing.REASONS`), the holder and the current fence, as problem
 details (:mod:`fencing.web.problems`); bad input ``422`` naming the field; a database that
-cannot answer ``503`` with ``Retry-After``.
+cannot answer ``503`` with ``Retry-After``. Each body is read as its typed model, strict
+(:mod:`fencing.web.models`: a bool is no int, a string no number, an unknown field is
+refused), in the order :mod:`fencing.web.reading` keeps; each answer is built through its
+model; the OpenAPI document is generated from the models (:mod:`fencing.web.openapi`).
 
 **A token acts only as its own owners.** Every request must be authorized by the
 application's ``authorize`` callable (:mod:`fencing.web.auth`): without an answer it gets
@@ -47,8 +50,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+from pydantic import BaseModel
 from sqlalchemy import bindparam, select
 from sqlalchemy.sql import Executable
 from starlette.applications import Starlette
@@ -59,14 +63,31 @@ from starlette.routing import Route
 
 from .._errors import FencingError, InvalidArgument, InvalidArgumentType
 from .._runtime.refusals import Refusal, judge
-from .._sql.checks import check_count, check_ttl, fence_can_match, show_value
+from .._sql.checks import check_count, check_ttl, fence_can_match
 from .._sql.dberrors import DB_ERRORS, wrap_database_error
 from .._sql.schema import KEY_TYPE, as_text
 from .._sql.values import Lease
 from .._store.jobstore import JobStore
 from ..overview import JobView, Overview
+from . import models
 from .auth import Authorize, Caller, caller_of
+from .models import (
+    MAX_LIMIT,
+    MAX_TTL,
+    ClaimOut,
+    CompleteOut,
+    Enqueued,
+    EnqueueOut,
+    JobOut,
+    JobRead,
+    LeaseOut,
+    ReleaseOut,
+    RenewOut,
+    requests_within,
+)
+from .openapi import openapi_document
 from .problems import from_error, problem
+from .reading import read
 
 __all__ = ["MAX_LIMIT", "MAX_TTL", "BadBody", "lease_api", "openapi_document", "read_body", "read_json"]
 
@@ -74,14 +95,9 @@ logger = logging.getLogger("fencing.web")
 
 #: the largest request body the API reads (bytes): a result is the biggest field
 MAX_BODY = 1024 * 1024
-#: the longest lease (``ttl``, seconds) the API hands out by default: a day. A crashed
-#: worker's job waits out its lease, so longer work renews (heartbeats) instead
-MAX_TTL = 86400.0
-#: the most jobs one claim takes by default: one transaction locks them all, and one
-#: worker cannot drain a queue that others share
-MAX_LIMIT = 1000
 
 Handler = Callable[[Request, dict[str, Any], Caller], Awaitable[Response]]
+R = TypeVar("R", bound=models.RequestBody)
 
 
 class BadBody(Exception):
@@ -128,37 +144,9 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def _field(body: dict[str, Any], name: str, *, required: bool = True) -> Any:
-    if name not in body:
-        if required:
-            raise InvalidArgument(f"the body has no {name!r}")
-        return None
-    return body[name]
-
-
-def _known(body: dict[str, Any], *names: str) -> None:
-    unknown = sorted(set(body) - set(names))
-    if unknown:
-        raise InvalidArgument(
-            f"unknown field(s) {', '.join(map(repr, unknown))}; this call takes {', '.join(names)}"
-        )
-
-
-def _lease(body: dict[str, Any]) -> Lease:
-    value = _field(body, "lease")
-    if not isinstance(value, dict):
-        raise InvalidArgumentType(
-            f"lease must be an object with job_id, owner and fence, got {type(value).__name__}"
-        )
-    _known(value, "job_id", "owner", "fence", "until")
-    job_id, owner, fence = _field(value, "job_id"), _field(value, "owner"), _field(value, "fence")
-    if isinstance(fence, float) and fence.is_integer():
-        raise InvalidArgumentType(f"lease.fence must be an integer, got the float {fence!r}")
-    return Lease(job_id, owner, fence)
-
-
-def lease_json(lease: Lease) -> dict[str, Any]:
-    return {"job_id": lease.job_id, "owner": lease.owner, "fence": lease.fence, "until": lease.until}
+def answer(body: BaseModel, status: int = 200) -> JSONResponse:
+    """An answer of the API: its model's fields that were set (a replay's ``job`` only on a replay)."""
+    return JSONResponse(body.model_dump(exclude_unset=True), status_code=status)
 
 
 class _Api:
@@ -176,9 +164,8 @@ class _Api:
         self.overview = Overview(store.engine, store.table)
         self.authorize = authorize
         self.max_body = max_body
-        self.max_ttl = max_ttl
-        self.max_limit = max_limit
         self.max_attempts = max_attempts
+        self.requests = requests_within(max_ttl, max_limit, max_attempts)
         self.document = openapi_document(max_ttl=max_ttl, max_limit=max_limit, max_attempts=max_attempts)
         self.last_change: Executable | None = None
         if store.history_config is not None:
@@ -213,10 +200,25 @@ class _Api:
 
         return call
 
-    def not_yours(self, who: Caller, owner: object, path: str) -> Response | None:
-        """The ``403`` of a request for an owner ``who`` is not granted (``None``: it is, or
-        ``owner`` is no str, which the store then names)."""
-        if not isinstance(owner, str) or who.may_act_as(owner):
+    def read(self, model: type[R], body: dict[str, Any], who: Caller, path: str) -> R | Response:
+        """``body`` as ``model``, in the API's order (:mod:`fencing.web.reading`): what names
+        who acts, then who may act (the ``403`` answered), then the values; a refusal of
+        either is raised as the library's error (``422`` naming the field)."""
+        reading = read(model, body)
+        if reading.unnamed is not None:
+            raise reading.unnamed
+        if reading.owner is not None:
+            forbidden = self.not_yours(who, reading.owner, path)
+            if forbidden is not None:
+                return forbidden
+        if reading.invalid is not None:
+            raise reading.invalid
+        assert reading.request is not None  # no refusal: read
+        return reading.request
+
+    def not_yours(self, who: Caller, owner: str, path: str) -> Response | None:
+        """The ``403`` of a request for an owner ``who`` is not granted (``None``: it is)."""
+        if who.may_act_as(owner):
             return None
         granted = sorted(who.owners)
         shown = ", ".join(map(repr, granted[:5])) + (", ..." if len(granted) > 5 else "")
@@ -228,16 +230,6 @@ class _Api:
             owner=owner,
             caller=who.name,
         )
-
-    def ttl(self, value: object) -> float:
-        """``ttl`` checked, and within ``max_ttl``."""
-        ttl = check_ttl(value)
-        if ttl > self.max_ttl:
-            raise InvalidArgument(
-                f"ttl must be at most {self.max_ttl:g} s here (the API's max_ttl; longer work renews "
-                f"its lease), got {show_value(value)}"
-            )
-        return ttl
 
     def refused(self, path: str, lease: Lease, job: JobView | None, *, note: str = "") -> Response:
         """The 409 of a write the guard refused: why, read from the job's row after."""
@@ -262,58 +254,41 @@ class _Api:
         )
 
     async def claim(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
-        _known(body, "owner", "ttl", "limit", "max_attempts")
-        owner = _field(body, "owner")
-        refusal = self.not_yours(who, owner, "claim")
-        if refusal is not None:
-            return refusal
-        ttl = self.ttl(_field(body, "ttl"))
-        limit = check_count("limit", body.get("limit", 1))
-        if limit > self.max_limit:
-            raise InvalidArgument(
-                f"limit must be at most {self.max_limit} here (the API's max_limit), got {show_value(limit)}"
-            )
-        max_attempts = body.get("max_attempts")
-        if max_attempts is None:
-            max_attempts = self.max_attempts
-        elif self.max_attempts is not None and check_count("max_attempts", max_attempts) > self.max_attempts:
-            raise InvalidArgument(
-                f"max_attempts must be at most {self.max_attempts} here: the API poisons jobs claimed "
-                f"{self.max_attempts} times, got {show_value(max_attempts)}"
-            )
+        claim = self.read(self.requests.claim, body, who, "claim")
+        if isinstance(claim, Response):
+            return claim
+        max_attempts = self.max_attempts if claim.max_attempts is None else claim.max_attempts
         leases = await run_in_threadpool(
-            self.store.claim_next, owner, ttl=ttl, limit=limit, max_attempts=max_attempts
+            self.store.claim_next, claim.owner, ttl=claim.ttl, limit=claim.limit, max_attempts=max_attempts
         )
-        return JSONResponse({"leases": [lease_json(x) for x in leases]})
+        return answer(ClaimOut(leases=[LeaseOut.of(x) for x in leases]))
 
     async def renew(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
-        _known(body, "lease", "ttl")
-        lease = _lease(body)
-        refusal = self.not_yours(who, lease.owner, "renew")
-        if refusal is not None:
-            return refusal
-        ttl = self.ttl(_field(body, "ttl"))
+        renew = self.read(self.requests.renew, body, who, "renew")
+        if isinstance(renew, Response):
+            return renew
+        lease, ttl = renew.lease.token(), renew.ttl
         renewed = await run_in_threadpool(lambda: self.store.renew(lease, ttl=ttl))
         if renewed is None:
             return self.refused("renew", lease, await self.job(lease.job_id))
-        return JSONResponse({"lease": lease_json(renewed)})
+        return answer(RenewOut(lease=LeaseOut.of(renewed)))
 
     async def complete(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
-        _known(body, "lease", "result")
-        lease, result = _lease(body), _field(body, "result")
-        refusal = self.not_yours(who, lease.owner, "complete")
-        if refusal is not None:
-            return refusal
+        complete = self.read(self.requests.complete, body, who, "complete")
+        if isinstance(complete, Response):
+            return complete
+        lease, result = complete.lease.token(), complete.result
         done = await run_in_threadpool(self.store.complete, lease, result)
         if done:  # the row is what the guard let through: no read to answer
-            return JSONResponse({"completed": True, "replayed": False, "lease": lease_json(lease)})
+            return answer(CompleteOut(completed=True, replayed=False, lease=LeaseOut.of(lease)))
         job = await self.job(lease.job_id)
         if job is not None and job.state == "done" and (job.owner, job.fence) == (lease.owner, lease.fence):
             # done by this very lease (a fence is handed out once): this is a retry
             if job.result == result:
-                return JSONResponse(
-                    {"completed": True, "replayed": True, "lease": lease_json(lease), "job": job.as_json()}
+                replay = CompleteOut(
+                    completed=True, replayed=True, lease=LeaseOut.of(lease), job=JobOut.of(job)
                 )
+                return answer(replay)
             return problem(
                 409,
                 "Refused",
@@ -327,18 +302,17 @@ class _Api:
         return self.refused("complete", lease, job)
 
     async def release(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
-        _known(body, "lease", "delay")
-        lease, delay = _lease(body), body.get("delay")
-        refusal = self.not_yours(who, lease.owner, "release")
-        if refusal is not None:
-            return refusal
+        release = self.read(self.requests.release, body, who, "release")
+        if isinstance(release, Response):
+            return release
+        lease, delay = release.lease.token(), release.delay
         released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay))
         if released:
-            return JSONResponse({"released": True, "replayed": False, "lease": lease_json(lease)})
+            return answer(ReleaseOut(released=True, replayed=False, lease=LeaseOut.of(lease)))
         job, proven = await run_in_threadpool(self.released_by, lease)
         if proven and job is not None:
-            return JSONResponse(
-                {"released": True, "replayed": True, "lease": lease_json(lease), "job": job.as_json()}
+            return answer(
+                ReleaseOut(released=True, replayed=True, lease=LeaseOut.of(lease), job=JobOut.of(job))
             )
         note = ""
         unheld = job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence
@@ -374,20 +348,24 @@ class _Api:
         return job, last is not None and tuple(last) == ("release", lease.owner, lease.fence)
 
     async def enqueue(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
-        _known(body, "job_id", "ready_at")
-        job_id, ready_at = _field(body, "job_id"), body.get("ready_at")
+        enqueue = self.read(self.requests.enqueue, body, who, "enqueue")
+        if isinstance(enqueue, Response):
+            return enqueue
+        job_id, ready_at = enqueue.job_id, enqueue.ready_at
         added = await run_in_threadpool(lambda: self.store.enqueue(job_id, ready_at=ready_at))
         logger.info("enqueue of job %r by %s over HTTP: %s", job_id, who.name, "added" if added else "exists")
         job = await self.job(job_id)
-        answer = {"enqueued": added, "job": None if job is None else job.as_json()}
-        return JSONResponse(answer, status_code=201 if added else 200)
+        shown = None if job is None else JobOut.of(job)
+        if added:
+            return answer(Enqueued(enqueued=True, job=shown), 201)
+        return answer(EnqueueOut(enqueued=False, job=shown))
 
     async def state(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         job_id = request.path_params["job_id"]
         job = await self.job(job_id)
         if job is None:
             return problem(404, "NotFound", f"there is no job {job_id!r}", job_id=job_id)
-        return JSONResponse({"job": job.as_json()})
+        return answer(JobRead(job=JobOut.of(job)))
 
     async def job(self, job_id: str) -> JobView | None:
         return await run_in_threadpool(self.overview.job, job_id)
@@ -445,197 +423,3 @@ def lease_api(
         Route("/openapi.json", api.openapi, methods=["GET"]),
     ]
     return Starlette(routes=routes)
-
-
-def _schema_of_lease(required: tuple[str, ...] = ("job_id", "owner", "fence")) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "required": list(required),
-        "properties": {
-            "job_id": {"type": "string"},
-            "owner": {"type": "string"},
-            "fence": {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
-            "until": {"type": ["number", "null"]},
-        },
-    }
-
-
-_JOB = {
-    "type": "object",
-    "properties": {
-        "job_id": {"type": "string"},
-        "state": {"enum": ["ready", "held", "deferred", "done", "poisoned"]},
-        "owner": {"type": ["string", "null"]},
-        "fence": {"type": "integer"},
-        "until": {"type": "number"},
-        "until_in": {"type": ["number", "null"], "description": "until - now; null: done, or until 0"},
-        "result": {"type": ["string", "null"]},
-        "now": {"type": "number", "description": "the database's clock when the job was read"},
-    },
-}
-_PROBLEM = {
-    "type": "object",
-    "required": ["type", "title", "status", "detail", "error"],
-    "properties": {
-        "type": {"type": "string", "format": "uri"},
-        "title": {"type": "string"},
-        "status": {"type": "integer"},
-        "detail": {"type": "string"},
-        "error": {"type": "string", "description": "the library's error name (Refused for a refused write)"},
-        "reason": {"type": "string", "description": "why a write was refused (fencing.REASONS)"},
-        "holder": {"type": ["string", "null"]},
-        "current_fence": {"type": ["integer", "null"]},
-        "owner": {"type": "string", "description": "a 403's owner, not granted to the token"},
-        "caller": {"type": "string", "description": "a 403's caller, as authorize named it"},
-    },
-}
-
-
-#: the problems every request may answer with: not authorized, an error of the library's
-#: (refused, bad input, a database that cannot answer, is full, or an error it does not name)
-_EVERY_PROBLEM = ("401", "409", "422", "500", "503", "507")
-#: and those of a request for an owner: another owner's (not granted to the token)
-_OWNER_PROBLEMS = ("403",)
-#: and those of a request with a body: not JSON, too large, not application/json
-_BODY_PROBLEMS = ("400", "413", "415")
-
-
-def _operation(
-    summary: str,
-    request: dict[str, Any] | None,
-    answer: dict[str, Any],
-    *,
-    also: dict[str, dict[str, Any]] | None = None,
-    problems: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """An operation of the document: its ``200`` answer, ``also`` (other answers, e.g. a
-    ``201``), and every problem it may answer with (those of a body when it takes one)."""
-    problem = {"$ref": "#/components/responses/Problem"}
-    statuses = (*_EVERY_PROBLEM, *(_BODY_PROBLEMS if request is not None else ()), *problems)
-    op: dict[str, Any] = {
-        "summary": summary,
-        "security": [{"bearer": []}],
-        "responses": {
-            "200": {"description": "done", "content": {"application/json": {"schema": answer}}},
-            **(also or {}),
-            **dict.fromkeys(sorted(statuses), problem),
-        },
-    }
-    if request is not None:
-        op["requestBody"] = {"required": True, "content": {"application/json": {"schema": request}}}
-    return op
-
-
-def _object(required: list[str], **properties: Any) -> dict[str, Any]:
-    return {"type": "object", "required": required, "properties": properties, "additionalProperties": False}
-
-
-_LEASE = _schema_of_lease()
-
-
-def openapi_document(*, max_ttl: float, max_limit: int, max_attempts: int | None) -> dict[str, Any]:
-    """The OpenAPI 3.1 document of an API with these bounds, served at ``/openapi.json``."""
-    ttl = {"type": "number", "exclusiveMinimum": 0, "maximum": max_ttl}
-    attempts: dict[str, Any] = {"type": ["integer", "null"], "minimum": 1}
-    if max_attempts is not None:
-        attempts["maximum"] = max_attempts
-    mine = _OWNER_PROBLEMS
-    return {
-        "openapi": "3.1.0",
-        "info": {"title": "fencing lease API", "version": "1"},
-        "components": {
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-            "responses": {
-                "Problem": {
-                    "description": "RFC 9457 problem details",
-                    "content": {"application/problem+json": {"schema": _PROBLEM}},
-                }
-            },
-        },
-        "paths": {
-            "/claim": {
-                "post": _operation(
-                    "Claim up to limit ready jobs, longest waiting first",
-                    _object(
-                        ["owner", "ttl"],
-                        owner={"type": "string"},
-                        ttl=ttl,
-                        limit={"type": "integer", "minimum": 1, "maximum": max_limit},
-                        max_attempts=attempts,
-                    ),
-                    _object(["leases"], leases={"type": "array", "items": _LEASE}),
-                    problems=mine,
-                )
-            },
-            "/renew": {
-                "post": _operation(
-                    "Extend a live lease to now + ttl",
-                    _object(["lease", "ttl"], lease=_LEASE, ttl=ttl),
-                    _object(["lease"], lease=_LEASE),
-                    problems=mine,
-                )
-            },
-            "/complete": {
-                "post": _operation(
-                    "Store the result under the current, live lease (a retry answers as the first)",
-                    _object(["lease", "result"], lease=_LEASE, result={"type": ["string", "null"]}),
-                    _object(
-                        ["completed", "replayed", "lease"],
-                        completed={"const": True},
-                        replayed={"type": "boolean"},
-                        lease=_LEASE,
-                        job=_JOB,
-                    ),
-                    problems=mine,
-                )
-            },
-            "/release": {
-                "post": _operation(
-                    "Give the lease back (claimable at once, or after delay seconds); the fence is kept",
-                    _object(["lease"], lease=_LEASE, delay={"type": ["number", "null"]}),
-                    _object(
-                        ["released", "replayed", "lease"],
-                        released={"const": True},
-                        replayed={"type": "boolean"},
-                        lease=_LEASE,
-                        job=_JOB,
-                    ),
-                    problems=mine,
-                )
-            },
-            "/enqueue": {
-                "post": _operation(
-                    "Register a job (201), or find it registered already (200, nothing changed)",
-                    _object(["job_id"], job_id={"type": "string"}, ready_at={"type": ["number", "null"]}),
-                    _object(["enqueued", "job"], enqueued={"type": "boolean"}, job=_JOB),
-                    also={
-                        "201": {
-                            "description": "added",
-                            "content": {
-                                "application/json": {
-                                    "schema": _object(["enqueued", "job"], enqueued={"const": True}, job=_JOB)
-                                }
-                            },
-                        }
-                    },
-                )
-            },
-            "/jobs/{job_id}": {
-                "get": {
-                    **_operation(
-                        "The job's row and state, read now",
-                        None,
-                        _object(["job"], job=_JOB),
-                        problems=("404",),
-                    ),
-                    "parameters": [
-                        {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-                    ],
-                }
-            },
-        },
-    }
-
-
-#: the document of an API with the default bounds
-OPENAPI: dict[str, Any] = openapi_document(max_ttl=MAX_TTL, max_limit=MAX_LIMIT, max_attempts=None)
