@@ -40,12 +40,13 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy import Connection, Engine
 
+from ._dialects import by_name
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -83,196 +84,15 @@ class Finding:
         return asdict(self)
 
 
-@dataclass(frozen=True)
-class Rule:
-    """An unsafe value of one setting: when ``unsafe`` says so of the values read, the
-    setting is at ``risk``; ``advice`` says what to set. A setting no rule matches is ok."""
-
-    database: str
-    setting: str
-    unsafe: Callable[[Values], bool]
-    risk: str
-    advice: str
-
-
-# -- the rules, per database ---------------------------------------------------------------
-
-_FENCE_AGAIN = "a fence handed out can be handed out again"
-_PG_CONF = "in postgresql.conf (or ALTER SYSTEM), then reload"
-
-
-def _pg_sync_standby_named(s: Values) -> bool:
-    return s.get("synchronous_standby_names", "").strip() != ""
-
-
-_POSTGRESQL = (
-    Rule(
-        "postgresql",
-        "fsync",
-        lambda s: s["fsync"] == "off",
-        "power loss or an OS crash can lose commits the server acknowledged, or corrupt the "
-        f"cluster: {_FENCE_AGAIN}",
-        f"fsync = on {_PG_CONF}",
-    ),
-    Rule(
-        "postgresql",
-        "full_page_writes",
-        lambda s: s["full_page_writes"] == "off",
-        "a page torn by power loss or an OS crash cannot be repaired from the WAL: the jobs "
-        "table (its fences) can come back corrupt",
-        f"full_page_writes = on {_PG_CONF}",
-    ),
-    Rule(
-        "postgresql",
-        "synchronous_commit",
-        lambda s: s["synchronous_commit"] == "off",
-        "a crash of the server loses the last commits it acknowledged (up to 3 x "
-        f"wal_writer_delay): {_FENCE_AGAIN}",
-        "synchronous_commit = on (and no off for the store's role or database: ALTER ROLE/"
-        "DATABASE ... RESET synchronous_commit; no -c synchronous_commit=off in the URL)",
-    ),
-    Rule(
-        "postgresql",
-        "synchronous_commit",
-        lambda s: s["synchronous_commit"] == "local" and _pg_sync_standby_named(s),
-        "commits are acknowledged before the synchronous standby has them: a failover to it "
-        f"loses them, and {_FENCE_AGAIN}",
-        "synchronous_commit = on (or remote_apply) for the store's sessions",
-    ),
-    Rule(
-        "postgresql",
-        "synchronous_standby_names",
-        lambda s: not _pg_sync_standby_named(s) and int(s.get("standbys", "0")) > 0,
-        "the standbys are asynchronous: a failover to one loses the commits it had not "
-        f"received yet, and {_FENCE_AGAIN}",
-        "name them in synchronous_standby_names (e.g. 'ANY 1 (standby1, standby2)'), with "
-        "synchronous_commit = on or remote_apply",
-    ),
-)
-
-_MYSQL_CONF = "in my.cnf ([mariadbd]/[mysqld]) or SET GLOBAL"
-_MYSQL = (
-    Rule(
-        "mysql",
-        "innodb_flush_log_at_trx_commit",
-        lambda s: s["innodb_flush_log_at_trx_commit"] == "0",
-        "the redo log is written and flushed about once a second: a crash of the server (or "
-        f"of its machine) loses up to a second of acknowledged commits: {_FENCE_AGAIN}",
-        f"innodb_flush_log_at_trx_commit = 1 {_MYSQL_CONF}",
-    ),
-    Rule(
-        "mysql",
-        "innodb_flush_log_at_trx_commit",
-        lambda s: s["innodb_flush_log_at_trx_commit"] == "2",
-        "the redo log is flushed about once a second: power loss or an OS crash loses up to a "
-        f"second of acknowledged commits (a crash of the server alone does not): {_FENCE_AGAIN}",
-        f"innodb_flush_log_at_trx_commit = 1 {_MYSQL_CONF}",
-    ),
-    Rule(
-        "mysql",
-        "sync_binlog",
-        lambda s: s["log_bin"] == "on" and s["sync_binlog"] != "1",
-        "the binary log is not flushed at every commit: after power loss or an OS crash it can "
-        "lack commits InnoDB kept, so replicas and a point-in-time restore miss them, and a "
-        "failover to a replica hands a fence out again",
-        f"sync_binlog = 1 {_MYSQL_CONF}",
-    ),
-    Rule(
-        "mysql",
-        "innodb_doublewrite",
-        lambda s: s["innodb_doublewrite"] in ("off", "0", "detect_only"),
-        "a page torn by power loss or an OS crash cannot be repaired: the jobs table (its "
-        "fences) can come back corrupt",
-        "innodb_doublewrite = ON in my.cnf, then restart the server",
-    ),
-)
-
-_SQLITE_FULL = "synchronous = FULL (fencing.create_sqlite_engine's default, durability='full')"
-_SQLITE = (
-    Rule(
-        "sqlite",
-        "journal_mode",
-        lambda s: s["journal_mode"] in ("off", "memory"),
-        "no journal on disk: a crash in the middle of a commit leaves the database corrupt",
-        "journal_mode = WAL (fencing.create_sqlite_engine and fencing.configure_sqlite set it)",
-    ),
-    Rule(
-        "sqlite",
-        "synchronous",
-        lambda s: s["synchronous"] == "off",
-        "nothing is synced: power loss or an OS crash can lose the last commits or corrupt the "
-        f"database: {_FENCE_AGAIN}",
-        _SQLITE_FULL,
-    ),
-    Rule(
-        "sqlite",
-        "synchronous",
-        lambda s: s["synchronous"] == "normal" and s["journal_mode"] == "wal",
-        "the WAL is not synced at each commit: power loss or an OS crash rolls back the last "
-        f"commits (a crash of the process alone does not): {_FENCE_AGAIN}",
-        _SQLITE_FULL,
-    ),
-    Rule(
-        "sqlite",
-        "synchronous",
-        lambda s: s["synchronous"] == "normal",
-        "with a rollback journal, power loss at the wrong moment can corrupt the database "
-        "(SQLite documents the chance as small, on older filesystems)",
-        f"{_SQLITE_FULL}, or journal_mode = WAL with synchronous = FULL",
-    ),
-    Rule(
-        "sqlite",
-        "fullfsync",
-        lambda s: s["fullfsync"] == "off",
-        "on macOS fsync leaves the commit in the drive's cache: power loss can lose commits even "
-        f"with synchronous = FULL: {_FENCE_AGAIN}",
-        "PRAGMA fullfsync = ON (and PRAGMA checkpoint_fullfsync = ON) on every connection, in "
-        "a connect listener",
-    ),
-)
-
-#: every unsafe value the library knows, by database, in the order findings are reported
-RULES: Mapping[str, tuple[Rule, ...]] = {"postgresql": _POSTGRESQL, "mysql": _MYSQL, "sqlite": _SQLITE}
-
-#: what is reported per database (a setting judged alongside another is shown with it)
-_REPORTED: Mapping[str, tuple[str, ...]] = {
-    "postgresql": ("fsync", "full_page_writes", "synchronous_commit", "synchronous_standby_names"),
-    "mysql": ("innodb_flush_log_at_trx_commit", "sync_binlog", "innodb_doublewrite"),
-    "sqlite": ("journal_mode", "synchronous", "fullfsync"),
-}
-
-
-def _shown(database: str, setting: str, s: Values) -> str:
-    """The value, with the one it was judged alongside."""
-    value = s[setting]
-    if database == "postgresql" and setting == "synchronous_commit":
-        return f"{value} (synchronous_standby_names {s.get('synchronous_standby_names', '')!r})"
-    if database == "postgresql" and setting == "synchronous_standby_names":
-        return f"{value!r} ({s.get('standbys', '0')} standbys streaming)"
-    if database == "mysql" and setting == "sync_binlog":
-        return f"{value} (log_bin {s['log_bin']})"
-    if database == "sqlite" and setting == "synchronous":
-        return f"{value} (journal_mode {s['journal_mode']})"
-    return value
-
-
-def _not_applicable(database: str, setting: str, s: Values, platform: str) -> str | None:
-    """Why a setting means nothing here, or None."""
-    if database == "sqlite" and setting == "fullfsync" and platform != "darwin":
-        return f"applies on macOS only (F_FULLFSYNC); on {platform} fsync reaches the disk"
-    if database == "mysql" and setting == "sync_binlog" and s["log_bin"] != "on":
-        return "the binary log is off"
-    return None
-
-
 def judge(database: str, settings: Values, *, platform: str = sys.platform) -> list[Finding]:
     """Each setting of ``database`` (``"postgresql"``, ``"mysql"``, ``"sqlite"``) as
     ``settings`` give it, judged by :data:`RULES`: one :class:`Finding` per setting, the
     first rule that matches deciding. A setting the database did not report is a risk
     (what cannot be read cannot be shown safe). ``platform``: where a SQLite file lives
     (``sys.platform``)."""
+    known = by_name(database)
     found = []
-    for setting in _REPORTED[database]:
+    for setting in known.durability_settings:
         if setting not in settings:
             found.append(
                 Finding(
@@ -285,12 +105,12 @@ def judge(database: str, settings: Values, *, platform: str = sys.platform) -> l
                 )
             )
             continue
-        value = _shown(database, setting, settings)
-        why_not = _not_applicable(database, setting, settings, platform)
+        value = known.shown(setting, settings)
+        why_not = known.not_applicable(setting, settings, platform)
         if why_not is not None:
             found.append(Finding(database, setting, value, "not applicable", "", "", why_not))
             continue
-        rule = next((r for r in RULES[database] if r.setting == setting and r.unsafe(settings)), None)
+        rule = next((r for r in known.durability_rules if r.setting == setting and r.unsafe(settings)), None)
         if rule is None:
             found.append(Finding(database, setting, value, "ok", "", ""))
         else:
@@ -300,22 +120,12 @@ def judge(database: str, settings: Values, *, platform: str = sys.platform) -> l
 
 # -- reading the settings ----------------------------------------------------------------------
 
-_PG_SETTINGS = "', '".join(_REPORTED["postgresql"])
-_PG_QUERY = (
-    f"SELECT name, setting FROM pg_settings WHERE name IN ('{_PG_SETTINGS}') "
-    "UNION ALL SELECT 'standbys', count(*)::text FROM pg_stat_replication r WHERE NOT EXISTS ("
-    "SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')"
-)
-_MYSQL_QUERY = (
-    "SHOW GLOBAL VARIABLES WHERE Variable_name IN "
-    "('innodb_flush_log_at_trx_commit', 'sync_binlog', 'log_bin', 'innodb_doublewrite')"
-)
-_SQLITE_SYNCHRONOUS = {"0": "off", "1": "normal", "2": "full", "3": "extra"}
-
 
 def dialect_family(name: str) -> str | None:
-    """The :data:`RULES` key for a SQLAlchemy dialect name, or None for one it does not know."""
-    return "mysql" if name == "mariadb" else name if name in RULES else None
+    """The database a SQLAlchemy dialect name reaches, as findings name it, or None for one
+    the library has no rules for."""
+    known = by_name(name)
+    return known.family if known.durability_settings else None
 
 
 def read_settings(database: str, dbapi_connection: Any) -> dict[str, str]:
@@ -323,24 +133,10 @@ def read_settings(database: str, dbapi_connection: Any) -> dict[str, str]:
     transaction of the caller's: the read's implicit transaction is rolled back)."""
     cursor = dbapi_connection.cursor()
     try:
-        if database == "postgresql":
-            cursor.execute(_PG_QUERY)
-            rows = cursor.fetchall()
-        elif database == "mysql":
-            cursor.execute(_MYSQL_QUERY)
-            rows = cursor.fetchall()
-        else:
-            rows = []
-            for pragma in ("journal_mode", "synchronous", "fullfsync"):
-                cursor.execute(f"PRAGMA {pragma}")
-                rows.append((pragma, cursor.fetchone()[0]))
+        settings = by_name(database).read_durability(cursor)
     finally:
         cursor.close()
     dbapi_connection.rollback()  # the read began a transaction (a driver's implicit BEGIN)
-    settings = {str(name).lower(): str(value).lower() for name, value in rows}
-    if database == "sqlite":
-        settings["synchronous"] = _SQLITE_SYNCHRONOUS.get(settings["synchronous"], settings["synchronous"])
-        settings["fullfsync"] = "on" if settings["fullfsync"] == "1" else "off"
     return settings
 
 

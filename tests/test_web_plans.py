@@ -43,7 +43,7 @@ def listings(ov: Overview) -> dict[str, tuple[Executable, dict[str, Any]]]:
                     at = Cursor(0, 1012.35, "job-0012350") if prefixed else after
                     params.update(after_done=at.done, after_until=at.until, after_id=at.job_id)
                 if prefixed:
-                    params["prefix"] = "job-00123*" if ov._sqlite else "job-00123%"
+                    params["prefix"] = ov._database.prefix_pattern("job-00123")
                     params["prefix_low"] = "job-00123"
                 how = (" after a cursor" if paged else "") + (" by prefix" if prefixed else "")
                 name = f"{state or 'every state'}{how}"

@@ -3,12 +3,26 @@ its own, no way to wake a waiter. Each known database overrides what differs."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, func
 
-__all__ = ["ARRAYS", "COUNTED", "DUPLICATE_KEY", "EACH", "LOCKING", "RETURNED", "Database"]
+__all__ = [
+    "ARRAYS",
+    "COUNTED",
+    "DUPLICATE_KEY",
+    "EACH",
+    "FENCE_AGAIN",
+    "LOCKING",
+    "LOOP",
+    "RETURNED",
+    "THREAD",
+    "Database",
+    "Rule",
+    "Values",
+]
 
 #: how a batch of completions reaches the database (:attr:`Database.batch_completion`)
 EACH, ARRAYS, LOCKING = "each", "returning", "locking"
@@ -20,6 +34,24 @@ COUNTED, RETURNED, DUPLICATE_KEY = "counted", "returned", "duplicate key"
 #: where a waiter hears of a freed lock (:meth:`Database.wakeups`): a thread's listening
 #: connection, the event loop's, or nowhere (it paces itself by backoff)
 THREAD, LOOP = "thread", "loop"
+
+
+#: the durability settings read, by name, lowercased (SQLite's numbers as their names)
+Values = Mapping[str, str]
+#: what a lost commit means for a fence
+FENCE_AGAIN = "a fence handed out can be handed out again"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """An unsafe value of one durability setting: when ``unsafe`` says so of the values
+    read, the setting is at ``risk``; ``advice`` says what to set. A setting no rule matches
+    is ok (:mod:`fencing.durability`)."""
+
+    setting: str
+    unsafe: Callable[[Values], bool]
+    risk: str
+    advice: str
 
 
 class Database:
@@ -154,3 +186,23 @@ class Database:
     def duplicate_key(self, error: Any) -> bool:
         """The driver's ``error`` is a unique or primary key violation."""
         return False
+
+    # -- durability (fencing.durability judges; each database knows its settings) ----------
+    #: the settings a fence's survival rests on, in the order they are reported (a setting
+    #: judged alongside another is shown with it); none: the library has no rules here
+    durability_settings: ClassVar[tuple[str, ...]] = ()
+    #: every unsafe value the library knows, in the order findings are reported
+    durability_rules: ClassVar[tuple[Rule, ...]] = ()
+
+    def read_durability(self, cursor: Any) -> dict[str, str]:
+        """The values of :attr:`durability_settings` (and what they are judged alongside),
+        read with ``cursor``, by lowercased name."""
+        return {}
+
+    def shown(self, setting: str, values: Values) -> str:
+        """``setting``'s value as reported, with the one it was judged alongside."""
+        return values[setting]
+
+    def not_applicable(self, setting: str, values: Values, platform: str) -> str | None:
+        """Why ``setting`` means nothing here (``platform``: where a file lives), or ``None``."""
+        return None

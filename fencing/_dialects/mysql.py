@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .base import LOCKING, Database
+from .base import FENCE_AGAIN, LOCKING, Database, Rule, Values
 
 __all__ = ["MySQL"]
 
@@ -30,6 +30,40 @@ def _code(error: Any) -> int | None:
 
 def _set_wait(execute: Callable[[str], Any], seconds: int) -> None:
     execute(f"SET SESSION innodb_lock_wait_timeout = {seconds}")
+
+
+_CONF = "in my.cnf ([mariadbd]/[mysqld]) or SET GLOBAL"
+_RULES = (
+    Rule(
+        "innodb_flush_log_at_trx_commit",
+        lambda s: s["innodb_flush_log_at_trx_commit"] == "0",
+        "the redo log is written and flushed about once a second: a crash of the server (or "
+        f"of its machine) loses up to a second of acknowledged commits: {FENCE_AGAIN}",
+        f"innodb_flush_log_at_trx_commit = 1 {_CONF}",
+    ),
+    Rule(
+        "innodb_flush_log_at_trx_commit",
+        lambda s: s["innodb_flush_log_at_trx_commit"] == "2",
+        "the redo log is flushed about once a second: power loss or an OS crash loses up to a "
+        f"second of acknowledged commits (a crash of the server alone does not): {FENCE_AGAIN}",
+        f"innodb_flush_log_at_trx_commit = 1 {_CONF}",
+    ),
+    Rule(
+        "sync_binlog",
+        lambda s: s["log_bin"] == "on" and s["sync_binlog"] != "1",
+        "the binary log is not flushed at every commit: after power loss or an OS crash it can "
+        "lack commits InnoDB kept, so replicas and a point-in-time restore miss them, and a "
+        "failover to a replica hands a fence out again",
+        f"sync_binlog = 1 {_CONF}",
+    ),
+    Rule(
+        "innodb_doublewrite",
+        lambda s: s["innodb_doublewrite"] in ("off", "0", "detect_only"),
+        "a page torn by power loss or an OS crash cannot be repaired: the jobs table (its "
+        "fences) can come back corrupt",
+        "innodb_doublewrite = ON in my.cnf, then restart the server",
+    ),
+)
 
 
 class MySQL(Database):
@@ -79,3 +113,23 @@ class MySQL(Database):
 
     def duplicate_key(self, error: Any) -> bool:
         return _code(error) == _DUPLICATE_ENTRY
+
+    durability_settings = ("innodb_flush_log_at_trx_commit", "sync_binlog", "innodb_doublewrite")
+    durability_rules = _RULES
+
+    def read_durability(self, cursor: Any) -> dict[str, str]:
+        cursor.execute(
+            "SHOW GLOBAL VARIABLES WHERE Variable_name IN "
+            "('innodb_flush_log_at_trx_commit', 'sync_binlog', 'log_bin', 'innodb_doublewrite')"
+        )
+        return {str(name).lower(): str(value).lower() for name, value in cursor.fetchall()}
+
+    def shown(self, setting: str, values: Values) -> str:
+        if setting == "sync_binlog":
+            return f"{values[setting]} (log_bin {values['log_bin']})"
+        return values[setting]
+
+    def not_applicable(self, setting: str, values: Values, platform: str) -> str | None:
+        if setting == "sync_binlog" and values["log_bin"] != "on":
+            return "the binary log is off"
+        return None

@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from .base import ARRAYS, LOOP, RETURNED, THREAD, Database
+from .base import ARRAYS, FENCE_AGAIN, LOOP, RETURNED, THREAD, Database, Rule, Values
 
 __all__ = ["PostgreSQL"]
 
@@ -47,6 +47,61 @@ def _psycopg_notifies_take_a_timeout() -> bool:
         return "timeout" in inspect.signature(psycopg.Connection.notifies).parameters
     except (ImportError, TypeError, ValueError):
         return False
+
+
+_CONF = "in postgresql.conf (or ALTER SYSTEM), then reload"
+
+
+def _pg_sync_standby_named(s: Values) -> bool:
+    return s.get("synchronous_standby_names", "").strip() != ""
+
+
+_SETTINGS_QUERY = (
+    "SELECT name, setting FROM pg_settings WHERE name IN "
+    "('fsync', 'full_page_writes', 'synchronous_commit', 'synchronous_standby_names') "
+    "UNION ALL SELECT 'standbys', count(*)::text FROM pg_stat_replication r WHERE NOT EXISTS ("
+    "SELECT 1 FROM pg_replication_slots s WHERE s.active_pid = r.pid AND s.slot_type = 'logical')"
+)
+
+_RULES = (
+    Rule(
+        "fsync",
+        lambda s: s["fsync"] == "off",
+        "power loss or an OS crash can lose commits the server acknowledged, or corrupt the "
+        f"cluster: {FENCE_AGAIN}",
+        f"fsync = on {_CONF}",
+    ),
+    Rule(
+        "full_page_writes",
+        lambda s: s["full_page_writes"] == "off",
+        "a page torn by power loss or an OS crash cannot be repaired from the WAL: the jobs "
+        "table (its fences) can come back corrupt",
+        f"full_page_writes = on {_CONF}",
+    ),
+    Rule(
+        "synchronous_commit",
+        lambda s: s["synchronous_commit"] == "off",
+        "a crash of the server loses the last commits it acknowledged (up to 3 x "
+        f"wal_writer_delay): {FENCE_AGAIN}",
+        "synchronous_commit = on (and no off for the store's role or database: ALTER ROLE/"
+        "DATABASE ... RESET synchronous_commit; no -c synchronous_commit=off in the URL)",
+    ),
+    Rule(
+        "synchronous_commit",
+        lambda s: s["synchronous_commit"] == "local" and _pg_sync_standby_named(s),
+        "commits are acknowledged before the synchronous standby has them: a failover to it "
+        f"loses them, and {FENCE_AGAIN}",
+        "synchronous_commit = on (or remote_apply) for the store's sessions",
+    ),
+    Rule(
+        "synchronous_standby_names",
+        lambda s: not _pg_sync_standby_named(s) and int(s.get("standbys", "0")) > 0,
+        "the standbys are asynchronous: a failover to one loses the commits it had not "
+        f"received yet, and {FENCE_AGAIN}",
+        "name them in synchronous_standby_names (e.g. 'ANY 1 (standby1, standby2)'), with "
+        "synchronous_commit = on or remote_apply",
+    ),
+)
 
 
 class PostgreSQL(Database):
@@ -128,3 +183,18 @@ class PostgreSQL(Database):
 
     def duplicate_key(self, error: Any) -> bool:
         return getattr(error, "sqlstate", None) == _UNIQUE_VIOLATION
+
+    durability_settings = ("fsync", "full_page_writes", "synchronous_commit", "synchronous_standby_names")
+    durability_rules = _RULES
+
+    def read_durability(self, cursor: Any) -> dict[str, str]:
+        cursor.execute(_SETTINGS_QUERY)
+        return {str(name).lower(): str(value).lower() for name, value in cursor.fetchall()}
+
+    def shown(self, setting: str, values: Values) -> str:
+        value = values[setting]
+        if setting == "synchronous_commit":
+            return f"{value} (synchronous_standby_names {values.get('synchronous_standby_names', '')!r})"
+        if setting == "synchronous_standby_names":
+            return f"{value!r} ({values.get('standbys', '0')} standbys streaming)"
+        return value

@@ -8,9 +8,12 @@ from typing import Any
 
 from sqlalchemy import ColumnElement, func
 
-from .base import COUNTED, Database
+from .base import COUNTED, FENCE_AGAIN, Database, Rule, Values
 
 __all__ = ["SQLite"]
+
+#: PRAGMA synchronous's numbers, by name
+_SYNCHRONOUS = {"0": "off", "1": "normal", "2": "full", "3": "extra"}
 
 # SQLite's primary result codes (an extended code's low byte)
 _BUSY, _LOCKED, _READONLY, _CORRUPT, _FULL, _NOTADB = 5, 6, 8, 11, 13, 26
@@ -19,6 +22,46 @@ _BUSY, _LOCKED, _READONLY, _CORRUPT, _FULL, _NOTADB = 5, 6, 8, 11, 13, 26
 def _code(error: Any) -> int | None:
     code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
     return None if code is None else int(code) & 0xFF
+
+
+_SYNCHRONOUS_FULL = "synchronous = FULL (fencing.create_sqlite_engine's default, durability='full')"
+_RULES = (
+    Rule(
+        "journal_mode",
+        lambda s: s["journal_mode"] in ("off", "memory"),
+        "no journal on disk: a crash in the middle of a commit leaves the database corrupt",
+        "journal_mode = WAL (fencing.create_sqlite_engine and fencing.configure_sqlite set it)",
+    ),
+    Rule(
+        "synchronous",
+        lambda s: s["synchronous"] == "off",
+        "nothing is synced: power loss or an OS crash can lose the last commits or corrupt the "
+        f"database: {FENCE_AGAIN}",
+        _SYNCHRONOUS_FULL,
+    ),
+    Rule(
+        "synchronous",
+        lambda s: s["synchronous"] == "normal" and s["journal_mode"] == "wal",
+        "the WAL is not synced at each commit: power loss or an OS crash rolls back the last "
+        f"commits (a crash of the process alone does not): {FENCE_AGAIN}",
+        _SYNCHRONOUS_FULL,
+    ),
+    Rule(
+        "synchronous",
+        lambda s: s["synchronous"] == "normal",
+        "with a rollback journal, power loss at the wrong moment can corrupt the database "
+        "(SQLite documents the chance as small, on older filesystems)",
+        f"{_SYNCHRONOUS_FULL}, or journal_mode = WAL with synchronous = FULL",
+    ),
+    Rule(
+        "fullfsync",
+        lambda s: s["fullfsync"] == "off",
+        "on macOS fsync leaves the commit in the drive's cache: power loss can lose commits even "
+        f"with synchronous = FULL: {FENCE_AGAIN}",
+        "PRAGMA fullfsync = ON (and PRAGMA checkpoint_fullfsync = ON) on every connection, in "
+        "a connect listener",
+    ),
+)
 
 
 class SQLite(Database):
@@ -85,3 +128,25 @@ class SQLite(Database):
 
     def duplicate_key(self, error: Any) -> bool:
         return isinstance(error, sqlite3.IntegrityError) and "UNIQUE constraint failed" in str(error)
+
+    durability_settings = ("journal_mode", "synchronous", "fullfsync")
+    durability_rules = _RULES
+
+    def read_durability(self, cursor: Any) -> dict[str, str]:
+        values = {}
+        for pragma in self.durability_settings:
+            cursor.execute(f"PRAGMA {pragma}")
+            values[pragma] = str(cursor.fetchone()[0]).lower()
+        values["synchronous"] = _SYNCHRONOUS.get(values["synchronous"], values["synchronous"])
+        values["fullfsync"] = "on" if values["fullfsync"] == "1" else "off"
+        return values
+
+    def shown(self, setting: str, values: Values) -> str:
+        if setting == "synchronous":
+            return f"{values[setting]} (journal_mode {values['journal_mode']})"
+        return values[setting]
+
+    def not_applicable(self, setting: str, values: Values, platform: str) -> str | None:
+        if setting == "fullfsync" and platform != "darwin":
+            return f"applies on macOS only (F_FULLFSYNC); on {platform} fsync reaches the disk"
+        return None

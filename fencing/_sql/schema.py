@@ -40,7 +40,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable, DropIndex
 
 from .._dialects import of
 from .._dialects.mysql import MySQL
-from .._errors import DatabaseCorrupt, SchemaMismatch
+from .._errors import DatabaseCorrupt, InvalidArgumentType, SchemaMismatch
 from .checks import check_new_table
 from .dberrors import is_corrupt
 
@@ -101,6 +101,8 @@ def as_text(value: ColumnElement[Any] | str | None) -> ColumnElement[str]:
     refuses a ``str``. ``select(as_text(jobs.c.id))`` reads text, ``as_text(jobs.c.owner) ==
     "w"`` compares with text, ``.values(owner=as_text("w"))`` writes text.
     """
+    if value is not None and not isinstance(value, (str, ColumnElement)):
+        raise InvalidArgumentType(f"as_text takes a column, a str or None, got {type(value).__name__}")
     return type_coerce(value, KEY_TYPE)
 
 
