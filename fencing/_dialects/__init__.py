@@ -18,7 +18,7 @@ from .mysql import MySQL
 from .postgresql import PostgreSQL
 from .sqlite import SQLite
 
-__all__ = ["KNOWN_NAMES", "Database", "MySQL", "PostgreSQL", "SQLite", "by_name", "of"]
+__all__ = ["KNOWN_NAMES", "Database", "MySQL", "PostgreSQL", "SQLite", "by_name", "of", "same"]
 
 _BY_NAME: dict[str, Database] = {name: kind() for kind in (SQLite, PostgreSQL, MySQL) for name in kind.names}
 #: the dialect names the library knows
@@ -29,6 +29,11 @@ _PORTABLE = Database()
 def by_name(name: str) -> Database:
     """The database SQLAlchemy's dialect name (or a URL's backend name) ``name`` reaches."""
     return _BY_NAME.get(name, _PORTABLE)
+
+
+def same(one: Dialect, other: Dialect) -> bool:
+    """Whether two dialects are the same SQLAlchemy dialect (MariaDB's is not MySQL's)."""
+    return one.name == other.name
 
 
 def of(dialect: Dialect) -> Database:

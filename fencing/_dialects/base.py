@@ -129,6 +129,11 @@ class Database:
         ``None`` where it cannot say."""
         return None
 
+    def glues(self, driver: str) -> bool:
+        """Whether the library's engine glue (``fencing.configure_sqlite``) supports
+        ``driver`` here."""
+        return False
+
     def autocommit_probe(self, driver: str) -> Callable[[Any], bool] | None:
         """How to read, from a DBAPI connection of ``driver``, whether it is in autocommit
         right now; ``None`` for a driver the library does not know."""

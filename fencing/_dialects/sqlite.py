@@ -81,6 +81,9 @@ class SQLite(Database):
     # the engine's begin listener always opens a real transaction
     honours_autocommit = False
 
+    def glues(self, driver: str) -> bool:
+        return driver in self.glued_drivers
+
     def driven_directly(self, driver: str) -> bool:
         return driver == "pysqlite"
 

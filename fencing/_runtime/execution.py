@@ -66,7 +66,7 @@ from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
 from .. import durability
-from .._dialects import of
+from .._dialects import of, same
 from .._errors import ConfigurationError, DatabaseBusy, InvalidArgumentType, OutcomeUnknown
 from .._sql.dberrors import DB_ERRORS, driver_errors, is_transient, is_unavailable
 from . import bridge, events, forks, identity
@@ -525,7 +525,7 @@ class Runner:
         a real transaction, usable in this process."""
         self._usable_here()
         connection = caller_connection(conn, table)
-        if connection.dialect.name != self.engine.dialect.name:
+        if not same(connection.dialect, self.engine.dialect):
             raise ConfigurationError(
                 f"conn is a {connection.dialect.name} connection; this store's engine is "
                 f"{self.engine.dialect.name}"

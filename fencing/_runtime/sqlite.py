@@ -220,7 +220,6 @@ def _check_options(durability: object, busy_timeout: object, begin: object) -> t
 
 #: the SQLite drivers whose transactions the listeners can begin: the standard library's
 #: sqlite3, and aiosqlite (the same module on a thread, for :mod:`fencing.asyncio`)
-DRIVERS = SQLite.glued_drivers
 
 E = TypeVar("E")
 
@@ -248,7 +247,7 @@ def configure(
         )
     if not of(sync.dialect).is_file:
         raise ConfigurationError(f"configure() is for SQLite engines, got {sync.dialect.name!r}")
-    if sync.dialect.driver not in DRIVERS:
+    if not of(sync.dialect).glues(sync.dialect.driver):
         raise ConfigurationError(
             f"the store supports the sqlite3 (pysqlite) and aiosqlite drivers, got {sync.dialect.driver!r}"
         )

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from sqlalchemy import Engine, Table, func, select, text
 from sqlalchemy.exc import DBAPIError
 
+from .._dialects import of
 from .._errors import ConfigurationError, DatabaseError, OutcomeUnknown
 from .._sql.schema import as_text
 from .._store.jobstore import JobStore
@@ -518,7 +519,7 @@ def _database_totals(engine: Engine, tables: TortureTables) -> tuple[int, int, s
         rows = int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
         done = int(conn.execute(select(func.count()).select_from(jobs).where(jobs.c.done == 1)).scalar_one())
         integrity = None
-        if engine.dialect.name == "sqlite":
+        if of(engine.dialect).is_file:  # SQLite's
             integrity = "; ".join(str(row[0]) for row in conn.execute(text("PRAGMA integrity_check")))
     return rows, done, integrity
 
