@@ -17,7 +17,8 @@ import os
 from collections.abc import Iterator
 from unittest import mock
 
-from fencing.cli.commands import URL_VARIABLE, build_parser
+from fencing.cli._database import URL_VARIABLE
+from fencing.cli.commands import build_parser
 
 HEADER = """\
 # Command line

@@ -30,7 +30,7 @@ import pytest
 from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
-import fencing.cli.commands
+import fencing.cli.jobs
 from fencing import FenceMarks, History, JobStore, attempts_table, history_table, holder_at
 from fencing._sql.schema import KEY_TYPE
 from fencing.cli import main
@@ -173,7 +173,7 @@ def test_enqueue_says_how_many_were_new_and_changes_no_existing_job(cli: Any, qu
 def test_enqueue_reads_ids_from_stdin_one_per_line(
     cli: Any, queue: JobStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(fencing.cli.commands, "ENQUEUE_CHUNK", 2)  # three transactions
+    monkeypatch.setattr(fencing.cli.jobs, "ENQUEUE_CHUNK", 2)  # three transactions
     monkeypatch.setattr(sys, "stdin", io.StringIO("a\nb\n\nc\nd\r\n spaced \r\n"))
     ran = cli("enqueue", "-")
     assert (ran.code, ran.out) == (0, "enqueued 5 new jobs\n")

@@ -1,5 +1,5 @@
-"""The ``fencing`` command: operators' commands (:mod:`fencing.cli.commands`), ``doctor``,
-``serve`` and the demo."""
+"""The ``fencing`` command (:mod:`fencing.cli.commands` builds it): the operators' commands on
+the jobs table, one job and the named locks, ``doctor``, ``serve``, ``torture`` and the demo."""
 
 from __future__ import annotations
 

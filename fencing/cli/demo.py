@@ -29,13 +29,14 @@ from .._runtime.sqlite import create_engine
 from .._sql.checks import check_ttl
 from .._sql.values import JobState
 from .._store.jobstore import JobStore
+from ._options import Commands, at_least
 
 if TYPE_CHECKING:
     from multiprocessing.context import SpawnContext, SpawnProcess
     from multiprocessing.queues import Queue
     from multiprocessing.synchronize import Event
 
-__all__ = ["DEFAULT_TTL", "JOB_ID", "MIN_TTL", "RESULT_A", "RESULT_B", "run_demo", "verdict"]
+__all__ = ["DEFAULT_TTL", "JOB_ID", "MIN_TTL", "RESULT_A", "RESULT_B", "add_demo", "run_demo", "verdict"]
 
 JOB_ID = "invoice-42"
 RESULT_A = "total=99.00 (computed by A)"
@@ -232,6 +233,24 @@ def _wait_until_expired(until: float) -> None:
     # the store calls a lease expired from until <= now on
     while (left := until - time.time()) > 0:
         time.sleep(left + 0.001)
+
+
+def add_demo(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "demo",
+        help="play the late-worker story on a real SQLite file with real worker processes",
+        description="Worker A claims a job and stalls past its lease; worker B claims the job and "
+        "completes it; A wakes up and tries to write its stale result. The store rejects "
+        "A's write. Exit code 0 if the story went exactly so, 1 otherwise.",
+    )
+    parser.add_argument(
+        "--ttl",
+        type=at_least(MIN_TTL),
+        default=DEFAULT_TTL,
+        metavar="SECONDS",
+        help=f"lease duration in real seconds (default {DEFAULT_TTL:g}, at least {MIN_TTL:g})",
+    )
+    parser.set_defaults(run=lambda args: run_demo(args.ttl))
 
 
 def run_demo(ttl: float = DEFAULT_TTL, *, out: TextIO | None = None, err: TextIO | None = None) -> int:

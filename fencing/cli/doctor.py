@@ -18,7 +18,11 @@ application's engine made otherwise is checked with :func:`fencing.durability.ch
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
+import os
+import sys
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
@@ -27,13 +31,43 @@ from sqlalchemy import Engine
 from .._errors import FencingError
 from .._sql.dberrors import DB_ERRORS
 from ..durability import Finding, check_durability, dialect_family
+from ._database import URL_VARIABLE, open_engine
+from ._options import Commands
 
-__all__ = ["SAFE", "UNREADABLE", "UNSAFE", "lines", "run"]
+__all__ = ["SAFE", "UNREADABLE", "UNSAFE", "add_doctor", "lines", "run"]
 
 #: exit codes
 SAFE, UNSAFE, UNREADABLE = 0, 1, 2
 
 _MARK = {"ok": "ok", "risk": "RISK", "not applicable": "n/a"}
+
+
+def add_doctor(commands: Commands) -> None:
+    parser = commands.add_parser(
+        "doctor",
+        help="name the database's settings under which a fence may not survive a crash (exit 1 on a risk)",
+        description="Read the settings that decide whether a commit the database acknowledged "
+        "survives a crash, power loss or failover (fsync, full_page_writes, synchronous_commit "
+        "and asynchronous standbys on PostgreSQL; innodb_flush_log_at_trx_commit, sync_binlog, "
+        "innodb_doublewrite on MariaDB/MySQL; journal_mode, synchronous, fullfsync on SQLite), "
+        "as a session of this command gets them, and say per setting what it risks and what "
+        "to set. Exit code 0 if every one is safe, 1 if any is a risk, 2 if they could not be read.",
+    )
+    parser.add_argument(
+        "--url",
+        metavar="URL_OR_PATH",
+        help=f"a SQLite file path or a database URL (default: ${URL_VARIABLE})",
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON object per setting, for scripts")
+    parser.set_defaults(run=functools.partial(_command, parser))
+
+
+def _command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    url = args.url or os.environ.get(URL_VARIABLE)
+    if url is None:
+        parser.error(f"--url is required (or ${URL_VARIABLE})")
+    opened = functools.partial(open_engine, create=False)
+    return run(url, opened, prog=parser.prog, as_json=args.json, out=sys.stdout, err=sys.stderr)
 
 
 def lines(found: Sequence[Finding], where: str) -> list[str]:

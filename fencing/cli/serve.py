@@ -7,28 +7,144 @@ given (``--allowed-host``; by default the loopback names and ``--host``). With
 ``--api-tokens FILE`` (``TOKEN OWNER [OWNER ...]`` per line) the lease API is mounted at
 ``/api``, each worker authenticated by its bearer token and acting only as the owners its
 line grants; with the history table it records every change there, and its claims apply
-``--max-attempts``.
+``--max-attempts``. The web extra (starlette, uvicorn) is imported when the command runs: the
+parser is built, and ``fencing --help`` printed, where it is not installed.
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import ipaddress
+import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from sqlalchemy import Engine, Table
-from starlette.applications import Starlette
-from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.routing import Mount
+from sqlalchemy import Engine, MetaData, Table
 
 from .._errors import InvalidArgument
 from .._store.history import History
 from .._store.jobstore import JobStore
-from ..web.api import MAX_LIMIT, MAX_TTL, lease_api
-from ..web.auth import Caller, bearer_tokens
-from ..web.pages import dashboard
+from .._store.locks import locks_table
+from ._database import Database, Failed, add_command
+from ._options import Commands, add_attempts_table, add_history_table, add_max_attempts, at_least, whole
+from ._output import Output
 
-__all__ = ["LOOPBACK", "allowed_hosts", "app_for", "is_loopback", "read_tokens", "run"]
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from ..web.auth import Caller
+
+__all__ = ["LOOPBACK", "add_serve", "allowed_hosts", "app_for", "is_loopback", "read_tokens", "run"]
+
+#: fencing.web.api's MAX_TTL and MAX_LIMIT, the lease API's own bounds (not imported from
+#: there: the web extra may be missing where the parser is built)
+API_MAX_TTL, API_MAX_LIMIT = 86400.0, 1000
+
+
+def add_serve(commands: Commands) -> None:
+    parser = add_command(
+        commands,
+        "serve",
+        serve,
+        help="serve the dashboard (read-only) and, with --api-tokens, the lease API over HTTP",
+        description="Run the web dashboard of the jobs table on uvicorn (the web extra: pip install "
+        "'fencing[web]'): counts by state, rates, leases counting down, each job's ownership "
+        "history, fence marks, locks, live. Its actions (revoke, release, delete, enqueue) need "
+        "an application's authorize callable: mount fencing.web.dashboard in your own app for "
+        "them. The pages are open to whoever reaches the server; only the Host names it binds "
+        "(and --allowed-host) are answered. With --api-tokens FILE (one 'TOKEN OWNER [OWNER ...]' "
+        "per line) the lease API is served at /api for workers in any language, each "
+        "authenticated by its bearer token and acting only as the owners on its line.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (%(default)s)")
+    parser.add_argument("--port", type=whole(1, 65535), default=8000, help="the port (%(default)s)")
+    parser.add_argument(
+        "--interval",
+        type=at_least(0.05),
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between the live feed's reads of the table (%(default)g)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a Host name to answer besides localhost, 127.0.0.1, [::1] and --host (repeatable; "
+        "'*.example.com' for a domain's)",
+    )
+    parser.add_argument(
+        "--api-tokens",
+        metavar="FILE",
+        help="serve the lease API at /api for these bearer tokens ('TOKEN OWNER [OWNER ...]' "
+        "per line: the owners each may act as)",
+    )
+    parser.add_argument(
+        "--api-max-ttl",
+        type=at_least(0.001),
+        default=API_MAX_TTL,
+        metavar="SECONDS",
+        help="the longest lease the API hands out or renews (%(default)g)",
+    )
+    parser.add_argument(
+        "--api-max-limit",
+        type=whole(1, 1_000_000),
+        default=API_MAX_LIMIT,
+        metavar="N",
+        help="the most jobs one claim of the API takes (%(default)s)",
+    )
+    add_max_attempts(parser, "what the workers pass to claim_next, and what the API's claims apply")
+    add_history_table(parser, "shown (timelines, refusals) when it exists")
+    add_attempts_table(parser)
+    parser.add_argument(
+        "--locks-table", default="fencing_locks", metavar="NAME", help="the named locks' table (%(default)s)"
+    )
+
+
+def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
+    try:  # the web face, and with it the web extra (starlette, jinja2, python-multipart)
+        importlib.import_module("fencing.web")
+    except ImportError as exc:
+        raise Failed(
+            f"the web extra is not installed ({exc.name} is missing): pip install 'fencing[web]'"
+        ) from None
+    history = db.history(args.history_table)
+    locks = (
+        locks_table(MetaData(), args.locks_table, schema=db.table.schema)
+        if db.has(args.locks_table)
+        else None
+    )
+    tokens = read_tokens(args.api_tokens) if args.api_tokens else None
+    hosts = allowed_hosts(args.host, args.allowed_host or ())
+    app = app_for(
+        db.engine,
+        db.table,
+        history=None if history is None else history.table,
+        locks=locks,
+        attempts=db.attempts(args.attempts_table),
+        interval=args.interval,
+        max_attempts=args.max_attempts,
+        tokens=tokens,
+        hosts=hosts,
+        max_ttl=args.api_max_ttl,
+        max_limit=args.api_max_limit,
+    )
+    api = f" and the lease API at http://{args.host}:{args.port}/api" if tokens else ""
+    print(
+        f"fencing: the dashboard of table {db.table.name!r} at http://{args.host}:{args.port}/{api}, "
+        f"answering the host names {', '.join(hosts)} (--allowed-host adds one)",
+        file=sys.stderr,
+    )
+    if not is_loopback(args.host):
+        print(
+            f"fencing: the dashboard's pages are open to whoever reaches {args.host}:{args.port}: "
+            "every job's id, owner and result (mount fencing.web.dashboard with authorize to close them)",
+            file=sys.stderr,
+        )
+    run(app, host=args.host, port=args.port)
+    return 0
+
 
 #: the names a local browser reaches the loopback address by (an IPv6 one as a Host header has it)
 LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
@@ -74,6 +190,8 @@ def read_tokens(path: str) -> dict[str, Caller]:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidArgument(f"cannot read the API tokens from {path!r}: {exc.strerror}") from None
+    from ..web.auth import Caller
+
     tokens: dict[str, Caller] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
@@ -101,13 +219,19 @@ def app_for(
     max_attempts: int | None,
     tokens: dict[str, Caller] | None,
     hosts: Sequence[str] = LOOPBACK,
-    max_ttl: float = MAX_TTL,
-    max_limit: int = MAX_LIMIT,
+    max_ttl: float = API_MAX_TTL,
+    max_limit: int = API_MAX_LIMIT,
 ) -> Starlette:
     """The app ``fencing serve`` runs: the dashboard at ``/``, the lease API at ``/api``
     (with ``attempts``, a requeued job's attempts count from its requeue in both; with
     ``history``, the API's changes are recorded there; ``max_attempts`` applies to its
     claims as to the dashboard's poisoned jobs), answering only the ``Host`` names ``hosts``."""
+    from starlette.applications import Starlette
+    from starlette.middleware.trustedhost import TrustedHostMiddleware
+    from starlette.routing import Mount
+
+    from ..web import bearer_tokens, dashboard, lease_api
+
     routes = []
     if tokens is not None:
         # never prunes, as the dashboard's store: retention is the application's

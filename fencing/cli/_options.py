@@ -1,0 +1,98 @@
+"""What the command line accepts: the argument types (seconds, a whole number in a range, a
+probability) and the options several commands share, each added with its help text."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from typing import TypeAlias
+
+from .._sql.checks import FENCE_MAX
+
+#: what each command's parser is added to (``fencing``'s subparsers)
+Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _number(text: str, what: str = "a number") -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+
+
+def at_least(minimum: float) -> Callable[[str], float]:
+    def seconds(text: str) -> float:
+        value = _number(text, "a number of seconds")
+        if not (math.isfinite(value) and value >= minimum):
+            raise argparse.ArgumentTypeError(f"must be at least {minimum:g} seconds, got {text!r}")
+        return value
+
+    return seconds
+
+
+def whole(minimum: int, maximum: int) -> Callable[[str], int]:
+    def number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be between {minimum} and {maximum}, got {value}")
+        return value
+
+    return number
+
+
+def probability(text: str) -> float:
+    value = _number(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
+    return value
+
+
+def finite(text: str) -> float:
+    value = _number(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def add_max_attempts(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--max-attempts",
+        type=whole(1, FENCE_MAX),
+        metavar="N",
+        help=f"{what}: jobs claimed N times or more are poisoned, as claim_next(max_attempts=N) "
+        "skips them (the fence counts claims)",
+    )
+
+
+def add_limit(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--limit", type=whole(1, 1_000_000), default=50, help=f"at most this many {what} (%(default)s)"
+    )
+
+
+def add_history_table(parser: argparse.ArgumentParser, use: str) -> None:
+    """``--history-table``: the ownership history's table, used (``use``) when it exists."""
+    parser.add_argument(
+        "--history-table",
+        default="fencing_history",
+        metavar="NAME",
+        help=f"the ownership history table {use}",
+    )
+
+
+def add_attempts_table(
+    parser: argparse.ArgumentParser,
+    use: str = "(%(default)s): when it exists, poisoned jobs count from their requeue",
+) -> None:
+    """``--attempts-table``: the table of the workers' requeued jobs' attempts bases (by
+    default for the commands that tell poisoned jobs, with ``--max-attempts``)."""
+    parser.add_argument(
+        "--attempts-table",
+        default="fencing_attempts",
+        metavar="NAME",
+        help=f"the attempts table (fencing.attempts_table) {use}",
+    )
