@@ -23,6 +23,7 @@ from sqlalchemy import Engine, MetaData, Table, make_url
 from sqlalchemy.exc import ArgumentError
 
 from .. import _engines as cache
+from .._dialects import by_name
 from .._errors import DatabaseMissing, FencingError, InvalidArgument, OutcomeUnknown, TableMissing
 from .._runtime.sqlite import create_engine as create_sqlite_engine
 from .._sql.attempts import attempts_table
@@ -74,7 +75,7 @@ class Database:
     def where(self) -> str:
         """The database as messages show it: a SQLite file's path, a URL without its password."""
         url = self.engine.url
-        if url.get_backend_name() == "sqlite":
+        if by_name(url.get_backend_name()).is_file:
             return url.database or ""
         return url.render_as_string(hide_password=True)
 
@@ -110,7 +111,7 @@ def open_engine(url: str, *, create: bool, wait: float | None = None) -> Engine:
             parsed = make_url(url)
         except (ArgumentError, ValueError) as exc:  # e.g. a port that is not a number
             raise InvalidArgument(f"not a database URL ({exc})") from None
-        if parsed.get_backend_name() != "sqlite":
+        if not by_name(parsed.get_backend_name()).is_file:
             try:
                 # pre-ping: a --watch outlives a server restart
                 return sqlalchemy.create_engine(parsed, pool_pre_ping=True)

@@ -28,6 +28,7 @@ from typing import TextIO
 
 from sqlalchemy import Engine
 
+from .._dialects import of
 from .._errors import FencingError
 from .._sql.dberrors import DB_ERRORS
 from ..durability import Finding, check_durability, dialect_family
@@ -105,8 +106,11 @@ def run(
     except FencingError as exc:
         print(f"{prog}: {exc}", file=err)
         return UNREADABLE
-    sqlite = engine.dialect.name == "sqlite"
-    where = (engine.url.database or "") if sqlite else engine.url.render_as_string(hide_password=True)
+    where = (
+        (engine.url.database or "")
+        if of(engine.dialect).is_file
+        else engine.url.render_as_string(hide_password=True)
+    )
     try:
         if dialect_family(engine.dialect.name) is None:
             print(f"{prog}: no durability rules for the {engine.dialect.name} dialect", file=err)
