@@ -194,19 +194,20 @@ def _long_run(session: nox.Session, db: str, test: str, size: tuple[str, str], *
 @nox.session(python=NEWEST, tags=["soak"])
 @nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
 def election_soak(session: nox.Session, db: str) -> None:
-    """The locks' and elections' torture (tests/test_election_torture.py: holders frozen,
+    """The locks' and elections' torture (tests/locks/test_election_torture.py: holders frozen,
     killed, killed inside their transaction, revoked, cut off) with a long fault phase, both
     modes and both fronts: ``nox -s election_soak -- SECONDS`` (default 120). Outside CI: CI
     runs it for 8 s per database, mode and front."""
     _install(session, *TEST_EXTRAS, group="test")
     _require_server(session, db)
-    _long_run(session, db, "tests/test_election_torture.py", ("FENCING_ELECTION_TORTURE_SECONDS", "120"))
+    seconds = ("FENCING_ELECTION_TORTURE_SECONDS", "120")
+    _long_run(session, db, "tests/locks/test_election_torture.py", seconds)
 
 
 @nox.session(python=NEWEST, tags=["soak"])
 @nox.parametrize("db", ["postgresql", "mariadb"], ids=["postgresql", "mariadb"])
 def crash_soak(session: nox.Session, db: str) -> None:
-    """The torture with the database server itself crashing (tests/test_server_crash.py:
+    """The torture with the database server itself crashing (tests/faults/test_server_crash.py:
     SIGKILL of a private PostgreSQL or MariaDB, down 0.2-2 s, crash recovery, every 0.75-2.25 s
     of the fault phase; workers frozen, killed, killed inside their transaction, revoked too),
     both fronts: ``nox -s crash_soak -- SECONDS`` (default 300). The servers are the test's own,
@@ -216,7 +217,7 @@ def crash_soak(session: nox.Session, db: str) -> None:
     _long_run(
         session,
         db,
-        "tests/test_server_crash.py",
+        "tests/faults/test_server_crash.py",
         ("FENCING_CRASH_TORTURE_SECONDS", "300"),
         "-n",
         "0",
@@ -227,7 +228,7 @@ def crash_soak(session: nox.Session, db: str) -> None:
 @nox.session(python=NEWEST, tags=["soak"])
 @nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
 def soak(session: nox.Session, db: str) -> None:
-    """A million operations (tests/test_soak.py): the torture until the workers have made
+    """A million operations (tests/faults/test_soak.py): the torture until the workers have made
     ``nox -s soak -- OPERATIONS`` operations (default 1,000,000: claims, renewals, completions,
     fenced blocks, releases, guarded writes), on a backlog topped up as it runs out, sync and
     async workers in one run, no simulated work, every fault kind: frozen, killed, killed
@@ -237,7 +238,8 @@ def soak(session: nox.Session, db: str) -> None:
     operations per database."""
     _install(session, *TEST_EXTRAS, group="test")
     operations = ("FENCING_SOAK_OPERATIONS", "1000000")
-    _long_run(session, db, "tests/test_soak.py", operations, "-n", "0", "-k", "test_soak_of_operations")
+    soak = ("-n", "0", "-k", "test_soak_of_operations")
+    _long_run(session, db, "tests/faults/test_soak.py", operations, *soak)
 
 
 @nox.session(python=NEWEST)
@@ -266,7 +268,7 @@ def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs.yml, docs/), built with ``--strict``: a broken link, a
     page missing from the nav or an API reference that does not resolve fails the session;
     then tools/check_site.py: it reads offline and shows no Sphinx role raw. The pages' code
-    runs in the tests (tests/test_docs.py)."""
+    runs in the tests (tests/docs/test_docs.py)."""
     _install(session, group="docs")
     with tempfile.TemporaryDirectory(prefix="fencing-site-") as site:
         session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})

@@ -42,7 +42,7 @@ def wait(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any]) -> Any
         coro.close()
         raise RuntimeError(
             "the async store is driven by the test body's event loop; a thread of the test "
-            "cannot use it (the async races are in tests/test_asyncio.py)"
+            "cannot use it (the async races are in tests/store/test_asyncio.py)"
         )
     return loop.run_until_complete(coro)
 

@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "sync_only(why): runs with the sync store only, e.g. its own threads call the store "
-        "(tests/test_asyncio.py races tasks against the async one); deselected for the async one",
+        "(tests/store/test_asyncio.py races tasks against the async one); deselected for the async one",
     )
     config.addinivalue_line(
         "markers", "async_front: the test body drives the AsyncJobStore (the store fixture's async run)"

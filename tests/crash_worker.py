@@ -1,4 +1,4 @@
-"""The process ``tests/test_crash.py`` kills with SIGKILL: a burst of store operations.
+"""The process ``tests/faults/test_crash.py`` kills with SIGKILL: a burst of store operations.
 
 It uses the public API only (``JobStore``, ``FenceMarks``, ``fenced()`` blocks writing the
 test's own ``crash_writes`` table) and runs as fast as it can until it is killed. Every

@@ -1,4 +1,4 @@
-"""Processes that fork after using the engine, run by ``tests/test_forks.py``.
+"""Processes that fork after using the engine, run by ``tests/databases/test_forks.py``.
 
 Each scenario runs in an interpreter of its own with a single thread (a pytest-xdist worker
 has several, and fork() with threads alive is unsafe), prints a JSON report on stdout and

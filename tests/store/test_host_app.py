@@ -12,7 +12,7 @@
 * ``conn=`` and ``fenced(conn=)`` take the caller's ``Connection`` or ORM ``Session`` and run
   in its transaction, and ``check()`` raises :class:`LeaseLost` inside it.
 
-Fork safety is in ``tests/test_forks.py``.
+Fork safety is in ``tests/databases/test_forks.py``.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ pytest.importorskip("uvicorn", reason="the web extra is not installed: pip insta
 
 from fencing import JobStore
 from fencing.web import Caller, bearer_tokens, lease_api
-
-from .served import served
+from tests.served import served
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 

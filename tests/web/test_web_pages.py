@@ -4,7 +4,7 @@ Pages render what the table holds, escaped; listings walk in pages; reads are au
 actions are, and only the allowed Host names answered; actions are off without ``authorize``
 and refused without the signed CSRF token or from another origin (nothing changed); the live
 feed costs one read per interval however many watch, and at most ``max_streams`` stream. The
-browser tests (tests/test_web_browser.py) drive the same pages in Chromium.
+browser tests (tests/web/test_web_browser.py) drive the same pages in Chromium.
 """
 
 from __future__ import annotations
@@ -24,24 +24,10 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 
 from starlette.testclient import TestClient
 
-from fencing import History, InvalidArgument, InvalidArgumentType, JobStore, attempts_table, history_table
+from fencing import History, InvalidArgument, InvalidArgumentType, JobStore, attempts_table
 from fencing.web import dashboard
 
 HOSTILE = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(1)>", "\u202eevil\u202c.txt", "a&b;c"]
-
-
-@pytest.fixture
-def history(engine: Engine) -> Any:
-    table = history_table(MetaData())
-    table.create(engine)
-    return table
-
-
-@pytest.fixture
-def store(engine: Engine, history: Any) -> JobStore:
-    s = JobStore(engine, history=History(history))
-    s.create_table()
-    return s
 
 
 def page(client: TestClient, url: str) -> str:

@@ -17,7 +17,7 @@ the database afresh and checks, round after round:
   claimed again once their leases expire.
 
 Operations use the database's clock (``now=None``) and TTLs of 0.2-0.5 s. Reproduce a
-failure with the seed it prints: ``FENCING_CRASH_SEED=N pytest tests/test_crash.py``
+failure with the seed it prints: ``FENCING_CRASH_SEED=N pytest tests/faults/test_crash.py``
 (timing still varies; the seed fixes every choice the processes make).
 """
 

@@ -3,7 +3,7 @@
 and the pooled session it gives back.
 
 Cut at the change's COMMIT, its write, or anywhere drawn from a seed
-(:mod:`tests.cutting_proxy`, as in ``tests/test_connection_cuts.py``), the change answers what
+(:mod:`tests.cutting_proxy`, as in ``tests/faults/test_connection_cuts.py``), the change answers what
 it did, or raises :class:`~fencing.DatabaseUnavailable` with nothing changed, or
 :class:`~fencing.OutcomeUnknown` with all of it or none of it; a COMMIT the server ran whose
 answer was lost is always :class:`~fencing.OutcomeUnknown`, never "nothing changed" (and, from
@@ -39,8 +39,8 @@ from fencing.cli import main
 from fencing.overview import Overview
 from tests import backends
 from tests.cutting_proxy import HOWS, Cut, CuttingProxy
-from tests.test_connection_cuts import SEED, cuts_for
-from tests.test_connection_cuts import proxy as proxy  # the fixture: a proxy to the server under test
+from tests.faults.test_connection_cuts import SEED, cuts_for
+from tests.faults.test_connection_cuts import proxy as proxy  # the fixture: a proxy to the server under test
 
 SERVERS = pytest.mark.backend("postgresql", "mysql", "mariadb")  # SQLite has no connection to cut
 CHANGES = ("revoke", "release", "delete", "requeue")

@@ -30,7 +30,7 @@ from fencing.torture import TortureConfig, run_torture, summary
 from fencing.torture.config import DEFAULT_FAULTS, SERVER_CRASH
 from fencing.torture.journal import OPERATIONS, read_journals
 from fencing.torture.verdict import judge, judge_journals
-from tests.test_server_crash import crashing_server
+from tests.faults.test_server_crash import crashing_server
 
 #: CI's run: long enough for every fault kind and a few backlogs' worth of jobs
 SHORT = 3000

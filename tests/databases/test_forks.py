@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from tests.fork_scenarios import JOBS, job_rows, table_rows
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork() is POSIX-only")
 

@@ -6,7 +6,7 @@ every table of the database, every byte of every file in the row's directory, an
 directory). ``test_the_document_is_the_table`` checks that docs/HOSTILE-INPUTS.md is exactly
 the table rendered from the rows. After changing a row, regenerate the document:
 
-    python -m tests.test_hostile_inputs > docs/HOSTILE-INPUTS.md
+    python -m tests.docs.test_hostile_inputs > docs/HOSTILE-INPUTS.md
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from fencing._store.heartbeat_task import AsyncHeartbeat
 from fencing.asyncio import AsyncFenceMarks, AsyncJobStore, AsyncLocks
 from tests import asyncfront, backends
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "HOSTILE-INPUTS.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "HOSTILE-INPUTS.md"
 
 #: servers that are down: nothing listens on port 1, and connect_timeout bounds the wait anyway
 DOWN_PG = "postgresql+psycopg://postgres@127.0.0.1:1/test?connect_timeout=2"
@@ -2164,7 +2164,7 @@ def render() -> str:
         "# Hostile inputs",
         "",
         "What every public function of `fencing` and `service.py` does with bad input: the exact",
-        "exception and message you get. Every row is a test in `tests/test_hostile_inputs.py`, which",
+        "exception and message you get. Every row is a test in `tests/docs/test_hostile_inputs.py`, which",
         "also checks that nothing changed: every row of every table of the database (or, for the file",
         "rows, every byte of every file in the row's directory) is the same before and after, and no",
         "file appears in the working directory. Rows marked *valid data* show inputs that look",
@@ -2179,7 +2179,7 @@ def render() -> str:
         "This file is generated from the rows; do not edit it by hand:",
         "",
         "```bash",
-        "python -m tests.test_hostile_inputs > docs/HOSTILE-INPUTS.md",
+        "python -m tests.docs.test_hostile_inputs > docs/HOSTILE-INPUTS.md",
         "```",
         "",
         "## The names in the calls",
@@ -2219,7 +2219,7 @@ def render() -> str:
         "",
         "What the lease API (`fencing.web.lease_api`) and the dashboard (`fencing.web.dashboard`)",
         "answer to a bad or hostile request, on the seeded database of every backend. Every row is",
-        "a test in `tests/test_hostile_inputs.py` (`test_http_row`), which also checks that every",
+        "a test in `tests/docs/test_hostile_inputs.py` (`test_http_row`), which also checks that every",
         "row of every table is the same after it. The lease API's app is",
         "`lease_api(JobStore(engine), authorize=bearer_tokens(...))` with one token per owner",
         f"({', '.join(repr(o) for o in HTTP_TOKENS.values())}); the dashboard's is",
@@ -2242,7 +2242,8 @@ def render() -> str:
 
 def test_the_document_is_the_table() -> None:
     assert DOC.read_text(encoding="utf-8") == render(), (
-        "docs/HOSTILE-INPUTS.md is out of date: python -m tests.test_hostile_inputs > docs/HOSTILE-INPUTS.md"
+        "docs/HOSTILE-INPUTS.md is out of date: "
+        "python -m tests.docs.test_hostile_inputs > docs/HOSTILE-INPUTS.md"
     )
 
 

@@ -545,7 +545,7 @@ def test_both_postgresql_async_drivers_fence_a_late_writer(target: str, driver: 
 def test_connections_a_listener_puts_in_autocommit_are_refused_on_both_drivers(
     target: str, driver: str
 ) -> None:
-    """As the sync store refuses them (tests/test_host_app.py): nothing is written."""
+    """As the sync store refuses them (tests/store/test_host_app.py): nothing is written."""
 
     async def scenario(engine: AsyncEngine, store: AsyncJobStore) -> None:
         assert await store.enqueue("j", ready_at=0.0)

@@ -19,13 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData
+from sqlalchemy import Engine
 
-from fencing import History, JobStore, history_table
+from fencing import JobStore
+from tests.served import served
 
-from .served import served
-
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = Path(os.environ.get("FENCING_ARTIFACTS", ROOT / ".artifacts"))
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -56,20 +55,6 @@ def browser() -> Iterator[Any]:
             yield launched
         finally:
             launched.close()
-
-
-@pytest.fixture
-def history(engine: Engine) -> Any:
-    table = history_table(MetaData())
-    table.create(engine)
-    return table
-
-
-@pytest.fixture
-def store(engine: Engine, history: Any) -> JobStore:
-    s = JobStore(engine, history=History(history))
-    s.create_table()
-    return s
 
 
 @pytest.fixture

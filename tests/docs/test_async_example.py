@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import fencing
 from fencing.asyncio import AsyncJobStore
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "async_app" / "app.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "async_app" / "app.py"
 #: the backstop for one scenario; each takes a few seconds
 DEADLINE = 60.0
 #: the async driver of each server backend (the suite's URLs name sync ones)

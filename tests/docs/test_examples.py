@@ -18,7 +18,7 @@ import sqlalchemy as sa
 
 import fencing
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "worker_pool.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "worker_pool.py"
 #: a run takes well under 20 s (spawn, about two TTLs of stall and idle); this is the backstop
 TIMEOUT = 90
 SMALL_RUN = ("--workers", "3", "--jobs", "40", "--ttl", "2")
@@ -192,7 +192,7 @@ def test_worker_pool_step_claims_the_next_batch_with_the_write_or_not_at_all(
 
 # -- the ORM application (examples/orm_app) ---------------------------------------------------
 
-ORM_APP = Path(__file__).resolve().parents[1] / "examples" / "orm_app" / "app.py"
+ORM_APP = Path(__file__).resolve().parents[2] / "examples" / "orm_app" / "app.py"
 ORM_SUMMARY = re.compile(
     r"^PASS: 20 orders, 20 invoices written, (?P<refused>\d+) stale writes refused$", re.MULTILINE
 )
@@ -244,7 +244,7 @@ def test_orm_app_migrations_are_its_models_and_its_report_can_fail(target: str) 
     ]
 
 
-LEADER = Path(__file__).resolve().parents[1] / "examples" / "leader.py"
+LEADER = Path(__file__).resolve().parents[2] / "examples" / "leader.py"
 
 
 @pytest.mark.slow

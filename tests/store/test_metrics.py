@@ -27,8 +27,7 @@ from fencing import DatabaseBusy, FenceMarks, JobStore, Lease, LeaseLost
 from fencing._runtime import metrics as metrics_module
 from fencing._runtime.metrics import BUCKETS, StoreMetrics, Timing
 from fencing._store.heartbeat import Heartbeat
-
-from . import backends
+from tests import backends
 
 TTL = 10.0
 

@@ -28,7 +28,7 @@ import fencing
 import fencing.asyncio
 from fencing._runtime.execution import CallerConnection
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "generate_async.py"
 
 

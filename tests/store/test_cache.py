@@ -31,7 +31,7 @@ from fencing._errors import DatabaseMissing
 
 pytestmark = pytest.mark.backend("sqlite")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FILES = 1500
 #: descriptors one cached store may keep open: a few connections of three files each
 #: (database, -wal, -shm); a leak grows with the number of files instead
@@ -298,7 +298,7 @@ def test_forked_child_never_uses_the_parents_connections(tmp_path: Path) -> None
     path = str(tmp_path / "jobs.db")
     script = (
         "import json, sys\n"
-        "from tests.test_cache import _fork_scenario\n"
+        "from tests.store.test_cache import _fork_scenario\n"
         "print(json.dumps(_fork_scenario(sys.argv[1])))\n"
     )
     proc = subprocess.run(

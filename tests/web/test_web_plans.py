@@ -20,7 +20,7 @@ from sqlalchemy.sql import Executable
 
 from fencing import JobStore, history_table
 from fencing.overview import STATES, Cursor, Overview
-from tests.test_plans import BACKLOG, analyze, explain, load, postgresql_nodes
+from tests.databases.test_plans import BACKLOG, analyze, explain, load, postgresql_nodes
 
 # 100,000 rows loaded per test: once per database (the newest python and SQLAlchemy)
 pytestmark = [pytest.mark.sync_only("the plans of the statements the dashboard sends"), pytest.mark.slow]

@@ -1,7 +1,7 @@
 """The store meets an engine whose database may lose what it acknowledged: it logs each risk
 once per engine (``fencing.durability``), or, for an engine passed to
 ``fencing.durability.require_durable``, refuses it with ``ConfigurationError`` as it refuses
-AUTOCOMMIT. The rules themselves, the doctor and the private servers: tests/test_doctor.py."""
+AUTOCOMMIT. The rules themselves, the doctor and the private servers: tests/cli/test_doctor.py."""
 
 from __future__ import annotations
 

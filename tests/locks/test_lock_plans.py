@@ -21,7 +21,7 @@ from sqlalchemy.sql import Executable
 
 from fencing import Locks
 from fencing._sql.schema import KEY_TYPE
-from tests.test_plans import explain, postgresql_nodes
+from tests.databases.test_plans import explain, postgresql_nodes
 
 LOCKS = 100_000
 NAMES_WAITED_FOR = 10_000

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
@@ -18,13 +17,6 @@ from tests import backends
 pytestmark = pytest.mark.dialect
 
 TTL = 10.0
-
-
-@pytest.fixture
-def db(target: str) -> Iterator[str]:
-    service.init_db(target)
-    yield target
-    service._stores.clear()
 
 
 def test_release_then_reclaim_gives_the_next_fence(db: str) -> None:

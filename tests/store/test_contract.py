@@ -28,13 +28,6 @@ TTL = 30.0
 ROW_KEYS = ["id", "owner", "until", "fence", "result", "done"]
 
 
-@pytest.fixture
-def db(target: str) -> Iterator[str]:
-    service.init_db(target)
-    yield target
-    service._stores.clear()
-
-
 @contextlib.contextmanager
 def raw(path: str) -> Iterator[sqlite3.Connection]:
     conn = sqlite3.connect(path, isolation_level=None)

@@ -30,13 +30,6 @@ from fencing._sql.schema import as_text
 NAN, INF = math.nan, math.inf
 
 
-@pytest.fixture
-def db(target: str) -> Iterator[str]:
-    service.init_db(target)
-    yield target
-    service._stores.clear()
-
-
 def _seed(db: str) -> None:
     for job_id in ("job", "free", "done"):
         assert service.enqueue(db, job_id)

@@ -1,0 +1,1 @@
+"""The documentation, the examples, the hostile-input table and the public surface."""

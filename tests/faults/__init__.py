@@ -1,0 +1,1 @@
+"""Processes killed, servers crashed, connections cut: the guarantee under faults."""

@@ -1,0 +1,1 @@
+"""Named locks and leader election."""

@@ -1,0 +1,1 @@
+"""The store's operations and their guarantees, on both fronts."""

@@ -1,0 +1,1 @@
+"""The dashboard and the lease API over HTTP."""
