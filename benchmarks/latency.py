@@ -16,7 +16,7 @@ Before each run the round trip through the proxy is measured (``SELECT 1`` on a 
 connection in autocommit, the median of 200), and the table shows **the limit of one round
 trip per job**, ``1 / rtt`` jobs/s for one worker: a one-at-a-time worker cannot go faster
 than that, however little it does, and fencing's ``step`` is one round trip per job on
-PostgreSQL (``tests/test_turns.py`` counts it). Beside it, the limit with the server's own
+PostgreSQL (``tests/databases/test_turns.py`` counts it). Beside it, the limit with the server's own
 work: **one durable commit per job**, the raw driver updating one row in autocommit (the
 median of 200), which is a round trip plus the server's WAL flush: no worker that stores a
 result per job goes faster.
