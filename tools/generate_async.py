@@ -16,7 +16,7 @@ without touching this file). The methods that do more than forward are written b
 outside the blocks, and named in :data:`FRONTS` with the reason; so are the sync-only ones.
 
 ``python tools/generate_async.py`` rewrites the blocks; ``--check`` changes nothing and exits 1
-with a diff when they differ from what it would write (``tests/test_async_generated.py``
+with a diff when they differ from what it would write (``tests/docs/test_async_generated.py``
 runs it). The code is written the way ``ruff format`` lays it out, so no formatter is needed
 to check it (the test sessions have none); when ``ruff`` is on hand, a rewrite confirms that
 ``ruff format`` leaves the blocks as written. Standard library only, besides the package.

@@ -46,7 +46,7 @@ rule for both ways, both fronts and every driver) is one of two things, by where
 
 A fenced block's own statement that lost the connection is
 :class:`~fencing.DatabaseUnavailable` as well (:mod:`fencing._store.fenced`): the ``COMMIT``
-is the store's, sent only after the block. ``tests/test_connection_cuts.py`` cuts every
+is the store's, sent only after the block. ``tests/faults/test_connection_cuts.py`` cuts every
 writing operation at each of these points.
 """
 

@@ -1,7 +1,7 @@
 """Every private SQLAlchemy name the library reads, in this one module, and what each buys.
 
 The rest of the library uses SQLAlchemy's public API only. Each name here is pinned by
-``tests/test_private_sqlalchemy.py`` on the lowest and the newest SQLAlchemy of the test
+``tests/databases/test_private_sqlalchemy.py`` on the lowest and the newest SQLAlchemy of the test
 matrix; where one is missing, the code falls back to the public way (the figures are the
 price of the fallback).
 
