@@ -250,9 +250,11 @@ LEADER = Path(__file__).resolve().parents[2] / "examples" / "leader.py"
 @pytest.mark.slow
 def test_leader_example_refuses_the_woken_ex_leaders_write(target: str) -> None:
     # the first leader freezes (SIGSTOP) past its ttl; another takes over with the next term;
-    # the woken one writes with its old lease and the database refuses it
+    # the woken one writes with its old lease and the database refuses it. The run's clock
+    # starts as the candidates are spawned: 10 s, not the default 4, so that a loaded machine's
+    # slow imports and connects (CI's PostgreSQL run saw no write within 4 s) leave time to act
     proc = subprocess.run(
-        [sys.executable, str(LEADER), "--url", target, "--stall-leader"],
+        [sys.executable, str(LEADER), "--url", target, "--stall-leader", "--seconds", "10"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
