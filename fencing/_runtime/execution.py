@@ -62,7 +62,6 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 from sqlalchemy import Connection, Engine, Table, TypeDecorator, event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine.processors import to_float as _TO_FLOAT
 from sqlalchemy.sql import Executable
 
 from .. import durability
@@ -78,7 +77,7 @@ from .admission import (
     refuse_sharing_pool,
 )
 from .metrics import LOCK_WAIT_MIN
-from .private_sqlalchemy import Checkout, give_back, retire_older
+from .private_sqlalchemy import FLOAT_BINDING, Checkout, give_back, retire_older
 from .profile import EngineProfile, profile_of
 from .writelock import busy_error, poll_pause
 
@@ -218,7 +217,7 @@ class _Compiled:
             if bind.expanding or bind.callable is not None:
                 raise AssertionError(f"driver path cannot bind {name!r} of {self.sql}")
             process = bind.type.dialect_impl(dialect).bind_processor(dialect)
-            if process is _TO_FLOAT:  # the store's numbers are floats already (fencing.checks)
+            if process is FLOAT_BINDING:  # the store's numbers are floats already (fencing.checks)
                 process = None
             if bind.required:  # bindparam("job_id"): from the call's parameters
                 binds.append((bind.key, name, process))

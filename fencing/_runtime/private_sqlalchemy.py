@@ -32,6 +32,11 @@ parent's pool and events, reachable only as ``_proxied``; the settings the libra
 live on the parent. What survives ``fork()`` follows SQLAlchemy's recipe, which forgets the
 DBAPI connection on the pool's record: a proxy's record is ``_connection_record``.
 
+**The float bind processor** (:data:`FLOAT_BINDING`): ``sqlalchemy.engine.processors`` is
+not documented; its ``to_float`` is what SQLite's dialect binds a ``Double`` with. The store's
+numbers are floats already (its argument checks), so the driver path skips it: a call per
+bound number saved on every statement.
+
 **Whether an engine's or a connection's transactions are AUTOCOMMIT**
 (:func:`engine_isolation_level`, :func:`believes_autocommit`): ``create_engine(
 isolation_level=...)`` is kept on the dialect (``_on_connect_isolation_level``), and a
@@ -47,10 +52,12 @@ import inspect
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.engine.processors import to_float as FLOAT_BINDING
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionFairy, _ConnectionRecord
 
 __all__ = [
+    "FLOAT_BINDING",
     "RECORDS",
     "Checkout",
     "believes_autocommit",

@@ -55,6 +55,8 @@ def _sqlalchemy_privates_in(path: pathlib.Path) -> set[str]:
             found |= {a.name for a in node.names if a.name.startswith("_")}
             if any(part.startswith("_") for part in (node.module or "").split(".")):
                 found.add(node.module or "")
+            if node.module in UNDOCUMENTED_MODULES:
+                found.add(node.module)
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if node.value in PRIVATE_NAMES:
                 found.add(node.value)
@@ -62,6 +64,9 @@ def _sqlalchemy_privates_in(path: pathlib.Path) -> set[str]:
             found.add(node.attr)
     return found
 
+
+#: SQLAlchemy modules without a documented API: importing from one is reading private names
+UNDOCUMENTED_MODULES = {"sqlalchemy.engine.processors"}
 
 #: what the one module reads (by attribute, import or getattr string)
 PRIVATE_NAMES = {
@@ -82,6 +87,7 @@ PRIVATE_NAMES = {
     "_key_to_collection",
     "_connection_record",
     "_proxied",
+    "sqlalchemy.engine.processors",
 }
 
 
@@ -93,6 +99,14 @@ def test_no_module_but_one_reads_a_private_sqlalchemy_name() -> None:
     }
     assert set(readers) == {"_runtime/private_sqlalchemy.py"}, readers
     assert readers["_runtime/private_sqlalchemy.py"] <= PRIVATE_NAMES
+
+
+def test_sqlite_binds_a_double_with_the_float_processor_the_driver_path_skips() -> None:
+    from sqlalchemy import Double
+    from sqlalchemy.dialects import sqlite
+
+    dialect = sqlite.dialect()
+    assert Double().dialect_impl(dialect).bind_processor(dialect) is private.FLOAT_BINDING
 
 
 def test_this_sqlalchemy_has_every_name_the_lean_checkout_reads() -> None:
