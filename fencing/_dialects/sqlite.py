@@ -10,7 +10,7 @@ from sqlalchemy import ColumnElement, func
 
 from .base import COUNTED, FENCE_AGAIN, Database, Rule, Values
 
-__all__ = ["SQLite"]
+__all__ = ["SQLite", "result_code"]
 
 #: PRAGMA synchronous's numbers, by name
 _SYNCHRONOUS = {"0": "off", "1": "normal", "2": "full", "3": "extra"}
@@ -19,8 +19,9 @@ _SYNCHRONOUS = {"0": "off", "1": "normal", "2": "full", "3": "extra"}
 _BUSY, _LOCKED, _READONLY, _CORRUPT, _FULL, _NOTADB = 5, 6, 8, 11, 13, 26
 
 
-def _code(error: Any) -> int | None:
-    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+def result_code(error: Any) -> int | None:
+    """SQLite's primary result code of ``error`` (Python 3.11+ says it), or ``None``."""
+    code = getattr(error, "sqlite_errorcode", None)
     return None if code is None else int(code) & 0xFF
 
 
@@ -104,7 +105,7 @@ class SQLite(Database):
     def transient(self, error: Any) -> bool:
         if not isinstance(error, sqlite3.OperationalError):
             return False
-        code = _code(error)
+        code = result_code(error)
         if code is not None:
             return code in (_BUSY, _LOCKED)
         return "database is locked" in str(error) or "database table is locked" in str(error)
@@ -112,19 +113,19 @@ class SQLite(Database):
     def full(self, error: Any) -> bool:
         if not isinstance(error, sqlite3.Error):
             return False
-        code = _code(error)
+        code = result_code(error)
         return code == _FULL if code is not None else "database or disk is full" in str(error)
 
     def read_only(self, error: Any) -> bool:
         if not isinstance(error, sqlite3.Error):
             return False
-        code = _code(error)
+        code = result_code(error)
         return code == _READONLY if code is not None else "readonly database" in str(error)
 
     def corrupt(self, error: Any) -> bool:
         if not isinstance(error, sqlite3.DatabaseError):
             return False
-        code = _code(error)
+        code = result_code(error)
         if code is not None:
             return code in (_CORRUPT, _NOTADB)
         return "malformed" in str(error) or "not a database" in str(error)

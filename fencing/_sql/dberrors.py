@@ -16,6 +16,7 @@ from sqlalchemy import Dialect, Engine
 from sqlalchemy import exc as sa_exc
 
 from .._dialects import MySQL, PostgreSQL, SQLite
+from .._dialects.sqlite import result_code
 from .._errors import (
     DatabaseBusy,
     DatabaseError,
@@ -176,11 +177,6 @@ _SQLITE_READONLY_DIRECTORY = 8 | 6 << 8
 _SQLITE_CANTOPEN = 14
 
 
-def _sqlite_code(orig: Any) -> int | None:
-    code = getattr(orig, "sqlite_errorcode", None)  # Python 3.11+
-    return None if code is None else int(code) & 0xFF
-
-
 def _sqlite_full(database: str) -> str:
     return (
         f"the SQLite database {database!r} is full (its filesystem has no space left, or the "
@@ -193,7 +189,7 @@ def _directory_read_only(orig: Any, database: str) -> bool:
     writable by this process: SQLite says only "unable to open database file"."""
     directory = os.path.dirname(os.path.abspath(database))
     return (
-        (_sqlite_code(orig) == _SQLITE_CANTOPEN or "unable to open database file" in str(orig))
+        (result_code(orig) == _SQLITE_CANTOPEN or "unable to open database file" in str(orig))
         and os.path.isdir(directory)
         and not os.access(directory, os.W_OK)
     )
