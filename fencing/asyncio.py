@@ -29,17 +29,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
-import logging
-import sys
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterable
-from typing import Any, TypeAlias, TypeVar
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any, TypeAlias
 
 from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
-from sqlalchemy.util.concurrency import greenlet_spawn
 
 from ._errors import ConfigurationError, InvalidArgumentType, LeaseLost, OutcomeUnknown
 from ._runtime import bridge, holds
@@ -51,10 +45,9 @@ from ._store.election import DEFAULT_TTL, ElectionRules
 from ._store.heartbeat_task import AsyncHeartbeat
 from ._store.history import History, HistoryEntry
 from ._store.jobstore import JobStore
-from ._store.lock_queue import LockStore
 from ._store.locks import DEFAULT_POLL, HeldBase, Locks, locks, lost_reporter, report_lost, timed_out
 from ._store.marks import FenceMarks, fence_marks, idempotency_keys
-from ._store.rules import Send, Steps, Wait
+from ._store.steps import adrive, run, to_its_end
 
 __all__ = [
     "AsyncCallerConnection",
@@ -66,8 +59,6 @@ __all__ = [
     "AsyncLocks",
     "create_sqlite_engine",
 ]
-
-T = TypeVar("T")
 
 #: what ``conn=`` takes: an AsyncConnection, or an AsyncSession (or ``async_scoped_session``)
 #: in whose transaction the operation runs
@@ -105,82 +96,6 @@ def caller_sync(conn: object) -> Any:
     )
 
 
-async def run(
-    fn: Callable[..., T],
-    *args: Any,
-    give_back: Callable[[T], Awaitable[object]] | None = None,
-    **kwargs: Any,
-) -> T:
-    """``fn(*args, **kwargs)``: the sync rules on the async driver (SQLAlchemy's bridge),
-    always run to their end (committed or rolled back).
-
-    A cancellation of the caller (``task.cancel()``, ``asyncio.timeout``) waits for the
-    operation to end, then goes on as ``CancelledError``; what the operation took for a caller
-    who is no longer there (``give_back``: the leases of a claim) is given back first. Why:
-    a cancellation delivered inside a driver call makes SQLAlchemy invalidate the connection
-    mid-transaction, and aiosqlite's thread then keeps that transaction, and SQLite's write
-    lock, open. An operation is short (its lock waits are bounded by the engine's), so the
-    cancellation takes effect at its boundary instead."""
-    task, cancelled = await _to_its_end(fn, *args, **kwargs)
-    result = task.result()
-    if cancelled:
-        if give_back is not None:
-            with contextlib.suppress(Exception):  # it expires at its ttl otherwise
-                await asyncio.shield(give_back(result))
-        raise asyncio.CancelledError
-    return result
-
-
-async def _to_its_end(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[asyncio.Future[T], bool]:
-    """Run ``fn`` in the bridge to its end whatever happens to the caller meanwhile: its
-    finished task, and whether the caller was cancelled while it ran."""
-    token = bridge.CALLER.set(bridge.CALLER.get() or asyncio.current_task())
-    try:  # the task copies the context: its locks are the caller's (fencing._runtime.bridge)
-        task = _start(greenlet_spawn(fn, *args, **kwargs))
-    finally:
-        bridge.CALLER.reset(token)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True  # the caller's: the operation goes on to its end
-        except BaseException:
-            break  # the operation's own error: the caller reads it from the task
-    return task, cancelled
-
-
-def _start(coro: Coroutine[Any, Any, T]) -> asyncio.Future[T]:
-    """The operation's task. On Python 3.12+, on a loop that makes its tasks the default
-    way, it starts eagerly: its first step runs now, inside the caller's step, up to its
-    first wait on the database, instead of a turn of the loop later (nothing can cancel
-    the caller in between)."""
-    loop = asyncio.get_running_loop()
-    if _EAGER is not None and loop.get_task_factory() is None:
-        return _EAGER(loop, coro)  # type: ignore[no-any-return]
-    return asyncio.ensure_future(coro)
-
-
-#: asyncio's documented eager task factory (Python 3.12+)
-_EAGER: Any = None
-if sys.version_info >= (3, 12):
-    _EAGER = asyncio.create_eager_task_factory(asyncio.Task)
-
-
-class _BridgedJobStore(JobStore):
-    """The sync store on an ``AsyncEngine``'s ``sync_engine``: only ever run inside the bridge."""
-
-    async_front = True
-
-
-class _BridgedLockStore(LockStore):
-    async_front = True
-
-
-class _BridgedFenceMarks(FenceMarks):
-    async_front = True
-
-
 class AsyncJobStore:
     """:class:`fencing.JobStore` for an ``AsyncEngine``: every operation a coroutine.
 
@@ -192,9 +107,6 @@ class AsyncJobStore:
     refuses them (:class:`~fencing.ConfigurationError`).
     """
 
-    #: the sync store it bridges to
-    _bridged: type[JobStore] = _BridgedJobStore
-
     def __init__(
         self,
         engine: AsyncEngine,
@@ -202,10 +114,14 @@ class AsyncJobStore:
         *,
         history: History | None = None,
         attempts: Table | None = None,
+        _sync: JobStore | None = None,
     ) -> None:
-        self.sync_store: JobStore = self._bridged(
-            sync_engine(engine, "AsyncJobStore"), table, history=history, attempts=attempts
-        )
+        if _sync is None:  # else the sync store it fronts is given (AsyncLocks' LockStore)
+            _sync = JobStore(
+                sync_engine(engine, "AsyncJobStore"), table, history=history, attempts=attempts, _bridged=True
+            )
+        #: the sync store it bridges to: its rules, run on the asyncio driver
+        self.sync_store = _sync
         self.engine = engine
         self.table = table
         #: where :meth:`requeue` keeps a job's attempts base (see :attr:`JobStore.attempts`)
@@ -365,7 +281,7 @@ class AsyncJobStore:
         except BaseException as exc:
             await run(block.__exit__, type(exc), exc, exc.__traceback__)
             raise
-        ended, cancelled = await _to_its_end(block.__exit__, None, None, None)
+        ended, cancelled = await to_its_end(block.__exit__, None, None, None)
         failed = ended.exception()
         if not cancelled or isinstance(failed, OutcomeUnknown):
             ended.result()  # committed, or the end's own error
@@ -480,7 +396,7 @@ class AsyncFenceMarks:
         self, engine: AsyncEngine, marks: Table = fence_marks, keys: Table = idempotency_keys
     ) -> None:
         sync = sync_engine(engine, "AsyncFenceMarks")
-        self.sync_marks: FenceMarks = _BridgedFenceMarks(sync, marks, keys)
+        self.sync_marks = FenceMarks(sync, marks, keys, _bridged=True)
         self.engine = engine
         self.marks = marks
         self.keys = keys
@@ -533,9 +449,11 @@ class AsyncLocks:
         history: History | None = None,
         poll: float = DEFAULT_POLL,
     ) -> None:
-        #: the async store the locks are rows of
-        self.store = _AsyncLockStore(engine, table, history=history)
-        self.sync_locks = Locks.around(self.store.sync_store, poll=poll)  # type: ignore[arg-type]
+        sync = sync_engine(engine, "AsyncLocks")
+        #: the sync locks whose rules run on the asyncio driver
+        self.sync_locks = Locks(sync, table, history=history, poll=poll, _bridged=True)
+        #: the async store the locks are rows of: the async front of ``sync_locks.store``
+        self.store = AsyncJobStore(engine, table, history=history, _sync=self.sync_locks.store)
         self.engine = engine
         self.table = table
 
@@ -578,7 +496,7 @@ class AsyncLocks:
     ) -> Lease | None:
         """:meth:`fencing.Locks.acquire` (its queue, its rules), pausing with ``asyncio.sleep``."""
         rules = self.sync_locks._acquire_rules(name, owner, ttl=ttl, timeout=timeout, now=now)
-        return await _drive(rules, self.store._give_one)
+        return await adrive(rules)
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -664,53 +582,6 @@ class AsyncLocks:
         return await run(self.sync_locks.delete, name, conn=caller_sync(conn))
 
     # END GENERATED AsyncLocks
-
-
-class _AsyncLockStore(AsyncJobStore):
-    _bridged = _BridgedLockStore
-
-
-_locks_logger = logging.getLogger("fencing.locks")
-
-
-async def _nap(step: Wait) -> None:
-    """:func:`fencing._store.locks.nap` in a task: asleep, or listening for the lock's release."""
-    left = max(0.0, step.until - time.monotonic())
-    if step.wake is not None:
-        try:
-            await step.wake.wait_async(left)
-            return
-        except Exception:
-            _locks_logger.debug("a listening connection failed; waiting by backoff", exc_info=True)
-            left = max(0.0, step.until - time.monotonic())
-    await asyncio.sleep(left)
-
-
-async def _drive(rules: Generator[Send | Wait, Any, T], give_back: Callable[[Any], Any]) -> T:
-    """Carry out ``rules`` in this task: each call through the bridge (a lease it took for a
-    task cancelled meanwhile given back), each wait an ``asyncio.sleep``."""
-
-    async def give_back_answer(step: Send, answer: object) -> None:
-        if step.undo is not None:  # what the call made for a task that is no longer there
-            await run(step.undo, answer)
-        elif isinstance(answer, Lease):
-            await give_back(answer)
-
-    try:
-        step = next(rules)
-        while True:
-            try:
-                if isinstance(step, Wait):
-                    await _nap(step)
-                    answer = None
-                else:
-                    answer = await run(step.call, give_back=functools.partial(give_back_answer, step))
-            except BaseException as exc:  # the rules leave the queue, then it goes on up
-                step = rules.throw(exc)
-            else:
-                step = rules.send(answer)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
 
 
 class AsyncHeldLock(HeldBase[asyncio.Event]):
@@ -821,20 +692,4 @@ class AsyncElection(ElectionRules):
         await self.stop()
 
     async def _run(self) -> None:
-        steps = Steps(self._campaign_rules())
-        while steps.step is not None:
-            step = steps.step
-            try:
-                if isinstance(step, Send):
-                    answer = step.call()
-                    if inspect.isawaitable(answer):
-                        answer = await answer
-                else:
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), max(0.0, step.until - time.monotonic()))
-                    self._wake.clear()
-                    answer = self._stopping
-            except BaseException as exc:  # the rules decide (a cancellation among them)
-                steps.fail(exc)
-            else:
-                steps.answer(answer)
+        await adrive(self._campaign_rules(), wake=self._wake)

@@ -79,12 +79,10 @@ def _on_the_async_front(broken: type[JobStore]) -> Callable[..., AsyncJobStore]:
     """A factory of ``AsyncJobStore`` with ``broken``'s rules behind it, the way the async
     store runs the sync store's own: the same breakage, reached through the async front's
     calls on the asyncio driver (``--async --store tests.torture_broken:AsyncNAME``)."""
-    bridged = type(broken.__name__, (broken,), {"async_front": True})  # allowed on an AsyncEngine
 
     def build(engine: AsyncEngine, table: Table, *, history: History | None = None) -> AsyncJobStore:
-        store = AsyncJobStore(engine, table, history=history)
-        store.sync_store = bridged(engine.sync_engine, table, history=history)
-        return store
+        sync = broken(engine.sync_engine, table, history=history, _bridged=True)  # on an AsyncEngine
+        return AsyncJobStore(engine, table, history=history, _sync=sync)
 
     return build
 

@@ -102,10 +102,6 @@ FRONTS = (
             "hold": "an async context manager: the lock kept by an AsyncHeartbeat task",
             "fenced": "the async store's fenced block (an async context manager, not a coroutine)",
         },
-        sync_only={
-            "around": "a classmethod that puts Locks on an existing LockStore: AsyncLocks builds "
-            "its own (its sync_locks)",
-        },
     ),
 )
 

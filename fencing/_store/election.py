@@ -22,7 +22,7 @@ down, deposed and why: :mod:`fencing._runtime.events`), counted by the shared ru
 fronts alike.
 
 **One set of rules.** :class:`ElectionRules` holds the campaign as a generator of steps
-(:class:`~fencing._store.rules.Send` a call, :class:`~fencing._store.rules.Wait` a while), as
+(:class:`~fencing._store.steps.Send` a call, :class:`~fencing._store.steps.Wait` a while), as
 the heartbeat's rules are written: :class:`Election` carries them out on a thread with a
 :class:`~fencing.Heartbeat`, :class:`fencing.asyncio.AsyncElection` in an asyncio task with an
 :class:`~fencing.asyncio.AsyncHeartbeat`.
@@ -42,7 +42,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -54,7 +54,8 @@ from .._sql.values import Lease
 from .heartbeat import Heartbeat
 from .jobstore import JobStore
 from .locks import Locks
-from .rules import HOLD_POLL, Rules, Send, Steps, Wait
+from .rules import HOLD_POLL
+from .steps import Rules, Send, Wait, drive
 
 __all__ = ["DEFAULT_RETRY", "DEFAULT_TTL", "Election", "ElectionRules"]
 
@@ -174,7 +175,7 @@ class ElectionRules(abc.ABC):
 
     # -- the rules ---------------------------------------------------------------------------
 
-    def _campaign_rules(self) -> Rules:
+    def _campaign_rules(self) -> Rules[None]:
         locks, name, candidate = self.locks, self.name, self.candidate
         while not self._stopping:
             lease = current = None
@@ -190,7 +191,7 @@ class ElectionRules(abc.ABC):
             yield from self._saw(current)
             yield Wait(time.monotonic() + self._retry)
 
-    def _lead_rules(self, lease: Lease) -> Generator[Send | Wait, Any, None]:
+    def _lead_rules(self, lease: Lease) -> Rules[None]:
         """Hold the term until it is lost or the campaign stops."""
         heartbeat = self._new_heartbeat(lease)
         try:
@@ -245,14 +246,14 @@ class ElectionRules(abc.ABC):
             yield from self._notify(self._on_deposed, heartbeat.lease, heartbeat.reason)
         self._heartbeat = None
 
-    def _step_down(self, heartbeat: Any) -> Generator[Send | Wait, Any, bool]:
+    def _step_down(self, heartbeat: Any) -> Rules[bool]:
         """Stop leading: whether the term was still held when its heartbeat stopped."""
         self._set_elected(False)
         kept = bool(heartbeat.held)
         yield Send(heartbeat.stop)
         return kept
 
-    def _resign_rules(self, heartbeat: Any) -> Generator[Send | Wait, Any, bool]:
+    def _resign_rules(self, heartbeat: Any) -> Rules[bool]:
         """Step down and release the term once no fenced block of this process holds its row
         (the stopping caller's own, maybe: :meth:`Election.stop` inside ``fenced()``): the
         release would wait for that block's lock, and the block may be waiting for this stop.
@@ -281,7 +282,7 @@ class ElectionRules(abc.ABC):
         """A ``fencing.election`` line's structured fields."""
         return {"event": event, "lock": self.name, "owner": self.candidate, "term": term, **more}
 
-    def _log_deposed(self, term: int, reason: str | None, held: float) -> Generator[Send | Wait, Any, None]:
+    def _log_deposed(self, term: int, reason: str | None, held: float) -> Rules[None]:
         """The WARNING of a lost term, with the lock's row as it is now (one read): a revoke
         shows as no holder and a term above the lost one, a takeover as another holder."""
         holder = current = None
@@ -305,7 +306,7 @@ class ElectionRules(abc.ABC):
             ),
         )
 
-    def _saw(self, leader: Lease | None) -> Generator[Send | Wait, Any, None]:
+    def _saw(self, leader: Lease | None) -> Rules[None]:
         last = self._leader
         self._leader = leader
         before = None if last is None else (last.owner, last.fence)
@@ -313,13 +314,11 @@ class ElectionRules(abc.ABC):
         if before != now:
             yield from self._notify(self._on_new_leader, leader)
 
-    def _notify(
-        self, callback: Callable[..., object] | None, *args: Any
-    ) -> Generator[Send | Wait, Any, None]:
+    def _notify(self, callback: Callable[..., object] | None, *args: Any) -> Rules[None]:
         if callback is None:
             return
         try:
-            yield Send(functools.partial(callback, *args), local=True)
+            yield Send(functools.partial(callback, *args))  # in a task, awaited if it is a coroutine
         except Exception:
             logger.exception("election %r: a callback raised", self.name)
 
@@ -446,20 +445,7 @@ class Election(ElectionRules):
     # -- the campaign thread -----------------------------------------------------------------
 
     def _run(self) -> None:
-        steps = Steps(self._campaign_rules())
-        while steps.step is not None:
-            step = steps.step
-            try:
-                if isinstance(step, Send):
-                    answer = step.call()
-                else:
-                    self._wake.wait(max(0.0, step.until - time.monotonic()))
-                    self._wake.clear()
-                    answer = self._stopping
-            except BaseException as exc:  # the rules decide
-                steps.fail(exc)
-            else:
-                steps.answer(answer)
+        drive(self._campaign_rules(), wake=self._wake)
 
 
 #: elections whose thread runs: stepped down at interpreter exit

@@ -38,18 +38,11 @@ asyncio task, awaiting an async store.
 from __future__ import annotations
 
 import threading
-import time
 from types import TracebackType
-from typing import TYPE_CHECKING
 
-from .._errors import (
-    LeaseLost,
-)
-from .._runtime import holds
-from .rules import LeaseKeeper, LeaseReckoning, Rules, Send, Step, Steps, logger
-
-if TYPE_CHECKING:
-    pass
+from .._errors import LeaseLost
+from .rules import LeaseKeeper, LeaseReckoning, logger
+from .steps import drive
 
 __all__ = ["Heartbeat", "LeaseKeeper", "LeaseLost"]
 
@@ -86,7 +79,7 @@ class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
         Raises :class:`LeaseLost` if this first renewal is refused, and lets a database
         error from it propagate (no thread is started then, and the heartbeat is spent).
         """
-        self._drive(self._start_rules())
+        drive(self._start_rules())
         thread = threading.Thread(
             target=self._run, name=f"fencing-heartbeat-{self._lease.job_id:.40}", daemon=True
         )
@@ -121,39 +114,19 @@ class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
             self.stop()
         finally:
             if self._releases_on_exit(exc_type):
-                self._drive(self._release_rules())
+                drive(self._release_rules())
 
     # -- the heartbeat thread -----------------------------------------------------------------
 
     def _run(self) -> None:
         try:
-            self._drive(self._beat_rules())
+            drive(self._beat_rules(), wake=self._wake)
         except BaseException as exc:  # nothing may escape a thread; the loss is the report
             self._lose(f"the heartbeat failed: {exc!r}", exc)
         finally:
             self._forget()
         if self._gone:
             self._report_lost()
-
-    def _drive(self, rules: Rules) -> None:
-        """Carry the rules' steps out on this thread."""
-        steps = Steps(rules)
-        while steps.step is not None:
-            try:
-                answer = self._do(steps.step)
-            except BaseException as exc:  # the rules decide: retry, or let it through
-                steps.fail(exc)
-            else:
-                steps.answer(answer)
-
-    def _do(self, step: Step) -> object:
-        if isinstance(step, Send):
-            return step.call()
-        timeout = max(0.0, step.until - time.monotonic())
-        if step.hold:
-            holds.wait_for_change(timeout)
-            return self._stopping
-        return self._wake.wait(timeout)
 
     def _new_event(self) -> threading.Event:
         return threading.Event()

@@ -37,13 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import time
-from collections.abc import Awaitable
-from typing import cast
 
-from sqlalchemy.util.concurrency import greenlet_spawn
-
-from .rules import AsyncLeaseKeeper, LeaseReckoning, Rules, Send, Step, Steps, logger
+from .rules import AsyncLeaseKeeper, LeaseReckoning, logger
+from .steps import adrive
 
 __all__ = ["AsyncHeartbeat", "AsyncLeaseKeeper"]  # the keeper protocol is defined with the rules
 
@@ -85,7 +81,7 @@ class AsyncHeartbeat(LeaseReckoning[AsyncLeaseKeeper, asyncio.Event]):
         from it propagate (no task is started then, and the heartbeat is spent).
         """
         self._loop = asyncio.get_running_loop()
-        await self._drive(self._start_rules())
+        await adrive(self._start_rules())
         self._task = self._loop.create_task(self._run(), name=f"fencing-heartbeat-{self._lease.job_id:.40}")
         return self
 
@@ -113,13 +109,13 @@ class AsyncHeartbeat(LeaseReckoning[AsyncLeaseKeeper, asyncio.Event]):
             await self.stop()
         finally:
             if self._releases_on_exit(exc_type):
-                await self._drive(self._release_rules())
+                await adrive(self._release_rules())
 
     # -- the heartbeat task -------------------------------------------------------------------
 
     async def _run(self) -> None:
         try:
-            await self._drive(self._beat_rules())
+            await adrive(self._beat_rules(), wake=self._wake)
         except asyncio.CancelledError:
             if not self._stopping:  # nothing renews any more: the lease cannot be vouched for
                 self._lose("the heartbeat's task was cancelled", None)
@@ -130,27 +126,6 @@ class AsyncHeartbeat(LeaseReckoning[AsyncLeaseKeeper, asyncio.Event]):
             self._forget()
             if self._gone:
                 await self._report_lost()
-
-    async def _drive(self, rules: Rules) -> None:
-        """Carry the rules' steps out in this task."""
-        steps = Steps(rules)
-        while steps.step is not None:
-            try:
-                answer = await self._do(steps.step)
-            except BaseException as exc:  # the rules decide: retry, or let it through
-                steps.fail(exc)
-            else:
-                steps.answer(answer)
-
-    async def _do(self, step: Step) -> object:
-        if isinstance(step, Send):
-            if step.local:  # holds are told apart per task only inside SQLAlchemy's bridge
-                return await greenlet_spawn(step.call)
-            return await cast("Awaitable[object]", step.call())
-        # a block's hold ends without telling the loop: a hold's wait is a poll (HOLD_POLL)
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), max(0.0, step.until - time.monotonic()))
-        return self._stopping
 
     def _new_event(self) -> asyncio.Event:
         return asyncio.Event()

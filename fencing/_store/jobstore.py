@@ -44,10 +44,6 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
     ``SingletonThreadPool``, ``AssertionPool``).
     """
 
-    #: whether this is the sync rules behind an async front (:mod:`fencing.asyncio`), the
-    #: only way an asyncio driver's engine is taken
-    async_front = False
-
     def __init__(
         self,
         engine: Engine,
@@ -55,7 +51,10 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         *,
         history: History | None = None,
         attempts: Table | None = None,
+        _bridged: bool = False,
     ) -> None:
+        # _bridged: the sync rules behind an async front (fencing.asyncio), the only way an
+        # asyncio driver's engine is taken
         check_sync_engine(engine, instead="fencing.asyncio.AsyncJobStore")
         if not isinstance(table, Table):
             raise InvalidArgumentType(f"table must be a sqlalchemy Table, got {type(table).__name__}")
@@ -69,7 +68,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         self._ctx = JobsContext(
             engine,
             table,
-            bridged=self.async_front,
+            bridged=_bridged,
             history=history,
             claim_guard=self._claim_guard(),
             freed_notice=self._freed_notice(),

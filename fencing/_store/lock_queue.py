@@ -100,12 +100,13 @@ def _key(name: str) -> ColumnElement[str]:
 
 class WaitQueue:
     """The statements of one waiters' table, run through ``store``'s engine as its own
-    transactions (the store's runner: retried lock races, SQLite's ``BEGIN IMMEDIATE``)."""
+    transactions (the store's runner: retried lock races, SQLite's ``BEGIN IMMEDIATE``;
+    ``bridged``: the store's, behind an async front)."""
 
-    def __init__(self, store: JobStore, waiters: Table) -> None:
+    def __init__(self, store: JobStore, waiters: Table, *, bridged: bool = False) -> None:
         self.waiters = waiters
         self.locks = store.table
-        self._ctx = Context(store.engine, bridged=store.async_front, create_hint="Locks.create_table()")
+        self._ctx = Context(store.engine, bridged=bridged, create_hint="Locks.create_table()")
         self._by_caller = _Statements(store.table, waiters, bindparam("now", type_=Double()))
         self._by_database = _Statements(store.table, waiters, database_now())
 
@@ -210,7 +211,13 @@ class LockStore(JobStore):
     waiters' queue (:meth:`WaitQueue.guard`), and whose ``create_table`` creates the queue."""
 
     def __init__(
-        self, engine: Any, table: Table, *, history: History | None = None, attempts: Table | None = None
+        self,
+        engine: Any,
+        table: Table,
+        *,
+        history: History | None = None,
+        attempts: Table | None = None,
+        _bridged: bool = False,
     ) -> None:
         self.waiters = waiters_of(table) if isinstance(table, Table) else None
         dialect = getattr(engine, "dialect", None)
@@ -218,7 +225,7 @@ class LockStore(JobStore):
         #: where the database can notify, what wakes a freed lock's waiters
         #: (:mod:`fencing._store.wakeups`)
         self.notifier = Notifier(table, self.waiters) if self.waiters is not None and notifies else None
-        super().__init__(engine, table, history=history, attempts=attempts)
+        super().__init__(engine, table, history=history, attempts=attempts, _bridged=_bridged)
 
     def _freed_notice(self) -> ColumnElement[Any] | None:
         return None if self.notifier is None else self.notifier.notice

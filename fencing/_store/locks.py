@@ -27,8 +27,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator
-from typing import Any, Generic, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Any, Generic
 
 from sqlalchemy import Engine, MetaData, Table
 
@@ -41,7 +41,8 @@ from .._sql.values import Lease
 from .heartbeat import Heartbeat
 from .history import History
 from .lock_queue import LockStore, WaitQueue, keep_for, waiters_of
-from .rules import E, LeaseReckoning, Send, Wait
+from .rules import E, LeaseReckoning
+from .steps import Rules, Send, Wait, drive
 from .waiting import Backoff
 from .wakeups import Listener, listen
 
@@ -50,7 +51,6 @@ __all__ = [
     "HeldBase",
     "HeldLock",
     "Locks",
-    "drive",
     "locks",
     "locks_table",
     "lost_reporter",
@@ -95,29 +95,17 @@ class Locks:
         *,
         history: History | None = None,
         poll: float = DEFAULT_POLL,
+        _bridged: bool = False,
     ) -> None:
-        self._setup(LockStore(engine, table, history=history), poll)
-
-    def _setup(self, store: LockStore, poll: float) -> None:
+        # _bridged: the sync rules of fencing.asyncio.AsyncLocks (JobStore's _bridged)
         #: the store the locks are rows of
-        self.store = store
+        self.store = store = LockStore(engine, table, history=history, _bridged=_bridged)
         self.engine = store.engine
         self.table = store.table
         self.poll = check_ttl(poll, name="poll")
         #: the waiters' queue (:mod:`fencing._store.lock_queue`) and how long a ticket lives unrefreshed
-        self.queue = WaitQueue(store, store.waiters)
+        self.queue = WaitQueue(store, store.waiters, bridged=_bridged)
         self.keep = keep_for(self.poll)
-
-    @classmethod
-    def around(cls, store: LockStore, *, poll: float = DEFAULT_POLL) -> Locks:
-        """Locks on an existing ``store`` (the async front's: :class:`fencing.asyncio.AsyncLocks`)."""
-        if not isinstance(store, LockStore):
-            raise InvalidArgumentType(
-                f"store must be a fencing._store.lock_queue.LockStore, got {type(store).__name__}"
-            )
-        locks = cls.__new__(cls)
-        locks._setup(store, poll)
-        return locks
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -188,18 +176,17 @@ class Locks:
         ttl: float,
         timeout: float | None,
         now: Callable[[], float] | None,
-        try_acquire: Callable[..., Any] | None = None,
-    ) -> Generator[Send | Wait, Any, Lease | None]:
+    ) -> Rules[Lease | None]:
         """The rules of a wait for ``name``, shared by the sync and the async fronts: steps
-        (:class:`~fencing._store.rules.Send`, :class:`~fencing._store.rules.Wait`) that do no
-        I/O of their own; the lease, or ``None``, is what they return."""
+        (:class:`~fencing._store.steps.Send`, :class:`~fencing._store.steps.Wait`) that do no
+        I/O of their own, each call the sync rules' own (``local``); the lease, or ``None``,
+        is what they return."""
         wait = check_timeout(timeout)
         name = check_lock_name(name)
         if now is not None and not callable(now):
             raise InvalidArgumentType(f"now must be a callable clock or None, got {type(now).__name__}")
         owner = self.store.check_key(owner, name="owner")
         check_ttl(ttl)
-        take = self.try_acquire if try_acquire is None else try_acquire
         metrics = self.store.metrics
         started = time.perf_counter()
 
@@ -207,9 +194,13 @@ class Locks:
             return None if now is None else now()
 
         def attempt() -> Any:
-            return take(name, owner, ttl=ttl, now=read())
+            return self.try_acquire(name, owner, ttl=ttl, now=read())
 
-        lease = yield Send(attempt)
+        def give_back(late: Lease | None) -> None:  # taken for a task cancelled meanwhile
+            if late is not None:
+                self.store.release(late)
+
+        lease = yield Send(attempt, local=True, undo=give_back)
         if lease is not None or wait == 0.0:
             metrics.acquired(lease, started)
             return lease  # type: ignore[no-any-return]
@@ -217,7 +208,9 @@ class Locks:
         queue, keep = self.queue, self.keep
         backoff = Backoff(wait, self.poll)
         # a task cancelled while it queued leaves the queue again (the ticket is answered late)
-        ticket = yield Send(lambda: queue.enter(name, owner, keep=keep, now=read()), undo=queue.leave)
+        ticket = yield Send(
+            lambda: queue.enter(name, owner, keep=keep, now=read()), local=True, undo=queue.leave
+        )
         refreshed = time.monotonic()
         listener: Listener | None = None
         try:
@@ -225,7 +218,9 @@ class Locks:
             if notifier is not None:  # PostgreSQL: woken when the lock is freed
                 # a cancelled task's connection, answered late, is given back too
                 listener = yield Send(
-                    lambda: listen(self.engine, notifier.channel, name), undo=lambda late: late.close()
+                    lambda: listen(self.engine, notifier.channel, name),
+                    local=True,
+                    undo=lambda late: late.close(),
                 )
             while True:
                 pause = backoff.pause()
@@ -234,14 +229,20 @@ class Locks:
                     break
                 yield Wait(time.monotonic() + pause, wake=listener)
                 if time.monotonic() - refreshed > keep / 3:
-                    if not (yield Send(functools.partial(queue.refresh, ticket, keep=keep, now=read()))):
+                    if not (
+                        yield Send(
+                            functools.partial(queue.refresh, ticket, keep=keep, now=read()), local=True
+                        )
+                    ):
                         # stalled past keep: its place lapsed; back of the queue
                         ticket = yield Send(
-                            lambda: queue.enter(name, owner, keep=keep, now=read()), undo=queue.leave
+                            lambda: queue.enter(name, owner, keep=keep, now=read()),
+                            local=True,
+                            undo=queue.leave,
                         )
                     refreshed = time.monotonic()
-                if (yield Send(functools.partial(queue.look, name, owner, ticket, now=read()))):
-                    lease = yield Send(attempt)
+                if (yield Send(functools.partial(queue.look, name, owner, ticket, now=read()), local=True)):
+                    lease = yield Send(attempt, local=True, undo=give_back)
                     if lease is not None:
                         break
         except GeneratorExit:
@@ -457,51 +458,15 @@ def report_lost(metrics: StoreMetrics, lease: Lease, reason: str | None) -> None
     )
 
 
-def _leave(queue: WaitQueue, ticket: int, listener: Listener | None) -> Generator[Send | Wait, Any, None]:
+def _leave(queue: WaitQueue, ticket: int, listener: Listener | None) -> Rules[None]:
     """Stop listening and leave the queue; a failure only delays the others until the
     ticket lapses."""
     if listener is not None:
         try:
-            yield Send(listener.close)
+            yield Send(listener.close, local=True)
         except Exception:  # close() passes its own failures over; a cancelled task's lands here
             logger.debug("could not give a listening connection back", exc_info=True)
     try:
-        yield Send(lambda: queue.leave(ticket))
+        yield Send(lambda: queue.leave(ticket), local=True)
     except Exception:
         logger.warning("could not leave the queue of a lock; the ticket lapses", exc_info=True)
-
-
-def nap(step: Wait) -> None:
-    """Wait out ``step`` on this thread: until its instant, or until its listener hears the
-    lock freed. A listener that fails is passed over (logged): the wait goes on asleep."""
-    left = max(0.0, step.until - time.monotonic())
-    if step.wake is not None:
-        try:
-            step.wake.wait(left)
-            return
-        except Exception:
-            logger.debug("a listening connection failed; waiting by backoff", exc_info=True)
-            left = max(0.0, step.until - time.monotonic())
-    time.sleep(left)
-
-
-T = TypeVar("T")
-
-
-def drive(rules: Generator[Send | Wait, Any, T]) -> T:
-    """Carry out ``rules`` on this thread (sleeping through each wait): what they return."""
-    try:
-        step = next(rules)
-        while True:
-            try:
-                if isinstance(step, Wait):
-                    nap(step)
-                    answer = None
-                else:
-                    answer = step.call()
-            except BaseException as exc:  # the rules leave the queue, then it goes on up
-                step = rules.throw(exc)
-            else:
-                step = rules.send(answer)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]

@@ -189,11 +189,15 @@ class FenceMarks:
     Without it, each call is its own transaction, retried when it loses a lock race.
     """
 
-    #: whether this is the sync rules behind an async front (:mod:`fencing.asyncio`), the
-    #: only way an asyncio driver's engine is taken
-    async_front = False
-
-    def __init__(self, engine: Engine, marks: Table = fence_marks, keys: Table = idempotency_keys) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        marks: Table = fence_marks,
+        keys: Table = idempotency_keys,
+        *,
+        _bridged: bool = False,
+    ) -> None:
+        # _bridged: the sync rules behind fencing.asyncio.AsyncFenceMarks (JobStore's _bridged)
         check_sync_engine(engine, instead="fencing.asyncio.AsyncFenceMarks")
         for name, table in (("marks", marks), ("keys", keys)):
             if not isinstance(table, Table):
@@ -201,7 +205,7 @@ class FenceMarks:
         if not of(engine.dialect).known:
             raise ConfigurationError(f"FenceMarks supports {SUPPORTED_DIALECTS}, got {engine.dialect.name!r}")
         #: the runner, the dialect's plan, the key checks and the metrics a store has
-        self._ctx = Context(engine, bridged=self.async_front, create_hint="FenceMarks.create_tables()")
+        self._ctx = Context(engine, bridged=_bridged, create_hint="FenceMarks.create_tables()")
         self.engine = engine
         self.marks = marks
         self.keys = keys

@@ -19,7 +19,6 @@ import math
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from .._errors import (
@@ -32,21 +31,12 @@ from .._errors import (
 from .._runtime import holds
 from .._sql.checks import check_interval, check_time, check_ttl
 from .._sql.values import Lease
+from .steps import Rules, Send, Step, Wait
 
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = [
-    "AsyncLeaseKeeper",
-    "Flag",
-    "LeaseKeeper",
-    "LeaseReckoning",
-    "Rules",
-    "Send",
-    "Step",
-    "Steps",
-    "Wait",
-]
+__all__ = ["AsyncLeaseKeeper", "Flag", "LeaseKeeper", "LeaseReckoning"]
 
 logger = logging.getLogger("fencing.heartbeat")  # the name operators filter on
 
@@ -85,65 +75,6 @@ class Flag(Protocol):
 #: the store a heartbeat renews through, and the kind of event its ``lost`` is
 K = TypeVar("K", bound="LeaseKeeper | AsyncLeaseKeeper")
 E = TypeVar("E", bound=Flag)
-
-
-# -- steps: what the rules ask a thread or a task to do ------------------------------------------
-
-
-@dataclass(frozen=True)
-class Send:
-    """Call ``call`` and answer what it returns (or throw what it raises back into the rules).
-
-    A store's method (``local=False``) returns a coroutine on an async store: the task awaits
-    it. A look into :mod:`fencing._runtime.holds` (``local=True``) must run where this thread's, or
-    inside asyncio's bridge this task's, holds are told apart. ``undo``: what gives back what
-    the call made (its answer passed) when the task that asked was cancelled while it ran: the
-    call goes on to its end, so its answer, a waiter's ticket say, would otherwise be lost."""
-
-    call: Callable[[], object]
-    local: bool = False
-    undo: Callable[[Any], object] | None = None
-
-
-@dataclass(frozen=True)
-class Wait:
-    """Wait until ``until`` (``time.monotonic()``) or until stopped; answer whether stopping.
-
-    ``hold``: a fenced block of this process holds the lease's row; a change in
-    :mod:`fencing._runtime.holds` may end the wait early (the rules look again). ``wake``: a
-    :class:`fencing._store.wakeups.Listener` whose notification may end it early too."""
-
-    until: float
-    hold: bool = False
-    wake: Any = None
-
-
-Step = Send | Wait
-#: rules: a generator of steps, each sent its answer (or thrown its exception)
-Rules = Generator[Step, Any, None]
-
-
-class Steps:
-    """Runs :data:`Rules` one step at a time: ``step`` is the one to carry out next, ``None``
-    once the rules have ended. What the rules raise comes out of :meth:`answer` or
-    :meth:`fail`."""
-
-    def __init__(self, rules: Rules) -> None:
-        self._rules = rules
-        self.step: Step | None = None
-        self._resume(rules.send, None)
-
-    def answer(self, value: object) -> None:
-        self._resume(self._rules.send, value)
-
-    def fail(self, exc: BaseException) -> None:
-        self._resume(self._rules.throw, exc)
-
-    def _resume(self, how: Callable[[Any], Step], arg: Any) -> None:
-        try:
-            self.step = how(arg)
-        except StopIteration:
-            self.step = None
 
 
 # -- the rules -----------------------------------------------------------------------------------
@@ -332,7 +263,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
 
     # -- the rules, as steps -------------------------------------------------------------------
 
-    def _start_rules(self) -> Rules:
+    def _start_rules(self) -> Rules[None]:
         """Renew once now: refused inside a block on the lease, :class:`LeaseLost` if the
         renewal is refused (a database error from it goes through: the heartbeat is spent)."""
         job_id = self._lease.job_id
@@ -361,10 +292,13 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
         if self._key is not None:
             holds.keep(self._key, job_id, self)
 
-    def _beat_rules(self) -> Rules:
+    def _beat_rules(self) -> Rules[None]:
         """Renew every interval until stopped, lost or completed (after :meth:`_start_rules`)."""
         next_at = self._next_due()  # one interval after the first send
-        while not (yield Wait(next_at)):
+        while True:
+            yield Wait(next_at)
+            if self._stopping:
+                return
             sent = time.monotonic()  # before reading the clock: the deadline stays conservative
             now = self._now()
             with self._lock:
@@ -396,7 +330,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
                 return
             next_at = sent + self._interval
 
-    def _release_rules(self) -> Rules:
+    def _release_rules(self) -> Rules[None]:
         """Release the lease if it is still held; a failure is logged, never raised."""
         try:
             now = self._now()
