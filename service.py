@@ -68,19 +68,19 @@ def claim(path: Target, job_id: str, owner: str, now: float | None, ttl: float) 
 def renew(path: Target, job_id: str, owner: str, fence: int, now: float | None, ttl: float) -> bool:
     """Extend a live lease held with ``owner`` and ``fence``. ``ValueError`` if ``ttl <= 0``."""
     check_ttl(ttl)
-    return _stores.get(path).renew(Lease(job_id, owner, fence), now=now, ttl=ttl) is not None
+    return bool(_stores.get(path).renew(Lease(job_id, owner, fence), now=now, ttl=ttl))
 
 
 def complete(
     path: Target, job_id: str, owner: str, fence: int, now: float | None, result: str | None
 ) -> bool:
     """Store ``result`` only under the current, live lease; otherwise ``False``."""
-    return _stores.get(path).complete(Lease(job_id, owner, fence), result, now=now)
+    return bool(_stores.get(path).complete(Lease(job_id, owner, fence), result, now=now))
 
 
 def release(path: Target, job_id: str, owner: str, fence: int) -> bool:
     """Give the lease back (owner NULL, until 0, fence kept) if ``owner`` and ``fence`` match."""
-    return _stores.get(path).release(Lease(job_id, owner, fence))
+    return bool(_stores.get(path).release(Lease(job_id, owner, fence)))
 
 
 def claim_many(

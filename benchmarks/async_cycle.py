@@ -46,7 +46,7 @@ def sync_run(store: fencing.JobStore, batched: bool) -> int:
     done = 0
     while leases := store.claim_next("w", ttl=TTL, limit=BATCH if batched else 1):
         if batched:
-            done += sum(store.complete_many([(lease, "r") for lease in leases]))
+            done += sum(map(bool, store.complete_many([(lease, "r") for lease in leases])))
         else:
             done += store.complete(leases[0], "r")
     return done
@@ -56,7 +56,7 @@ async def async_worker(store: AsyncJobStore, owner: str, batched: bool) -> int:
     done = 0
     while leases := await store.claim_next(owner, ttl=TTL, limit=BATCH if batched else 1):
         if batched:
-            done += sum(await store.complete_many([(lease, "r") for lease in leases]))
+            done += sum(map(bool, await store.complete_many([(lease, "r") for lease in leases])))
         else:
             done += await store.complete(leases[0], "r")
     return done

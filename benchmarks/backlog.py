@@ -326,7 +326,7 @@ class Lane:
                 except Exception as exc:
                     self.failed("complete_many", exc)
                     continue
-                done_jobs += sum(accepted)
+                done_jobs += sum(map(bool, accepted))
                 if not all(accepted):
                     self.problem(f"complete_many refused {accepted.count(False)} of {len(leases)}")
         else:
@@ -341,7 +341,7 @@ class Lane:
                     self.failed("complete_and_claim_next", exc)
                     continue
                 latencies.append(clock() - t0)
-                done_jobs += sum(accepted)
+                done_jobs += sum(map(bool, accepted))
                 if accepted != [True]:
                     self.problem(f"complete_and_claim_next accepted {accepted} for {self.lease}")
                 if len(leases) != 1:

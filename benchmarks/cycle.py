@@ -282,7 +282,7 @@ def work(store: fencing.JobStore, owner: str, limit: int) -> dict[str, Any]:
             if len(leases) == 1:
                 completions += complete(leases[0], owner)
             else:
-                completions += sum(complete_many([(lease, owner) for lease in leases]))
+                completions += sum(map(bool, complete_many([(lease, owner) for lease in leases])))
         except Exception as exc:
             errors.append(f"complete: {type(exc).__name__}: {exc}")
         last_done = clock()

@@ -83,7 +83,7 @@ def _revoke(store: JobStore, conn: Connection, job: JobView, delay: float | None
 def _release(store: JobStore, conn: Connection, job: JobView, delay: float | None) -> bool:
     if job.state != "held" or job.owner is None:
         return False
-    return store.release(Lease(job.job_id, job.owner, job.fence), delay=delay, conn=conn)
+    return bool(store.release(Lease(job.job_id, job.owner, job.fence), delay=delay, conn=conn))
 
 
 def _delete(store: JobStore, conn: Connection, job: JobView, delay: float | None) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable
-from typing import Any, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 from sqlalchemy import Table
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_scoped_session
@@ -40,7 +40,7 @@ from ._runtime import bridge, holds
 from ._runtime.metrics import StoreMetrics
 from ._runtime.sqlite import create_async_engine as create_sqlite_engine
 from ._sql.schema import jobs
-from ._sql.values import JobState, Lease
+from ._sql.values import JobState, Lease, Refusal
 from ._store.election import DEFAULT_TTL, ElectionRules
 from ._store.heartbeat_task import AsyncHeartbeat
 from ._store.history import History, HistoryEntry
@@ -206,7 +206,7 @@ class AsyncJobStore:
         limit: int = 1,
         max_attempts: int | None = None,
         conn: AsyncCallerConnection | None = None,
-    ) -> tuple[list[bool], list[Lease]]:
+    ) -> tuple[list[Literal[True] | Refusal], list[Lease]]:
         back = self._give_back if conn is None else None
         return await run(
             self.sync_store.complete_and_claim_next,
@@ -323,7 +323,7 @@ class AsyncJobStore:
 
     async def renew(
         self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> Lease | None:
+    ) -> Lease | Refusal:
         """:meth:`fencing.JobStore.renew` as a coroutine."""
         return await run(self.sync_store.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
 
@@ -334,7 +334,7 @@ class AsyncJobStore:
         *,
         now: float | None = None,
         conn: AsyncCallerConnection | None = None,
-    ) -> bool:
+    ) -> Literal[True] | Refusal:
         """:meth:`fencing.JobStore.complete` as a coroutine."""
         return await run(self.sync_store.complete, lease, result, now=now, conn=caller_sync(conn))
 
@@ -345,7 +345,7 @@ class AsyncJobStore:
         delay: float | None = None,
         now: float | None = None,
         conn: AsyncCallerConnection | None = None,
-    ) -> bool:
+    ) -> Literal[True] | Refusal:
         """:meth:`fencing.JobStore.release` as a coroutine."""
         return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
 
@@ -369,7 +369,7 @@ class AsyncJobStore:
         *,
         now: float | None = None,
         conn: AsyncCallerConnection | None = None,
-    ) -> list[bool]:
+    ) -> list[Literal[True] | Refusal]:
         """:meth:`fencing.JobStore.complete_many` as a coroutine."""
         return await run(self.sync_store.complete_many, completions, now=now, conn=caller_sync(conn))
 
@@ -553,11 +553,13 @@ class AsyncLocks:
 
     async def renew(
         self, lease: Lease, *, ttl: float, now: float | None = None, conn: AsyncCallerConnection | None = None
-    ) -> Lease | None:
+    ) -> Lease | Refusal:
         """:meth:`fencing.Locks.renew` as a coroutine."""
         return await run(self.sync_locks.renew, lease, ttl=ttl, now=now, conn=caller_sync(conn))
 
-    async def release(self, lease: Lease, *, conn: AsyncCallerConnection | None = None) -> bool:
+    async def release(
+        self, lease: Lease, *, conn: AsyncCallerConnection | None = None
+    ) -> Literal[True] | Refusal:
         """:meth:`fencing.Locks.release` as a coroutine."""
         return await run(self.sync_locks.release, lease, conn=caller_sync(conn))
 

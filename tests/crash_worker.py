@@ -215,7 +215,7 @@ class Worker:
             return False
 
         def renew() -> Any:
-            renewed = self.store.renew(lease, ttl=ttl)
+            renewed = self.store.renew(lease, ttl=ttl) or None  # refused: a falsy Refusal
             self.drop(lease)
             self.got(renewed)
             return lease_json(renewed)
@@ -231,7 +231,7 @@ class Worker:
 
         def complete() -> bool:
             self.drop(lease)
-            return self.store.complete(lease, result)
+            return bool(self.store.complete(lease, result))
 
         self.call("complete", {"lease": lease_json(lease), "result": result}, complete)
         return True
@@ -252,7 +252,7 @@ class Worker:
         def complete_many() -> list[bool]:
             for lease, _ in batch:
                 self.drop(lease)
-            return self.store.complete_many(batch)
+            return [bool(answer) for answer in self.store.complete_many(batch)]
 
         args = {"leases": [lease_json(lease) for lease, _ in batch], "results": [r for _, r in batch]}
         self.call("complete_many", args, complete_many)
@@ -266,7 +266,7 @@ class Worker:
 
         def release() -> bool:
             self.drop(lease)
-            return self.store.release(lease, delay=delay)
+            return bool(self.store.release(lease, delay=delay))
 
         self.call("release", {"lease": lease_json(lease), "delay": delay}, release)
         return True

@@ -57,6 +57,7 @@ from fencing import (
     Lease,
     LeaseLost,
     OutcomeUnknown,
+    Refusal,
     jobs,
 )
 from tests.private_servers import PrivatePostgres, multi_host_url, private_server
@@ -186,7 +187,7 @@ class Workload:
     def _finish(self, lease: Lease, result: str, *, fenced: bool) -> None:
         journal, store = self.journal, self.store
         renewed, phase = self._call("renew", lambda: store.renew(lease, ttl=TTL))
-        if renewed is None:
+        if isinstance(renewed, Refusal):
             journal.refused["renew"] += 1
         if not isinstance(renewed, Lease):
             return
@@ -198,7 +199,7 @@ class Workload:
             done, phase = self._call(how, lambda: store.complete(renewed, result))
         if done is True:
             journal.completed.append((lease.job_id, lease.fence, result, how, phase))
-        elif done is False:
+        elif done is False or isinstance(done, Refusal):  # the fenced block's False, or complete's
             journal.refused[how] += 1
 
     def _fenced(self, lease: Lease, result: str) -> bool:

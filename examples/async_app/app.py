@@ -33,7 +33,7 @@ What to copy:
 
 All times come from the database's clock (``now=None``), so processes on machines with
 skewed clocks agree on when a lease expires. Work longer than ``ttl`` must keep its lease
-alive: ``lease = await store.renew(lease, ttl=ttl)`` (``None`` once it is lost) every
+alive: ``lease = await store.renew(lease, ttl=ttl)`` (a falsy ``Refusal`` once it is lost) every
 ``ttl / 3`` or so.
 """
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, TypedDict
+from typing import Any, Literal, NamedTuple, TypedDict
 
 __all__ = ["REASONS", "JobRow", "JobState", "Lease", "Refusal"]
 
@@ -80,7 +80,17 @@ REASONS = (
 
 @dataclass(frozen=True)
 class Refusal:
-    """One refused write: what was presented, and the job as the guard saw it."""
+    """One refused write: what was presented, and the job as the guard saw it.
+
+    It is what a refused :meth:`~fencing.JobStore.renew`, :meth:`~fencing.JobStore.complete`
+    or :meth:`~fencing.JobStore.release` returns (and each refused item of
+    :meth:`~fencing.JobStore.complete_many`), and it is **falsy**, so ``if not
+    store.complete(...)`` reads as it always did, with the reason at hand: ``reason`` (one of
+    :data:`REASONS`), read in the refused write's own transaction, and ``holder`` and
+    ``current_fence``, the job's owner and fence then (``None`` where the job was not read:
+    a missing job, or a fence no claim ever hands out). The log line, the metrics, the
+    history's ``refused`` row and the lease API's ``409`` all say this same value.
+    """
 
     path: str
     job_id: str
@@ -89,6 +99,9 @@ class Refusal:
     reason: str
     holder: str | None = None
     current_fence: int | None = None
+
+    def __bool__(self) -> Literal[False]:
+        return False
 
     def fields(self) -> dict[str, Any]:
         return {

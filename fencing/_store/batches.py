@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.sql import Executable
 
@@ -158,17 +158,17 @@ class WorkerBatches:
         *,
         now: float | None = None,
         conn: CallerConnection | None = None,
-    ) -> list[bool]:
+    ) -> list[Literal[True] | Refusal]:
         """:meth:`complete` for each ``(lease, result)``, all in one transaction.
 
         Each completion is checked on its own (owner, fence, not done, lease live at
-        ``now``): a stale one is refused, the others stored; the list says which were
-        accepted, in input order. The same lease twice: only the first can be accepted
-        (it makes the job done). Every item is checked before anything runs, so a bad one
-        raises and changes nothing. On PostgreSQL a batch is one ``UPDATE`` (per
-        :data:`~fencing._sql.statements.COMPLETE_CHUNK` completions), on MariaDB/MySQL a read
-        that locks the batch's rows and one ``UPDATE``, on SQLite one ``UPDATE`` each (no
-        round trips there). With ``now=None`` the servers judge a whole chunk at one
+        ``now``): a stale one is refused, the others stored; the list answers each in input
+        order, ``True`` or the item's (falsy) :class:`~fencing.Refusal`. The same lease
+        twice: only the first can be accepted (it makes the job done). Every item is checked
+        before anything runs, so a bad one raises and changes nothing. On PostgreSQL a batch
+        is one ``UPDATE`` (per :data:`~fencing._sql.statements.COMPLETE_CHUNK` completions),
+        on MariaDB/MySQL a read that locks the batch's rows and one ``UPDATE``, on SQLite one
+        ``UPDATE`` each (no round trips there). With ``now=None`` the servers judge a whole chunk at one
         instant of their clock, SQLite each completion at its own statement's.
         """
         _check_completions(completions)
@@ -179,11 +179,14 @@ class WorkerBatches:
         accepted = self._ctx.run_jobs(unit, conn, outcome=outcome, single=single)
         return self._judged(size, accepted, refused)
 
-    def _judged(self, size: int, accepted: set[int], refused: list[Refusal]) -> list[bool]:
-        """complete_many's answer, its accepted completions counted and refused ones reported."""
+    def _judged(self, size: int, accepted: set[int], refused: list[Refusal]) -> list[Literal[True] | Refusal]:
+        """complete_many's answer, its accepted completions counted and refused ones reported:
+        ``True`` where accepted, else the item's refusal (``refused`` holds one per refused
+        position, in order)."""
         if accepted:
             self._ctx.metrics.add("complete_many.accepted", len(accepted))
-        return self._ctx.refused(refused, [i in accepted for i in range(size)])
+        why = iter(refused)
+        return self._ctx.refused(refused, [True if i in accepted else next(why) for i in range(size)])
 
     def _completions_unit(
         self,
@@ -246,7 +249,7 @@ class WorkerBatches:
         limit: int = 1,
         max_attempts: int | None = None,
         conn: CallerConnection | None = None,
-    ) -> tuple[list[bool], list[Lease]]:
+    ) -> tuple[list[Literal[True] | Refusal], list[Lease]]:
         """A worker's step: :meth:`complete_many` of ``completions``, then :meth:`claim_next`
         for ``owner``, in **one** transaction (one commit, so on SQLite one fsync, where the
         two calls take two).

@@ -437,3 +437,8 @@ class JobsContext(Context):
         """Log and count ``refusals`` (after their transaction), and answer ``answer``."""
         report(refusals, self.metrics)
         return answer
+
+    def refused_one(self, refusal: Refusal) -> Refusal:
+        """Log and count ``refusal`` (after its transaction), and answer it."""
+        report((refusal,), self.metrics)
+        return refusal

@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy.sql import Executable
 
@@ -172,17 +172,18 @@ class LeaseOperations:
         ttl: float,
         now: float | None = None,
         conn: CallerConnection | None = None,
-    ) -> Lease | None:
-        """Extend a live lease to ``now + ttl``: the new :class:`Lease`, or ``None``.
+    ) -> Lease | Refusal:
+        """Extend a live lease to ``now + ttl``: the new :class:`Lease`, or a (falsy)
+        :class:`~fencing.Refusal` that says why not.
 
-        ``None`` when the token is stale (another fence, another owner, done) or the lease
+        Refused when the token is stale (another fence, another owner, done) or the lease
         has already expired (``until <= now``): an expired lease is never revived.
         """
         ctx = self._ctx
         job_id, owner, fence = ctx.lease(lease)
         s, clock = ctx.clock(now, ttl)
         if not fence_can_match(fence):
-            return ctx.refused([never_current("renew", job_id, owner, fence)], None)
+            return ctx.refused_one(never_current("renew", job_id, owner, fence))
         params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
         refused: list[Refusal] = []
         outcome = ctx.outcome()
@@ -198,7 +199,7 @@ class LeaseOperations:
 
         single = ctx.plan.returning or "new_until" in params  # one UPDATE (then, if refused, a read)
         renewal = ctx.run_jobs(renewed, conn, job=job_id, outcome=outcome, single=single)
-        return ctx.refused(refused, None) if renewal is None else ctx.accepted("renew", renewal)
+        return ctx.refused_one(refused[0]) if renewal is None else ctx.accepted("renew", renewal)
 
     def _renewal(self, x: Executor, s: Statements, params: dict[str, Any]) -> Lease | None:
         """Renew the lease in ``params``: the new :class:`Lease`, or ``None`` if refused."""
@@ -221,10 +222,11 @@ class LeaseOperations:
         *,
         now: float | None = None,
         conn: CallerConnection | None = None,
-    ) -> bool:
+    ) -> Literal[True] | Refusal:
         """Store ``result`` and mark the job done, only under the current, live lease.
 
-        ``False`` (and the stored result untouched) for a late or stale writer.
+        ``True``; or, for a late or stale writer, a (falsy) :class:`~fencing.Refusal` that
+        says why, and the stored result untouched.
         """
         ctx = self._ctx
         job_id, owner, fence = ctx.lease(lease)
@@ -240,11 +242,12 @@ class LeaseOperations:
         delay: float | None = None,
         now: float | None = None,
         conn: CallerConnection | None = None,
-    ) -> bool:
+    ) -> Literal[True] | Refusal:
         """Give the lease back early (``owner = NULL``); the fence is kept.
 
         Without ``delay`` the job is claimable at once (``until = 0``); with it, not before
-        ``now + delay`` (a retry with backoff). ``False`` if the token is stale or done.
+        ``now + delay`` (a retry with backoff). ``True``; or a (falsy)
+        :class:`~fencing.Refusal` if the token is stale or done.
         """
         ctx = self._ctx
         job_id, owner, fence = ctx.lease(lease)
@@ -272,14 +275,14 @@ class LeaseOperations:
         conn: CallerConnection | None,
         *,
         at: dict[str, Any] | None = None,
-    ) -> bool:
+    ) -> Literal[True] | Refusal:
         """Run the guarded write ``stmt`` of one lease: accepted, or refused with its reason
         (read in the same transaction, logged and counted after it). ``at``: the history's
         clock, when it is not the statement's."""
         ctx = self._ctx
         job_id, owner, fence = params["job_id"], params["holder"], params["token"]
         if not fence_can_match(fence):
-            return ctx.refused([never_current(path, job_id, owner, fence)], False)
+            return ctx.refused_one(never_current(path, job_id, owner, fence))
         refused: list[Refusal] = []
         outcome = ctx.outcome()
         clock = params if at is None else at
@@ -294,7 +297,7 @@ class LeaseOperations:
 
         if ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True):
             return ctx.accepted(path, True, (job_id, fence))
-        return ctx.refused(refused, False)
+        return ctx.refused_one(refused[0])
 
     def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Take the lease away at once: the fence moves on, so the holder's token is stale

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Generic
+from typing import Any, Generic, Literal
 
 from sqlalchemy import Engine, MetaData, Table
 
@@ -37,7 +37,7 @@ from .._runtime.execution import CallerConnection
 from .._runtime.metrics import StoreMetrics
 from .._sql.checks import check_lock_name, check_timeout, check_ttl
 from .._sql.schema import jobs_table
-from .._sql.values import Lease
+from .._sql.values import Lease, Refusal
 from .heartbeat import Heartbeat
 from .history import History
 from .lock_queue import LockStore, WaitQueue, keep_for, waiters_of
@@ -315,13 +315,15 @@ class Locks:
 
     def renew(
         self, lease: Lease, *, ttl: float, now: float | None = None, conn: CallerConnection | None = None
-    ) -> Lease | None:
-        """Extend a live lease on a lock to ``now + ttl``: the new lease, or ``None`` (lost)."""
+    ) -> Lease | Refusal:
+        """Extend a live lease on a lock to ``now + ttl``: the new lease, or a (falsy)
+        :class:`~fencing.Refusal` that says why it is lost."""
         return self.store.renew(lease, ttl=ttl, now=now, conn=conn)
 
-    def release(self, lease: Lease, *, conn: CallerConnection | None = None) -> bool:
+    def release(self, lease: Lease, *, conn: CallerConnection | None = None) -> Literal[True] | Refusal:
         """Free the lock at once if ``lease`` still holds it (its token stays: the next
-        holder gets a higher one). ``False``: it did not hold it any more."""
+        holder gets a higher one). A (falsy) :class:`~fencing.Refusal`: it did not hold it
+        any more, and why."""
         return self.store.release(lease, conn=conn)
 
     def check(self, lease: Lease, *, now: float | None = None, conn: CallerConnection | None = None) -> None:

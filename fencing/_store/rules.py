@@ -19,7 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from .._errors import (
     ConfigurationError,
@@ -30,7 +30,7 @@ from .._errors import (
 )
 from .._runtime import holds
 from .._sql.checks import check_interval, check_time, check_ttl
-from .._sql.values import Lease
+from .._sql.values import Lease, Refusal
 from .steps import Rules, Send, Step, Wait
 
 if TYPE_CHECKING:
@@ -51,17 +51,17 @@ UNKNOWN_CLOCK_MARGIN = 0.002
 class LeaseKeeper(Protocol):
     """What a heartbeat needs from a store (:class:`fencing.JobStore` is one)."""
 
-    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None: ...
+    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | Refusal: ...
 
-    def release(self, lease: Lease) -> bool: ...
+    def release(self, lease: Lease) -> Literal[True] | Refusal: ...
 
 
 class AsyncLeaseKeeper(Protocol):
     """What an async heartbeat needs from a store (:class:`fencing.asyncio.AsyncJobStore` is one)."""
 
-    async def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None: ...
+    async def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | Refusal: ...
 
-    async def release(self, lease: Lease) -> bool: ...
+    async def release(self, lease: Lease) -> Literal[True] | Refusal: ...
 
 
 class Flag(Protocol):
@@ -284,7 +284,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             # a block of another thread (or task) may hold the row: this first renewal waits for it
             del blocked
             renewed = yield self._send_renewal(self._lease, self._now())
-        if renewed is None:
+        if not renewed:
             self._lose("the first renewal was refused (stale fence, done or expired)", None)
             self._log_lost()
             raise LeaseLost(self._describe_loss())
@@ -322,7 +322,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
                 logger.log(level, "renewing %r failed, retrying until its deadline: %s", lease, exc)
                 next_at = min(time.monotonic() + self._interval / RETRIES_PER_INTERVAL, self.deadline)
                 continue
-            if renewed is None:
+            if not renewed:
                 if not (yield from self._completed_here(lease)):
                     self._lose("a renewal was refused (stale fence, done or expired)", None)
                 return

@@ -82,7 +82,7 @@ def release(args: argparse.Namespace, db: Database, out: Output) -> int:
     def released(store: JobStore, conn: Connection, job: JobView) -> bool:
         if job.owner is None:
             return False
-        return store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn)
+        return bool(store.release(Lease(job.job_id, job.owner, job.fence), delay=args.delay, conn=conn))
 
     job = _change(args, db, out, "release", released)
     again = "now" if args.delay is None else f"in {duration(args.delay)}"

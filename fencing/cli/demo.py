@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, TextIO, TypeAlias, TypeVar
 from .._errors import FencingError, InvalidArgument
 from .._runtime.sqlite import create_engine
 from .._sql.checks import check_ttl
-from .._sql.values import JobState
+from .._sql.values import JobState, Refusal
 from .._store.jobstore import JobStore
 from ._options import Commands, at_least
 
@@ -81,7 +81,12 @@ class Wrote:
     at: float
     result: str
     fence: int
-    accepted: bool
+    #: why the store refused the write (``None``: accepted), as it said it
+    refusal: Refusal | None
+
+    @property
+    def accepted(self) -> bool:
+        return self.refusal is None
 
 
 @dataclass(frozen=True)
@@ -148,8 +153,8 @@ def worker_a(db_path: str, ttl: float, reports: Queue[Report], wake: Event, stal
                 return
             reports.put(Woke("A", time.time()))
             now = time.time()
-            accepted = store.complete(lease, RESULT_A, now=now)
-            reports.put(Wrote("A", now, RESULT_A, lease.fence, accepted))
+            answer = store.complete(lease, RESULT_A, now=now)
+            reports.put(Wrote("A", now, RESULT_A, lease.fence, None if answer else answer))
     except Exception as exc:  # the parent tells the story, failures included
         reports.put(Crashed("A", time.time(), f"{type(exc).__name__}: {exc}"))
         raise
@@ -166,8 +171,8 @@ def worker_b(db_path: str, ttl: float, reports: Queue[Report]) -> None:
                 return
             reports.put(Claimed("B", now, lease.fence, lease.until))
             now = time.time()
-            accepted = store.complete(lease, RESULT_B, now=now)
-            reports.put(Wrote("B", now, RESULT_B, lease.fence, accepted))
+            answer = store.complete(lease, RESULT_B, now=now)
+            reports.put(Wrote("B", now, RESULT_B, lease.fence, None if answer else answer))
     except Exception as exc:
         reports.put(Crashed("B", time.time(), f"{type(exc).__name__}: {exc}"))
         raise
@@ -217,16 +222,11 @@ def _expect(kind: type[R], worker: str, reports: Queue[Report], proc: SpawnProce
     return report
 
 
-def _why_rejected(fence: int, at: float, state: JobState | None, tl: _Timeline) -> str:
-    if state is None:
-        return "the job is gone"
-    if state.fence != fence:
-        return f"stale fence {fence}, current fence {state.fence}"
-    if state.owner != "A":
-        return f"owner is {state.owner!r}"
-    if state.done:
-        return "job already done"
-    return f"lease expired at {tl.rel(state.until)}, written at {tl.rel(at)}"
+def _said(refusal: Refusal | None) -> str:
+    """The store's reason for a refused write, as the demo tells it."""
+    assert refusal is not None  # only a refused write is told
+    r = refusal
+    return f"{r.reason}: fence {r.fence}, current fence {r.current_fence}, holder {r.holder!r}"
 
 
 def _wait_until_expired(until: float) -> None:
@@ -366,8 +366,7 @@ def _sequence(
     if a_wrote.accepted:
         tl.line(a_wrote.at, "A", "A's write ACCEPTED: the stale worker overwrote the result")
     else:
-        reason = _why_rejected(a_wrote.fence, a_wrote.at, final, tl)
-        tl.line(a_wrote.at, "A", f"A's write REJECTED ({reason})")
+        tl.line(a_wrote.at, "A", f"A's write REJECTED ({_said(a_wrote.refusal)})")
     if final is not None:
         kept = "B's result kept" if final.result == RESULT_B else "stored result"
         tl.line(time.time(), "main", f"{kept}: {final.result!r}")

@@ -19,14 +19,14 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from sqlalchemy.sql import Executable
 from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 
 from .._runtime import holds
 from .._runtime.metrics import StoreMetrics
-from .._sql.values import Lease
+from .._sql.values import Lease, Refusal
 from .._store.heartbeat import Heartbeat
 from .._store.jobstore import JobStore
 from .._store.marks import FenceMarks
@@ -55,9 +55,9 @@ class Keeper(Protocol):
     @property
     def clock_resolution(self) -> float: ...
 
-    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None: ...
+    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | Refusal: ...
 
-    def release(self, lease: Lease, *, delay: float | None = None) -> bool: ...
+    def release(self, lease: Lease, *, delay: float | None = None) -> Literal[True] | Refusal: ...
 
 
 class WorkerStore(Keeper, Protocol):
@@ -65,13 +65,13 @@ class WorkerStore(Keeper, Protocol):
 
     def claim_next(self, owner: str, *, ttl: float, limit: int) -> list[Lease]: ...
 
-    def complete(self, lease: Lease, result: str | None) -> bool: ...
+    def complete(self, lease: Lease, result: str | None) -> Literal[True] | Refusal: ...
 
-    def complete_many(self, completions: Completions) -> list[bool]: ...
+    def complete_many(self, completions: Completions) -> list[Literal[True] | Refusal]: ...
 
     def complete_and_claim_next(
         self, completions: Completions, owner: str, *, ttl: float, limit: int
-    ) -> tuple[list[bool], list[Lease]]: ...
+    ) -> tuple[list[Literal[True] | Refusal], list[Lease]]: ...
 
     def fenced(self, lease: Lease, *, complete: bool, result: str | None) -> AbstractContextManager[Any]:
         """Yields the block's connection: something with ``execute(statement)``."""
@@ -226,24 +226,24 @@ class _AwaitedStore:
         self.holds_key: holds.Key = store.holds_key
         self.clock_resolution = store.clock_resolution
 
-    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None:
+    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | Refusal:
         return await_only(self.store.renew(lease, ttl=ttl, now=now))
 
-    def release(self, lease: Lease, *, delay: float | None = None) -> bool:
+    def release(self, lease: Lease, *, delay: float | None = None) -> Literal[True] | Refusal:
         return await_only(self.store.release(lease, delay=delay))
 
     def claim_next(self, owner: str, *, ttl: float, limit: int) -> list[Lease]:
         return await_only(self.store.claim_next(owner, ttl=ttl, limit=limit))
 
-    def complete(self, lease: Lease, result: str | None) -> bool:
+    def complete(self, lease: Lease, result: str | None) -> Literal[True] | Refusal:
         return await_only(self.store.complete(lease, result))
 
-    def complete_many(self, completions: Completions) -> list[bool]:
+    def complete_many(self, completions: Completions) -> list[Literal[True] | Refusal]:
         return await_only(self.store.complete_many(completions))
 
     def complete_and_claim_next(
         self, completions: Completions, owner: str, *, ttl: float, limit: int
-    ) -> tuple[list[bool], list[Lease]]:
+    ) -> tuple[list[Literal[True] | Refusal], list[Lease]]:
         return await_only(self.store.complete_and_claim_next(completions, owner, ttl=ttl, limit=limit))
 
     @contextlib.contextmanager
@@ -270,8 +270,8 @@ class _AwaitedKeeper:
         self.holds_key = keeper.holds_key
         self.clock_resolution = keeper.clock_resolution
 
-    async def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None:
+    async def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | Refusal:
         return await greenlet_spawn(self.keeper.renew, lease, ttl=ttl, now=now)
 
-    async def release(self, lease: Lease) -> bool:
+    async def release(self, lease: Lease) -> Literal[True] | Refusal:
         return await greenlet_spawn(self.keeper.release, lease)

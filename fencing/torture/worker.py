@@ -40,7 +40,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
@@ -48,7 +48,7 @@ from sqlalchemy.sql import Executable
 from .._errors import DatabaseUnavailable, FencingError, LeaseLost, OutcomeUnknown
 from .._runtime import bridge, holds
 from .._sql.dberrors import wrap_database_error
-from .._sql.values import Lease
+from .._sql.values import Lease, Refusal
 from .config import TortureConfig
 from .fronts import Front, Keeper, ShowsHeartbeat, with_front
 from .journal import OPERATIONS, Journal
@@ -133,20 +133,20 @@ class _JournaledKeeper:
     def clock_resolution(self) -> float:
         return self._store.clock_resolution
 
-    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | None:
+    def renew(self, lease: Lease, *, ttl: float, now: float | None = None) -> Lease | Refusal:
         t0 = time.time()
         self._journal.record("renew-start", job=lease.job_id, fence=lease.fence, owner=lease.owner, t0=t0)
         renewed = self._store.renew(lease, ttl=ttl, now=now)
-        _record(self._journal, "renew", lease, t0, until=None if renewed is None else renewed.until)
+        _record(self._journal, "renew", lease, t0, until=renewed.until if renewed else None)
         return renewed
 
-    def release(self, lease: Lease, *, delay: float | None = None) -> bool:
+    def release(self, lease: Lease, *, delay: float | None = None) -> Literal[True] | Refusal:
         t0 = time.time()
         released = self._store.release(lease, delay=delay)
         if delay is None:
-            _record(self._journal, "release", lease, t0, ok=released)
+            _record(self._journal, "release", lease, t0, ok=bool(released))
         else:
-            _record(self._journal, "release", lease, t0, ok=released, delay=delay)
+            _record(self._journal, "release", lease, t0, ok=bool(released), delay=delay)
         return released
 
 
@@ -405,12 +405,13 @@ class _Worker:
 
             t0, accepted = self.attempt(mode, fenced, [lease])
         else:
-            t0, accepted = self.attempt(mode, lambda: self.store.complete(lease, result_of(lease)), [lease])
+            completed = lambda: bool(self.store.complete(lease, result_of(lease)))  # noqa: E731
+            t0, accepted = self.attempt(mode, completed, [lease])
         self.at(HOLDING)
         if nested:
-            _record(self.journal, "write", lease, t0, how=mode, ok=accepted, nested=True)
+            _record(self.journal, "write", lease, t0, how=mode, ok=bool(accepted), nested=True)
         else:
-            _record(self.journal, "write", lease, t0, how=mode, ok=accepted)
+            _record(self.journal, "write", lease, t0, how=mode, ok=bool(accepted))
 
     def step(self, lease: Lease) -> list[Lease]:
         """Complete ``lease`` and claim the next job in one transaction: the new leases."""
@@ -422,14 +423,14 @@ class _Worker:
             [lease],
         )
         self.record_claims(leases, t0)
-        _record(self.journal, "write", lease, t0, how="step", ok=accepted)
+        _record(self.journal, "write", lease, t0, how="step", ok=bool(accepted))
         return leases
 
     def finish_batch(self, leases: list[Lease]) -> None:
         completions: list[tuple[Lease, str | None]] = [(lease, result_of(lease)) for lease in leases]
         t0, accepted = self.attempt("batch", lambda: self.store.complete_many(completions), leases)
         for lease, ok in zip(leases, accepted, strict=True):
-            _record(self.journal, "write", lease, t0, how="batch", ok=ok)
+            _record(self.journal, "write", lease, t0, how="batch", ok=bool(ok))
 
 
 def _die_with_parent() -> None:

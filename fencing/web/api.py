@@ -62,8 +62,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .._errors import FencingError, InvalidArgument, InvalidArgumentType
-from .._runtime.refusals import Refusal, judge
-from .._sql.checks import check_count, check_ttl, fence_can_match
+from .._runtime.refusals import Refusal
+from .._sql.checks import check_count, check_ttl
 from .._sql.dberrors import DB_ERRORS, wrap_database_error
 from .._sql.schema import KEY_TYPE, as_text
 from .._sql.values import Lease
@@ -231,24 +231,16 @@ class _Api:
             caller=who.name,
         )
 
-    def refused(self, path: str, lease: Lease, job: JobView | None, *, note: str = "") -> Response:
-        """The 409 of a write the guard refused: why, read from the job's row after."""
-        row = (
-            None
-            if job is None
-            else (job.owner, job.fence, 1 if job.state == "done" else 0, job.until <= job.now)
-        )
-        why = judge(path, lease.job_id, lease.owner, lease.fence, row)
-        if row is not None and not fence_can_match(lease.fence):
-            # as the store judged it: no claim ever hands out this fence (0 matches a new job's)
-            why = Refusal(path, lease.job_id, lease.owner, lease.fence, "stale fence", row[0], row[1])
+    def refused(self, why: Refusal, *, note: str = "") -> Response:
+        """The 409 of a write the guard refused: the store's own reason, read in the refused
+        write's transaction (nothing is read again to answer)."""
         return problem(
             409,
             "Refused",
-            f"the {path} of job {lease.job_id!r} with fence {lease.fence} was refused: {why.reason}{note}",
+            f"the {why.path} of job {why.job_id!r} with fence {why.fence} was refused: {why.reason}{note}",
             reason=why.reason,
-            job_id=lease.job_id,
-            fence=lease.fence,
+            job_id=why.job_id,
+            fence=why.fence,
             holder=why.holder,
             current_fence=why.current_fence,
         )
@@ -269,8 +261,8 @@ class _Api:
             return renew
         lease, ttl = renew.lease.token(), renew.ttl
         renewed = await run_in_threadpool(lambda: self.store.renew(lease, ttl=ttl))
-        if renewed is None:
-            return self.refused("renew", lease, await self.job(lease.job_id))
+        if isinstance(renewed, Refusal):
+            return self.refused(renewed)
         return answer(RenewOut(lease=LeaseOut.of(renewed)))
 
     async def complete(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
@@ -281,6 +273,9 @@ class _Api:
         done = await run_in_threadpool(self.store.complete, lease, result)
         if done:  # the row is what the guard let through: no read to answer
             return answer(CompleteOut(completed=True, replayed=False, lease=LeaseOut.of(lease)))
+        if done.reason != "done" or (done.holder, done.current_fence) != (lease.owner, lease.fence):
+            return self.refused(done)
+        # done by this very lease (a fence is handed out once): a retry, if the result is the same
         job = await self.job(lease.job_id)
         if job is not None and job.state == "done" and (job.owner, job.fence) == (lease.owner, lease.fence):
             # done by this very lease (a fence is handed out once): this is a retry
@@ -299,7 +294,7 @@ class _Api:
                 holder=job.owner,
                 current_fence=job.fence,
             )
-        return self.refused("complete", lease, job)
+        return self.refused(done)
 
     async def release(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         release = self.read(self.requests.release, body, who, "release")
@@ -309,6 +304,9 @@ class _Api:
         released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay))
         if released:
             return answer(ReleaseOut(released=True, replayed=False, lease=LeaseOut.of(lease)))
+        if released.reason != "released" or released.current_fence != lease.fence:
+            return self.refused(released)
+        # nobody holds it at this fence: a retry of this very release, if the history proves it
         job, proven = await run_in_threadpool(self.released_by, lease)
         if proven and job is not None:
             return answer(
@@ -316,7 +314,7 @@ class _Api:
             )
         note = ""
         unheld = job is not None and job.state != "done" and job.owner is None and job.fence == lease.fence
-        if unheld and fence_can_match(lease.fence):
+        if unheld:
             note = (
                 " (nobody holds it at this fence; "
                 + (
@@ -326,7 +324,7 @@ class _Api:
                 )
                 + ", so this is no replay)"
             )
-        return self.refused("release", lease, job, note=note)
+        return self.refused(released, note=note)
 
     def released_by(self, lease: Lease) -> tuple[JobView | None, bool]:
         """The job's row, and whether it proves ``lease`` was released and nothing changed

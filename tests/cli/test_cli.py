@@ -732,7 +732,7 @@ def test_console_script_version_help_and_bad_arguments(target: str) -> None:
 def test_console_script_demo_plays_the_story() -> None:
     done = script("demo", "--ttl", "0.2")
     assert (done.returncode, done.stderr) == (0, "")
-    assert "A's write REJECTED (stale fence 1, current fence 2)" in done.stdout
+    assert "A's write REJECTED (done: fence 1, current fence 2, holder 'B')" in done.stdout
 
 
 #: a torture run small enough for a test: two workers, twenty jobs, one second of faults
@@ -904,7 +904,7 @@ def test_locks_and_leader_show_the_history_when_the_table_exists(
     assert first is not None
     revoked = cli("leader", "other", "--revoke")  # recorded in the history, in its transaction
     assert revoked.code == 0, revoked.err
-    assert recorded.renew(first, ttl=300) is None  # the deposed leader's renewal: refused
+    assert not recorded.renew(first, ttl=300)  # the deposed leader's renewal: refused
     assert recorded.try_acquire("other", "pod-2", ttl=300) is not None
     expected = [
         ["claim", "pod-1", "1"],

@@ -30,7 +30,7 @@ def test_demo_late_worker_write_is_rejected_in_real_processes() -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "A's write REJECTED (stale fence 1, current fence 2)" in proc.stdout
+    assert "A's write REJECTED (done: fence 1, current fence 2, holder 'B')" in proc.stdout
     assert f"B's result kept: {RESULT_B!r}" in proc.stdout
     assert "'fence': 2" in proc.stdout
     assert proc.stderr == ""

@@ -268,7 +268,7 @@ OPERATIONS: dict[str, tuple[Callable[[World], Any], Callable[[Any], bool]]] = {
         lambda w: w.locks.try_acquire("a-lock-never-taken-before", "w2", ttl=30.0, now=11.0),
         lambda r: r is not None and r.fence == 1,
     ),
-    "Locks.renew": (lambda w: w.locks.renew(w.lock, ttl=30.0, now=11.0), lambda r: r is not None),
+    "Locks.renew": (lambda w: w.locks.renew(w.lock, ttl=30.0, now=11.0), lambda r: isinstance(r, Lease)),
     "Locks.release": (lambda w: w.locks.release(w.lock), lambda r: r is True),
 }
 

@@ -351,8 +351,11 @@ ROWS: list[Row] = [
         "a fence beyond 64 bits (valid: never matches)",
         'store.renew(Lease("job", "w", 2**64), ttl=10, now=110.0)',
         None,
-        returns="None",
-        note="no fence that large was ever handed out",
+        returns=(
+            "Refusal(path='renew', job_id='job', owner='w', fence=18446744073709551616, "
+            "reason='stale fence', holder=None, current_fence=None)"
+        ),
+        note="no fence that large was ever handed out: refused unread",
     ),
     Row(
         "JobStore.complete",

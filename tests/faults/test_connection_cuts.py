@@ -414,7 +414,7 @@ OPERATIONS = [
         1,
         lambda f, s: f.store.renew(s.leases[0], ttl=120.0),
         lambda c, s: _only(c, _key(s)) and _renewed(c, _key(s)),
-        lambda c, s, a: a is not None and _until_is(c, _key(s), a.until),
+        lambda c, s, a: isinstance(a, Lease) and _until_is(c, _key(s), a.until),
     ),
     Operation(
         "complete",

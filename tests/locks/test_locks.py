@@ -84,10 +84,10 @@ def test_a_released_lock_is_taken_at_once_with_a_higher_token(locks: Any) -> Non
     assert first is not None
     assert locks.release(first) is True
     assert locks.holder("nightly") is None
-    assert locks.release(first) is False  # it held nothing any more
+    assert not locks.release(first)  # it held nothing any more
     second = locks.try_acquire("nightly", "b", ttl=TTL)
     assert second is not None and second.fence == 2
-    assert locks.renew(first, ttl=TTL) is None  # the old token never holds it again
+    assert not locks.renew(first, ttl=TTL)  # the old token never holds it again
 
 
 def test_an_expired_lock_goes_to_the_next_owner_and_the_old_holder_is_refused(locks: Any) -> None:
@@ -96,7 +96,7 @@ def test_an_expired_lock_goes_to_the_next_owner_and_the_old_holder_is_refused(lo
     assert locks.try_acquire("nightly", "b", ttl=10.0, now=109.999) is None
     second = locks.try_acquire("nightly", "b", ttl=10.0, now=110.0)  # until == now: expired
     assert second is not None and second.fence == 2
-    assert locks.renew(first, ttl=10.0, now=110.0) is None
+    assert not locks.renew(first, ttl=10.0, now=110.0)
     with pytest.raises(LeaseLost):
         locks.check(first, now=110.0)
     with pytest.raises(LeaseLost), locks.fenced(first, now=110.0):
@@ -108,7 +108,7 @@ def test_a_deleted_name_never_hands_out_a_token_again(locks: Any) -> None:
     assert lease is not None and lease.fence == 1
     assert locks.delete("nightly") is True
     assert locks.holder("nightly") is None
-    assert locks.renew(lease, ttl=TTL) is None
+    assert not locks.renew(lease, ttl=TTL)
     again = locks.try_acquire("nightly", "a", ttl=TTL)
     assert again is not None and again.fence == 2
     assert locks.delete("never-taken") is False

@@ -125,13 +125,13 @@ class LockMachine(RuleBasedStateMachine):
         if lease.fence == 0:
             return
         renewed = self.locks.renew(lease, ttl=ttl, now=self.now)
-        assert (renewed is not None) == self.model.renew(lease, ttl, self.now)
+        assert bool(renewed) == self.model.renew(lease, ttl, self.now)
 
     @rule(lease=leases)
     def release(self, lease: Lease) -> None:
         if lease.fence == 0:
             return
-        assert self.locks.release(lease) == self.model.release(lease)
+        assert bool(self.locks.release(lease)) == self.model.release(lease)
 
     @rule(lease=leases)
     def check(self, lease: Lease) -> None:

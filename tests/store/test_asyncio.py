@@ -214,7 +214,7 @@ def test_tasks_racing_for_one_job_have_one_winner_and_the_loser_cannot_write(tar
         assert await store.complete(fresh, "new result")
         # the stalled task wakes up: every write of its old token is refused
         assert not await store.complete(winner, "stale")
-        assert await store.renew(winner, ttl=TTL) is None
+        assert not await store.renew(winner, ttl=TTL)
         with pytest.raises(LeaseLost):
             async with store.fenced(winner):
                 pass
@@ -533,7 +533,7 @@ def test_both_postgresql_async_drivers_fence_a_late_writer(target: str, driver: 
         old = await store.claim("j", "a", ttl=TTL)
         assert old is not None and await store.revoke("j")
         [new] = await store.claim_next("b", ttl=TTL)
-        assert await store.complete_many([(new, "new"), (old, "old")]) == [True, False]
+        assert [bool(v) for v in await store.complete_many([(new, "new"), (old, "old")])] == [True, False]
         async with engine.connect() as conn:
             assert (await conn.execute(text("SELECT result FROM jobs"))).scalar_one() == "new"
 

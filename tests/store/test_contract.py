@@ -371,41 +371,41 @@ def test_renew_ttl_zero_raises_value_error_even_for_a_missing_job(db: str) -> No
 
 def test_renew_with_wrong_owner_is_refused(db: str) -> None:
     fence = claimed(db)
-    assert service.renew(db, "j", "b", fence, NOW + 1, TTL) is False
+    assert not service.renew(db, "j", "b", fence, NOW + 1, TTL)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
 
 
 def test_renew_with_wrong_fence_is_refused(db: str) -> None:
     fence = claimed(db)
     for other in (fence - 1, fence + 1, 0, -1, 2**63, 2**100):
-        assert service.renew(db, "j", "a", other, NOW + 1, TTL) is False
+        assert not service.renew(db, "j", "a", other, NOW + 1, TTL)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
 
 
 def test_renew_on_done_job_is_refused(db: str) -> None:
     fence = claimed(db)
     assert service.complete(db, "j", "a", fence, NOW + 1, "r")
-    assert service.renew(db, "j", "a", fence, NOW + 2, TTL) is False
+    assert not service.renew(db, "j", "a", fence, NOW + 2, TTL)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, "r", 1)
 
 
 def test_renew_at_until_boundary_is_refused(db: str) -> None:
     fence = claimed(db)
-    assert service.renew(db, "j", "a", fence, NOW + TTL, TTL) is False
+    assert not service.renew(db, "j", "a", fence, NOW + TTL, TTL)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
 
 
 def test_expired_lease_is_never_revived(db: str) -> None:
     fence = claimed(db)
     # nobody else claimed: the row still names "a" and its fence, but the lease is over
-    assert service.renew(db, "j", "a", fence, NOW + TTL + 1, TTL) is False
+    assert not service.renew(db, "j", "a", fence, NOW + TTL + 1, TTL)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
-    assert service.complete(db, "j", "a", fence, NOW + TTL + 1, "late") is False
+    assert not service.complete(db, "j", "a", fence, NOW + TTL + 1, "late")
     assert service.claim(db, "j", "b", NOW + TTL + 1, TTL) == fence + 1
 
 
 def test_renew_of_missing_job_is_refused(db: str) -> None:
-    assert service.renew(db, "missing", "a", 1, NOW, TTL) is False
+    assert not service.renew(db, "missing", "a", 1, NOW, TTL)
     assert service.state(db, "missing") is None
 
 
@@ -432,10 +432,10 @@ def test_late_worker_cannot_overwrite_result(db: str) -> None:
     assert fence_b == fence_a + 1
     assert service.complete(db, "j", "B", fence_b, NOW + TTL + 6, "B's result") is True
     # A wakes up late, still believing it holds the job
-    assert service.complete(db, "j", "A", fence_a, NOW + TTL + 7, "A's stale result") is False
-    assert service.complete(db, "j", "A", fence_a, NOW + 1, "A with an old clock") is False
-    assert service.renew(db, "j", "A", fence_a, NOW + 1, TTL) is False
-    assert service.release(db, "j", "A", fence_a) is False
+    assert not service.complete(db, "j", "A", fence_a, NOW + TTL + 7, "A's stale result")
+    assert not service.complete(db, "j", "A", fence_a, NOW + 1, "A with an old clock")
+    assert not service.renew(db, "j", "A", fence_a, NOW + 1, TTL)
+    assert not service.release(db, "j", "A", fence_a)
     assert service.state(db, "j") == row("j", "B", NOW + 2 * TTL + 5, fence_b, "B's result", 1)
 
 
@@ -443,42 +443,42 @@ def test_late_worker_cannot_complete_before_newer_worker_finishes(db: str) -> No
     service.enqueue(db, "j")
     fence_a = service.claim(db, "j", "A", NOW, TTL)
     fence_b = service.claim(db, "j", "B", NOW + TTL, TTL)
-    assert service.complete(db, "j", "A", fence_a, NOW + TTL + 1, "stale") is False
+    assert not service.complete(db, "j", "A", fence_a, NOW + TTL + 1, "stale")
     assert service.state(db, "j") == row("j", "B", NOW + 2 * TTL, fence_b, None, 0)
     assert service.complete(db, "j", "B", fence_b, NOW + TTL + 2, "fresh") is True
 
 
 def test_complete_at_until_boundary_is_refused(db: str) -> None:
     fence = claimed(db)
-    assert service.complete(db, "j", "a", fence, NOW + TTL, "r") is False
+    assert not service.complete(db, "j", "a", fence, NOW + TTL, "r")
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
 
 
 def test_complete_with_wrong_owner_or_fence_leaves_result_untouched(db: str) -> None:
     fence = claimed(db)
-    assert service.complete(db, "j", "b", fence, NOW + 1, "x") is False
-    assert service.complete(db, "j", "a", fence + 1, NOW + 1, "x") is False
-    assert service.complete(db, "j", "a", fence - 1, NOW + 1, "x") is False
+    assert not service.complete(db, "j", "b", fence, NOW + 1, "x")
+    assert not service.complete(db, "j", "a", fence + 1, NOW + 1, "x")
+    assert not service.complete(db, "j", "a", fence - 1, NOW + 1, "x")
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
 
 
 def test_complete_twice_is_refused_and_keeps_first_result(db: str) -> None:
     fence = claimed(db)
     assert service.complete(db, "j", "a", fence, NOW + 1, "first") is True
-    assert service.complete(db, "j", "a", fence, NOW + 2, "second") is False
-    assert service.complete(db, "j", "a", fence, NOW + 2, None) is False
+    assert not service.complete(db, "j", "a", fence, NOW + 2, "second")
+    assert not service.complete(db, "j", "a", fence, NOW + 2, None)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, "first", 1)
 
 
 def test_complete_after_release_is_refused(db: str) -> None:
     fence = claimed(db)
     assert service.release(db, "j", "a", fence)
-    assert service.complete(db, "j", "a", fence, NOW + 1, "r") is False
+    assert not service.complete(db, "j", "a", fence, NOW + 1, "r")
     assert service.state(db, "j") == row("j", None, 0.0, fence, None, 0)
 
 
 def test_complete_of_missing_job_is_refused(db: str) -> None:
-    assert service.complete(db, "missing", "a", 1, NOW, "r") is False
+    assert not service.complete(db, "missing", "a", 1, NOW, "r")
     assert service.state(db, "missing") is None
 
 
@@ -501,30 +501,30 @@ def test_release_keeps_fence(db: str) -> None:
 
 def test_release_with_wrong_owner_or_fence_is_refused(db: str) -> None:
     fence = claimed(db)
-    assert service.release(db, "j", "b", fence) is False
-    assert service.release(db, "j", "a", fence + 1) is False
-    assert service.release(db, "j", "a", 0) is False
+    assert not service.release(db, "j", "b", fence)
+    assert not service.release(db, "j", "a", fence + 1)
+    assert not service.release(db, "j", "a", 0)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, None, 0)
 
 
 def test_release_of_done_job_is_refused(db: str) -> None:
     fence = claimed(db)
     assert service.complete(db, "j", "a", fence, NOW + 1, "r")
-    assert service.release(db, "j", "a", fence) is False
+    assert not service.release(db, "j", "a", fence)
     assert service.state(db, "j") == row("j", "a", NOW + TTL, fence, "r", 1)
 
 
 def test_release_twice_is_refused(db: str) -> None:
     fence = claimed(db)
     assert service.release(db, "j", "a", fence) is True
-    assert service.release(db, "j", "a", fence) is False
+    assert not service.release(db, "j", "a", fence)
     assert service.state(db, "j") == row("j", None, 0.0, fence, None, 0)
 
 
 def test_release_of_unclaimed_or_missing_job_is_refused(db: str) -> None:
     service.enqueue(db, "j")
-    assert service.release(db, "j", "a", 0) is False
-    assert service.release(db, "missing", "a", 1) is False
+    assert not service.release(db, "j", "a", 0)
+    assert not service.release(db, "missing", "a", 1)
     assert service.state(db, "j") == row("j", None, 0.0, 0, None, 0)
 
 

@@ -35,8 +35,8 @@ def test_database_clock_ignores_a_skewed_caller(store: JobStore) -> None:
     fresh = store.claim("j", "b", ttl=60.0)
     assert fresh is not None and fresh.fence == stale.fence + 1
     # and the skewed worker's writes are refused by the database's clock too
-    assert store.complete(stale, "late") is False
-    assert store.renew(stale, ttl=60.0) is None
+    assert not store.complete(stale, "late")
+    assert not store.renew(stale, ttl=60.0)
     assert store.complete(fresh, "ok") is True
     assert store.state("j").result == "ok"  # type: ignore[union-attr]
 
@@ -55,7 +55,7 @@ def test_database_clock_renew_extends_and_complete_accepts(store: JobStore) -> N
     lease = store.claim("j", "a", ttl=30.0)
     assert lease is not None and lease.until is not None
     renewed = store.renew(lease, ttl=600.0)
-    assert renewed is not None and renewed.until is not None
+    assert isinstance(renewed, Lease) and renewed.until is not None
     assert renewed.until > lease.until + 500.0
     assert renewed.fence == lease.fence
     assert store.state("j").until == pytest.approx(renewed.until)  # type: ignore[union-attr]
@@ -69,7 +69,7 @@ def test_database_clock_expiry_is_real_time(store: JobStore) -> None:
     assert store.claim("j", "b", ttl=5.0) is None
     time.sleep(0.5)
     # the server's clock moved past until: the old holder is out, a new claim is in
-    assert store.complete(lease, "late") is False
+    assert not store.complete(lease, "late")
     assert store.claim("j", "b", ttl=5.0) is not None
 
 

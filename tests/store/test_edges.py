@@ -401,7 +401,7 @@ def test_mariadb_claim_next_judges_its_rows_at_the_instant_its_pick_read(
             lease.until,
         )
         assert lease.until >= now + 30.0 - 1.0  # the pick's instant, not the stepped clock's
-    assert store.complete(expired, "late") is False  # the old token is stale
+    assert not store.complete(expired, "late")  # the old token is stale
 
 
 @pytest.mark.backend("mariadb", "mysql")
@@ -426,7 +426,7 @@ def test_mariadb_claim_next_never_returns_a_row_its_update_did_not_claim(
     assert [(lease.job_id, lease.fence) for lease in got] == [("new", 1)]
     state = store.state("old")
     assert state is not None and (state.owner, state.fence) == ("w", 1)  # not claimed
-    assert store.complete(expired, "late") is False
+    assert not store.complete(expired, "late")
 
 
 def test_claim_next_returns_what_it_claimed_on_every_backend(store: JobStore) -> None:

@@ -59,8 +59,8 @@ def test_fence_survives_service_restart(db: str) -> None:
     service._stores.clear()
     assert service.claim(db, "j", "a", 1.0 + TTL, TTL) == 3
     # the tokens of generations before the restarts are dead
-    assert service.complete(db, "j", "a", 1, 2.0 + TTL, "stale") is False
-    assert service.complete(db, "j", "a", 2, 2.0 + TTL, "stale") is False
+    assert not service.complete(db, "j", "a", 1, 2.0 + TTL, "stale")
+    assert not service.complete(db, "j", "a", 2, 2.0 + TTL, "stale")
     assert service.complete(db, "j", "a", 3, 2.0 + TTL, "fresh") is True
 
 
@@ -78,8 +78,8 @@ def test_fence_survives_a_new_store_on_a_new_engine(store: JobStore, target: str
         assert fresh.enqueue("j", ready_at=0.0) is False
         second = fresh.claim("j", "a", now=TTL, ttl=TTL)
         assert second == Lease("j", "a", first.fence + 1, 2 * TTL)
-        assert fresh.complete(first, "stale", now=TTL + 1) is False
-        assert fresh.release(first) is False
+        assert not fresh.complete(first, "stale", now=TTL + 1)
+        assert not fresh.release(first)
     finally:
         fresh.engine.dispose()
         engine.dispose()
@@ -127,24 +127,24 @@ def test_stale_fence_can_never_act_after_a_newer_generation_exists(store: JobSto
 
     for old in stale:
         # a live clock for the current lease: only the fence can refuse these
-        assert store.renew(old, now=now + 1, ttl=TTL) is None
-        assert store.complete(old, "stale", now=now + 1) is False
-        assert store.release(old) is False
+        assert not store.renew(old, now=now + 1, ttl=TTL)
+        assert not store.complete(old, "stale", now=now + 1)
+        assert not store.release(old)
     assert store.state("j") == before
 
     # still refused once the current lease is released or done
     assert store.release(current) is True
     for old in stale:
-        assert store.renew(old, now=now + 2, ttl=TTL) is None
-        assert store.complete(old, "stale", now=now + 2) is False
-        assert store.release(old) is False
+        assert not store.renew(old, now=now + 2, ttl=TTL)
+        assert not store.complete(old, "stale", now=now + 2)
+        assert not store.release(old)
     newest = store.claim("j", "w", now=now + 2, ttl=TTL)
     assert newest is not None
     assert newest.fence == generations + 2
     assert store.complete(newest, "fresh", now=now + 3) is True
     for old in [*stale, current]:
-        assert store.complete(old, "stale", now=now + 3) is False
-        assert store.release(old) is False
+        assert not store.complete(old, "stale", now=now + 3)
+        assert not store.release(old)
     assert store.state("j") == JobState("j", "w", now + 2 + TTL, generations + 2, "fresh", True)
 
 
@@ -153,9 +153,9 @@ def test_stale_fence_through_the_service_cannot_renew_complete_or_release(db: st
     old = service.claim(db, "j", "w", 0.0, TTL)
     new = service.claim(db, "j", "w", TTL, TTL)
     assert (old, new) == (1, 2)
-    assert service.renew(db, "j", "w", old, TTL + 1, TTL) is False
-    assert service.complete(db, "j", "w", old, TTL + 1, "stale") is False
-    assert service.release(db, "j", "w", old) is False
+    assert not service.renew(db, "j", "w", old, TTL + 1, TTL)
+    assert not service.complete(db, "j", "w", old, TTL + 1, "stale")
+    assert not service.release(db, "j", "w", old)
     assert service.state(db, "j") == {
         "id": "j",
         "owner": "w",
@@ -174,7 +174,7 @@ def test_fence_is_per_job(store: JobStore) -> None:
     lease_b = store.claim("b", "w", now=0.0, ttl=TTL)
     assert lease_b == Lease("b", "w", 1, TTL)
     # a fence from another job is not a token for this one
-    assert store.complete(Lease("a", "w", 1), "x", now=1.0) is False
+    assert not store.complete(Lease("a", "w", 1), "x", now=1.0)
     assert store.complete(lease_b, "b done", now=1.0) is True
     state_a = store.state("a")
     assert state_a is not None
@@ -252,7 +252,7 @@ def test_random_histories_never_reuse_a_fence_and_match_the_contract(
             now += step
             token = handed_out[index % len(handed_out)]
             expected = model.holds(token, now)
-            assert (store.renew(token, now=now, ttl=ttl) is not None) == expected
+            assert bool(store.renew(token, now=now, ttl=ttl)) == expected
             if expected:
                 model.until = now + ttl
         elif kind == "complete" and handed_out:
@@ -260,13 +260,13 @@ def test_random_histories_never_reuse_a_fence_and_match_the_contract(
             now += step
             token = handed_out[index % len(handed_out)]
             expected = model.holds(token, now)
-            assert store.complete(token, result, now=now) is expected
+            assert bool(store.complete(token, result, now=now)) is expected
             if expected:
                 model.result, model.done = result, True
         elif kind == "release" and handed_out:
             token = handed_out[action[1] % len(handed_out)]
             expected = model.holds(token, None)
-            assert store.release(token) is expected
+            assert bool(store.release(token)) is expected
             if expected:
                 model.owner, model.until = None, 0.0
         elif kind == "enqueue":

@@ -127,7 +127,7 @@ def cycles(store: JobStore, prefix: str, threads: int, per_thread: int) -> list[
                 store.enqueue(job, ready_at=0.0)
                 lease = store.claim(job, f"w{n}", now=T0, ttl=TTL)
                 assert lease is not None
-                assert store.renew(lease, now=T0 + 1, ttl=TTL) is not None
+                assert isinstance(store.renew(lease, now=T0 + 1, ttl=TTL), Lease)
                 assert store.complete(lease, "ok", now=T0 + 2)
                 assert store.state(job) is not None
                 done.append(lease)
@@ -405,7 +405,7 @@ def test_opentelemetry_spans_for_claims_and_completions(made: Callable[..., Engi
     try:
         leases = store.claim_next("w", ttl=TTL)
         assert leases
-        assert store.complete_many([(lease, "ok") for lease in leases]) == [True]
+        assert [bool(v) for v in store.complete_many([(lease, "ok") for lease in leases])] == [True]
     finally:
         instrumentor.uninstrument()
     spans = exporter.get_finished_spans()
@@ -784,8 +784,8 @@ def test_every_operation_takes_a_session(app: sessionmaker[Session], store: JobS
         lease = store.claim("s", "w", now=T0, ttl=TTL, conn=session)
         assert lease is not None
         assert store.state("s", conn=session) == fencing.JobState("s", "w", T0 + TTL, 1, None, False)
-        assert store.renew(lease, now=T0 + 1, ttl=TTL, conn=session) is not None
-        assert store.complete_many([(lease, "r")], now=T0 + 2, conn=session) == [True]
+        assert isinstance(store.renew(lease, now=T0 + 1, ttl=TTL, conn=session), Lease)
+        assert [bool(v) for v in store.complete_many([(lease, "r")], now=T0 + 2, conn=session)] == [True]
         session.rollback()  # and everything goes with the session's transaction
     assert store.state("s") is None
 

@@ -309,7 +309,7 @@ def test_sql_metacharacters_are_just_data(seeded: str, engine: Engine, value: st
     after = snapshot(engine)
     assert [row for row in after if row[0] != value] == before
     # the injected-looking owner holds no other job
-    assert service.complete(seeded, "job", value, 1, 110.0, "x") is False
+    assert not service.complete(seeded, "job", value, 1, 110.0, "x")
     assert service.state(seeded, "job")["result"] is None
 
 
@@ -323,8 +323,8 @@ def test_nul_bytes_inside_ids_owners_and_results_are_data(db: str) -> None:
     fence = service.claim(db, "a", "w\x00x", 10.0, 5.0)
     assert fence == 1
     # "w" is not "w\x00x": the owner is compared whole
-    assert service.complete(db, "a", "w", fence, 11.0, "x") is False
-    assert service.release(db, "a", "w\x00", fence) is False
+    assert not service.complete(db, "a", "w", fence, 11.0, "x")
+    assert not service.release(db, "a", "w\x00", fence)
     assert service.state(db, "a\x00b")["result"] == "r\x00s"
 
 
@@ -367,7 +367,7 @@ def test_ids_differing_only_in_case_normalisation_or_trailing_space_are_distinct
     fence = service.claim(db, "a", "owner", 10.0, 5.0)
     assert fence == 1
     for other in ("Owner", "owner ", "OWNER"):
-        assert service.complete(db, "a", other, fence, 11.0, "x") is False
+        assert not service.complete(db, "a", other, fence, 11.0, "x")
     assert service.complete(db, "a", "owner", fence, 11.0, "x") is True
     assert [service.state(db, j)["done"] for j in ids] == [1, 0, 0, 0, 0, 0, 0]
 
@@ -437,7 +437,7 @@ def test_a_different_owner_string_never_matches(store: JobStore, engine: Engine,
     lease = store.claim("j", owner, now=1.0, ttl=1.0)
     assert lease is not None
     intruder = Lease("j", other, lease.fence)
-    assert store.renew(intruder, now=1.5, ttl=1.0) is None
-    assert store.complete(intruder, "x", now=1.5) is False
-    assert store.release(intruder) is False
+    assert not store.renew(intruder, now=1.5, ttl=1.0)
+    assert not store.complete(intruder, "x", now=1.5)
+    assert not store.release(intruder)
     assert store.state("j") == JobState("j", owner, 2.0, 1, None, False)

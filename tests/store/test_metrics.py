@@ -78,7 +78,7 @@ def test_a_lease_is_timed_from_its_claim_to_its_complete_or_release(store: Any) 
     # a renewal keeps the lease: it is timed once, when it ends
     [third] = store.claim_next("w", ttl=TTL, now=102.0)
     renewed = store.renew(third, ttl=TTL, now=103.0)
-    assert renewed is not None
+    assert isinstance(renewed, Lease)
     assert store.complete(renewed, "r", now=104.0)
     assert store.metrics.timings()["complete.held"].count == 2
 

@@ -33,7 +33,7 @@ from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 import fencing
 import fencing.asyncio
 import service
-from fencing import JobStore, Lease
+from fencing import REASONS, JobStore, Lease, Refusal
 from fencing.asyncio import AsyncJobStore
 from tests import asyncfront
 from tests.model import Model
@@ -318,20 +318,21 @@ class StoreMachine(ContractMachine):
         renewed = self._call(
             tx, token[0], lambda conn: self.store.renew(lease, now=self.now, ttl=ttl, conn=conn)
         )
-        if renewed is None:
+        if not renewed:
+            assert isinstance(renewed, Refusal) and renewed.reason in REASONS
             return False
         assert renewed == Lease(*token, until=self.now + ttl)
         return True
 
     def do_complete(self, token: Token, result: str | None, tx: str) -> bool:
         lease = Lease(*token)
-        return self._call(
-            tx, token[0], lambda conn: self.store.complete(lease, result, now=self.now, conn=conn)
+        return bool(
+            self._call(tx, token[0], lambda conn: self.store.complete(lease, result, now=self.now, conn=conn))
         )
 
     def do_release(self, token: Token, tx: str) -> bool:
         lease = Lease(*token)
-        return self._call(tx, token[0], lambda conn: self.store.release(lease, conn=conn))
+        return bool(self._call(tx, token[0], lambda conn: self.store.release(lease, conn=conn)))
 
     def do_claim_many(self, job: str, owners: list[str], ttl: float) -> list[int | None]:
         leases = self.store.claim_many(job, owners, now=self.now, ttl=ttl)
@@ -356,7 +357,9 @@ class StoreMachine(ContractMachine):
     ) -> Any:
         with self.engine.begin() as conn:
             lease = self.store.claim(job, owner, now=self.now, ttl=ttl, conn=conn)
-            completed = lease is not None and self.store.complete(lease, result, now=self.now, conn=conn)
+            completed = lease is not None and bool(
+                self.store.complete(lease, result, now=self.now, conn=conn)
+            )
         fence = self.model.claim(job, owner, self.now, ttl)
         assert (None if lease is None else lease.fence) == fence
         assert completed == (fence is not None and self.model.complete(job, owner, fence, self.now, result))

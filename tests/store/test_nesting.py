@@ -214,7 +214,7 @@ def test_a_block_nested_on_the_outer_blocks_connection_joins_its_transaction(
                 conn.execute(insert(results).values(n=2))
             with store.fenced(other, conn=conn, complete=True, result="by the nested block"):
                 conn.execute(insert(results).values(n=3))
-            assert store.complete(other, "late", conn=conn) is False  # done in this transaction
+            assert not store.complete(other, "late", conn=conn)  # done in this transaction
 
     within(WATCHDOG, scenario)
     # everything committed with the outer block, once
@@ -404,7 +404,7 @@ def test_the_stores_own_units_retry_a_serialization_failure_at_commit(serializab
                 leases = store.claim_next(name, ttl=30.0, limit=2)
                 if not leases:
                     return
-                done.append(sum(store.complete_many([(lease, name) for lease in leases])))
+                done.append(sum(map(bool, store.complete_many([(lease, name) for lease in leases]))))
         except BaseException as exc:
             errors.append(exc)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from fencing import FenceMarks, JobStore, Lease, LeaseLost
-from fencing._runtime.refusals import REASONS
+from fencing._runtime.refusals import REASONS, Refusal
 
 pytestmark = pytest.mark.dialect
 
@@ -126,7 +126,9 @@ def test_a_refused_write_logs_its_reason_once_and_counts_it(
     before = store.state(lease.job_id)
     answer = WRITES[write](store, lease, at)
 
-    assert answer in (False, None, [False])
+    [refused] = answer if isinstance(answer, list) else [answer]  # what the caller is told
+    assert isinstance(refused, Refusal) and not refused
+    assert (refused.reason, refused.holder, refused.current_fence) == (reason, holder, fence)
     assert store.state(lease.job_id) == before  # refused: nothing changed
     [record] = refusals()
     assert record == {
@@ -158,10 +160,10 @@ def test_accepted_writes_log_nothing_and_are_counted(
 ) -> None:
     lease = claimed(store)
     renewed = store.renew(lease, ttl=TTL, now=105.0)
-    assert renewed is not None
+    assert isinstance(renewed, Lease)
     assert store.release(renewed, now=106.0)
     [second] = store.claim_next("b", ttl=TTL, now=107.0)
-    assert store.complete_many([(second, "r")], now=108.0) == [True]
+    assert [bool(v) for v in store.complete_many([(second, "r")], now=108.0)] == [True]
     assert store.claim("job", "c", ttl=TTL, now=109.0) is None  # done: nothing to claim
     assert refusals() == []
     counts = store.metrics.snapshot()
@@ -179,7 +181,7 @@ def test_complete_many_reports_each_refused_item_and_counts_the_accepted(
     forged = Lease("live", "a", 7, live.until)  # a fence never handed out
     answer = store.complete_many([(live, "r"), (stale, "late"), (forged, "x"), (live, "again")], now=201.0)
     # live's lease ran out at 110: only the write at its own time would have been accepted
-    assert answer == [False, False, False, False]
+    assert [bool(v) for v in answer] == [False, False, False, False]
     assert [(r["job_id"], r["fence"], r["reason"]) for r in refusals()] == [
         ("live", 1, "expired"),
         ("job", 1, "stale fence"),
@@ -188,7 +190,7 @@ def test_complete_many_reports_each_refused_item_and_counts_the_accepted(
     ]
     refusals_before = len(refusals())
     again = claimed(store, "again", now=300.0)
-    assert store.complete_many([(again, "r"), (stale, "late")], now=301.0) == [True, False]
+    assert [bool(v) for v in store.complete_many([(again, "r"), (stale, "late")], now=301.0)] == [True, False]
     assert len(refusals()) == refusals_before + 1
     assert store.metrics.snapshot()["complete_many.accepted"] == 1
 
@@ -269,8 +271,8 @@ def test_a_fence_no_claim_hands_out_is_refused_unread_as_stale(
     lease = claimed(store)
     forged = Lease("job", "a", fence, lease.until)
     assert not store.complete(forged, "x", now=101.0)
-    assert store.renew(forged, ttl=TTL, now=101.0) is None
-    assert store.complete_many([(forged, "x")], now=101.0) == [False]
+    assert not store.renew(forged, ttl=TTL, now=101.0)
+    assert [bool(v) for v in store.complete_many([(forged, "x")], now=101.0)] == [False]
     with pytest.raises(LeaseLost), store.fenced(forged, now=101.0):
         pytest.fail("the block must not run")
     assert [(r["path"], r["reason"], r["holder"]) for r in refusals()] == [

@@ -110,7 +110,7 @@ def test_a_poisoned_job_requeued_gets_its_attempts_back_and_its_fence_goes_on(st
     assert [j.job_id for j in store.poisoned(2, now=now)] == ["a"]
     # every token handed out before is stale, the last one's lease run out
     for lease in leases + again:
-        assert store.complete(lease, "late", now=now) is False
+        assert not store.complete(lease, "late", now=now)
     state = store.state("a")
     assert state is not None and (state.fence, state.done, state.result) == (4, False, None)
     # without max_attempts the job was always claimable
@@ -145,9 +145,9 @@ def test_a_held_done_deleted_or_missing_job_is_not_requeued(store: JobStore) -> 
     assert {j: store.state(j) for j in ("held", "done")} == before
     assert bases(store) == {}
     # the holder's lease is untouched; once it runs out (until == now) the job can be requeued
-    assert store.renew(held, ttl=TTL, now=20.0) is not None
+    assert isinstance(store.renew(held, ttl=TTL, now=20.0), Lease)
     assert store.requeue("held", now=50.0) is True
-    assert store.complete(held, "late", now=50.0) is False
+    assert not store.complete(held, "late", now=50.0)
 
 
 def test_the_last_fence_is_never_handed_out_by_a_requeued_claim(store: JobStore) -> None:
@@ -374,7 +374,7 @@ def test_requeue_and_max_attempts_follow_the_model(store: JobStore) -> None:
                 assert store.revoke(job) == model.revoke(job)
             elif job in leases:
                 lease = leases[job]
-                assert store.complete(lease, "r", now=now) == model.complete(
+                assert bool(store.complete(lease, "r", now=now)) == model.complete(
                     job, lease.owner, lease.fence, now
                 )
             for name, row in model.rows.items():

@@ -51,7 +51,7 @@ def test_a_stale_completion_is_refused_and_the_claim_still_happens(store: JobSto
     current = store.claim("a", "new", ttl=TTL, now=NOW + 5)  # the old lease expired: taken over
     assert current is not None
     accepted, leases = store.complete_and_claim_next([(stale, "late")], "old", ttl=TTL, now=NOW + 6)
-    assert accepted == [False]
+    assert [bool(v) for v in accepted] == [False]
     assert [lease.job_id for lease in leases] == ["b"]
     state = store.state("a")
     assert state is not None and (state.owner, state.fence, state.result, state.done) == (

@@ -113,9 +113,9 @@ def test_renew_returns_a_new_lease_with_new_until(store: JobStore) -> None:
 
 def test_renew_of_a_stale_or_expired_lease_returns_none(store: JobStore) -> None:
     lease = held(store)
-    assert store.renew(lease, now=NOW + TTL, ttl=TTL) is None
-    assert store.renew(dataclasses.replace(lease, fence=2), now=NOW + 1, ttl=TTL) is None
-    assert store.renew(dataclasses.replace(lease, owner="x"), now=NOW + 1, ttl=TTL) is None
+    assert not store.renew(lease, now=NOW + TTL, ttl=TTL)
+    assert not store.renew(dataclasses.replace(lease, fence=2), now=NOW + 1, ttl=TTL)
+    assert not store.renew(dataclasses.replace(lease, owner="x"), now=NOW + 1, ttl=TTL)
     assert store.state("j") == JobState("j", "w", NOW + TTL, 1, None, False)
 
 
@@ -148,11 +148,11 @@ def test_state_returns_job_state_with_typed_fields(store: JobStore) -> None:
 def test_complete_and_release_return_bool(store: JobStore) -> None:
     lease = held(store)
     assert store.release(lease) is True
-    assert store.release(lease) is False
+    assert not store.release(lease)
     lease = store.claim("j", "w", now=NOW, ttl=TTL)
     assert lease is not None
     assert store.complete(lease, "r", now=NOW + 1) is True
-    assert store.complete(lease, "r", now=NOW + 1) is False
+    assert not store.complete(lease, "r", now=NOW + 1)
 
 
 def test_claim_many_returns_leases_in_input_order(store: JobStore) -> None:
@@ -223,7 +223,7 @@ def test_exception_in_callers_block_rolls_back_our_write(
     def unit_of_work() -> None:
         with engine.begin() as conn:
             conn.execute(audit.insert().values(n=1, note="x"))
-            assert store.renew(lease, now=NOW + 1, ttl=1000.0, conn=conn) is not None
+            assert isinstance(store.renew(lease, now=NOW + 1, ttl=1000.0, conn=conn), Lease)
             assert store.release(lease, conn=conn) is True
             raise Boom
 

@@ -14,7 +14,7 @@ from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, inspect, 
 
 import fencing
 import service
-from fencing import ConfigurationError, InvalidArgument, JobStore, SchemaMismatch, jobs_table
+from fencing import ConfigurationError, InvalidArgument, JobStore, Lease, SchemaMismatch, jobs_table
 from fencing import configure_sqlite as configure
 from fencing import create_sqlite_engine as create_engine
 from fencing._runtime import sqlite as sqlite_glue
@@ -297,7 +297,7 @@ def test_create_table_is_idempotent_and_keeps_rows(store: JobStore, engine: Engi
 
     assert rows_of(engine, "jobs") == before
     assert schema_of(engine, "jobs") == schema_before
-    assert store.renew(lease, now=6.0, ttl=10.0) is not None
+    assert isinstance(store.renew(lease, now=6.0, ttl=10.0), Lease)
 
 
 def test_create_table_never_touches_other_tables(engine: Engine) -> None:

@@ -23,8 +23,8 @@ def test_until_round_trips_epoch_scale_values_exactly(store: JobStore, now: floa
     assert store.state("j").until == now + 0.000001  # type: ignore[union-attr]
     # the boundary is exact too: at until the lease is over, a hair before it is live
     just_before = (now + 0.000001) - 1e-9 if now < 1e6 else now
-    assert store.complete(lease, "x", now=now + 0.000001) is False
-    assert store.renew(lease, now=just_before, ttl=1.0) is not None
+    assert not store.complete(lease, "x", now=now + 0.000001)
+    assert isinstance(store.renew(lease, now=just_before, ttl=1.0), Lease)
 
 
 def test_fence_past_2_pow_31_keeps_increasing(store: JobStore) -> None:
@@ -67,8 +67,8 @@ def test_owner_compare_is_exact(store: JobStore) -> None:
     store.enqueue("j", ready_at=0.0)
     lease = store.claim("j", "Worker", now=0.0, ttl=5.0)
     assert lease is not None
-    assert store.complete(Lease("j", "worker", lease.fence), "x", now=1.0) is False
-    assert store.complete(Lease("j", "Worker ", lease.fence), "x", now=1.0) is False
+    assert not store.complete(Lease("j", "worker", lease.fence), "x", now=1.0)
+    assert not store.complete(Lease("j", "Worker ", lease.fence), "x", now=1.0)
     assert store.state("j").done is False  # type: ignore[union-attr]
 
 

@@ -217,7 +217,7 @@ def test_claim_next_reclaims_an_expired_lease_with_a_higher_fence(store: JobStor
     # until == now is expired
     second = claim_one(store, "b", ttl=10.0, now=T0 + 10.0)
     assert (second.job_id, second.owner, second.fence) == ("j", "b", 2)
-    assert store.complete(first, "late", now=T0 + 10.0) is False
+    assert not store.complete(first, "late", now=T0 + 10.0)
     assert store.complete(second, "ok", now=T0 + 10.0) is True
 
 
@@ -468,7 +468,7 @@ def test_complete_many_gives_a_verdict_per_item_in_input_order(store: JobStore) 
 
     verdicts = store.complete_many(list(zip(leases, results, strict=True)), now=T0 + 1.0)
 
-    assert verdicts == [True, True, False, True, True, True]
+    assert [bool(v) for v in verdicts] == [True, True, False, True, True, True]
     for job, result, ok in zip(jobs, results, verdicts, strict=True):
         if ok:
             row = state(store, job)
@@ -481,7 +481,10 @@ def test_complete_many_gives_a_verdict_per_item_in_input_order(store: JobStore) 
 def test_complete_many_completes_a_job_listed_twice_once(store: JobStore) -> None:
     store.enqueue("j", ready_at=0.0)
     lease = claimed(store, "j")
-    assert store.complete_many([(lease, "first"), (lease, "second")], now=T0) == [True, False]
+    assert [bool(v) for v in store.complete_many([(lease, "first"), (lease, "second")], now=T0)] == [
+        True,
+        False,
+    ]
     assert state(store, "j").result == "first"
 
 
@@ -491,7 +494,7 @@ def test_complete_many_refuses_expired_leases(store: JobStore) -> None:
     a = claimed(store, "a", now=T0, ttl=10.0)
     b = claimed(store, "b", now=T0 + 5.0, ttl=10.0)
     # at T0 + 10 the lease on "a" has just expired; "b" is live
-    assert store.complete_many([(a, "ra"), (b, "rb")], now=T0 + 10.0) == [False, True]
+    assert [bool(v) for v in store.complete_many([(a, "ra"), (b, "rb")], now=T0 + 10.0)] == [False, True]
     assert state(store, "a").done is False
     assert state(store, "b").result == "rb"
 
@@ -511,7 +514,7 @@ def test_complete_many_is_one_transaction(store: JobStore, engine: Engine) -> No
 
 
 def test_complete_many_with_nothing_returns_an_empty_list(store: JobStore) -> None:
-    assert store.complete_many([], now=T0) == []
+    assert [bool(v) for v in store.complete_many([], now=T0)] == []
 
 
 def test_complete_many_checks_every_item_before_writing_any(store: JobStore) -> None:
@@ -687,10 +690,10 @@ def test_revoke_makes_the_holders_token_stale_for_every_later_write(
     row = state(store, "j")
     assert (row.owner, row.until, row.fence, row.done) == (None, 0.0, lease.fence + 1, False)
     now = T0 + 1.0  # well inside the revoked lease's time
-    assert store.renew(lease, ttl=TTL, now=now) is None
-    assert store.complete(lease, "late", now=now) is False
-    assert store.complete_many([(lease, "late")], now=now) == [False]
-    assert store.release(lease) is False
+    assert not store.renew(lease, ttl=TTL, now=now)
+    assert not store.complete(lease, "late", now=now)
+    assert [bool(v) for v in store.complete_many([(lease, "late")], now=now)] == [False]
+    assert not store.release(lease)
     with pytest.raises(LeaseLost):
         write_invoice(store, lease, invoices, now=now)
     assert invoice_rows(engine, invoices) == []
@@ -756,8 +759,8 @@ def test_deleted_job_has_no_state_and_is_never_claimed(store: JobStore) -> None:
         assert store.claim(job, "w", now=T0 + 100.0, ttl=TTL) is None
     assert store.claim_next("w", ttl=TTL, now=T0 + 100.0, limit=10) == []
     # the holder of a deleted job can write nothing more
-    assert store.complete(held, "late", now=T0 + 1.0) is False
-    assert store.renew(held, ttl=TTL, now=T0 + 1.0) is None
+    assert not store.complete(held, "late", now=T0 + 1.0)
+    assert not store.renew(held, ttl=TTL, now=T0 + 1.0)
     with pytest.raises(LeaseLost), store.fenced(held, now=T0 + 1.0):
         pass  # the check at the start refuses
 
@@ -834,7 +837,7 @@ def test_release_with_delay_by_a_stale_lease_changes_nothing(store: JobStore) ->
     old = claimed(store, "j", now=T0, ttl=TTL)
     new = claimed(store, "j", "b", now=T0 + TTL, ttl=TTL)
     before = state(store, "j")
-    assert store.release(old, delay=100.0, now=T0 + TTL + 1.0) is False
+    assert not store.release(old, delay=100.0, now=T0 + TTL + 1.0)
     assert state(store, "j") == before
     assert store.complete(new, "ok", now=T0 + TTL + 1.0) is True
 
@@ -957,8 +960,8 @@ def test_claim_next_on_the_database_clock_reclaims_an_expired_lease(store: JobSt
     time.sleep(0.4)
     [second] = store.claim_next("b", ttl=30.0)
     assert second.fence == first.fence + 1
-    assert store.complete(first, "late") is False
-    assert store.complete_many([(first, "late"), (second, "ok")]) == [False, True]
+    assert not store.complete(first, "late")
+    assert [bool(v) for v in store.complete_many([(first, "late"), (second, "ok")])] == [False, True]
 
 
 def test_release_with_delay_on_the_database_clock(store: JobStore) -> None:

@@ -522,7 +522,8 @@ def test_a_release_is_no_replay_without_proof(two: TestClient, engine: Engine) -
         "/release", json={"lease": {"job_id": "fresh", "owner": "worker-a", "fence": 0}}, headers=AS_A
     )
     assert never.status_code == 409 and never.json()["reason"] == "stale fence"
-    assert (never.json()["holder"], never.json()["current_fence"]) == (None, 0)
+    # refused unread (no claim hands out fence 0): nothing is said of the row
+    assert (never.json()["holder"], never.json()["current_fence"]) == (None, None)
     store.enqueue("j", ready_at=0)
     a = store.claim("j", "worker-a", ttl=5, now=100.0)
     assert a is not None and store.requeue("j", now=200.0)  # a's lease had run out; an operator requeues
