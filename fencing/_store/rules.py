@@ -155,6 +155,8 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
         self._deadline = -math.inf  # nothing is vouched for before the first renewal
         self._released = False
         self._reason: str | None = None
+        #: the store's refusal that lost the lease, if a refused renewal did
+        self._refusal: Refusal | None = None
         self._error: BaseException | None = None
         self._failure: BaseException | None = None  # the last renewal error, while retrying
         self._completed = False  # the job was completed under this lease: nothing to keep
@@ -238,7 +240,14 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
     def check(self) -> None:
         """Raise :class:`LeaseLost` unless the lease is held (call it before anything irreversible)."""
         if not self.held:
-            raise LeaseLost(self._describe_loss())
+            raise self._lost_error()
+
+    def _lost_error(self) -> LeaseLost:
+        """The :class:`LeaseLost` of this loss: its ``reason`` the store's, where one refused."""
+        lost = LeaseLost(self._describe_loss())
+        with self._lock:
+            lost.reason = None if self._refusal is None else self._refusal.reason
+        return lost
 
     # -- what a fenced block tells (see JobStore.fenced) ----------------------------------------
 
@@ -285,9 +294,9 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             del blocked
             renewed = yield self._send_renewal(self._lease, self._now())
         if not renewed:
-            self._lose("the first renewal was refused (stale fence, done or expired)", None)
+            self._lose(f"the first renewal was refused ({_why(renewed)})", None, renewed)
             self._log_lost()
-            raise LeaseLost(self._describe_loss())
+            raise self._lost_error()
         self._accept(renewed, sent)
         if self._key is not None:
             holds.keep(self._key, job_id, self)
@@ -323,8 +332,8 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
                 next_at = min(time.monotonic() + self._interval / RETRIES_PER_INTERVAL, self.deadline)
                 continue
             if not renewed:
-                if not (yield from self._completed_here(lease)):
-                    self._lose("a renewal was refused (stale fence, done or expired)", None)
+                if not self._completed_here(lease, renewed):
+                    self._lose(f"a renewal was refused ({_why(renewed)})", None, renewed)
                 return
             if not self._accept(renewed, sent):
                 return
@@ -364,21 +373,19 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             yield Wait(min(time.monotonic() + HOLD_POLL, self.deadline), hold=True)
         return not self._stopping
 
-    def _completed_here(self, lease: Lease) -> Generator[Step, Any, bool]:
+    def _completed_here(self, lease: Lease, refused: object) -> bool:
         """Whether a refused renewal met the job completed under this very lease (by a
-        fenced block or ``complete`` the heartbeat was not stopped for): not a loss."""
-        state = getattr(self._store, "state", None)
-        if state is None:
-            return False
-        try:
-            row = yield Send(functools.partial(state, lease.job_id))
-        except FencingError:
-            return False
-        done = row is not None and row.done and (row.owner, row.fence) == (lease.owner, lease.fence)
+        fenced block or ``complete`` the heartbeat was not stopped for): not a loss. The
+        refusal says so (its row read in the renewal's transaction): nothing is read again."""
+        done = (
+            isinstance(refused, Refusal)
+            and refused.reason == "done"
+            and (refused.holder, refused.current_fence) == (lease.owner, lease.fence)
+        )
         if done:
             with self._lock:
                 self._completed = True
-        return bool(done)
+        return done
 
     def _send_renewal(self, lease: Lease, now: float | None) -> Send:
         return Send(functools.partial(self._store.renew, lease, ttl=self._ttl, now=now))
@@ -446,8 +453,10 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             self._failure = None
             return True
 
-    def _lose(self, reason: str, error: BaseException | None) -> None:
+    def _lose(self, reason: str, error: BaseException | None, refused: object = None) -> None:
         with self._lock:
+            if not self._gone and isinstance(refused, Refusal):
+                self._refusal = refused
             self._mark_lost_locked(reason, error)
 
     def _mark_lost_locked(self, reason: str, error: BaseException | None) -> None:
@@ -490,3 +499,11 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
 
 
 # -- on a thread ---------------------------------------------------------------------------------
+
+
+def _why(refused: object) -> str:
+    """A refused renewal's reason, as the store said it (a keeper that is not a store may say
+    only that it refused)."""
+    if isinstance(refused, Refusal):
+        return refused.reason
+    return "stale fence, done or expired"

@@ -223,6 +223,23 @@ def test_loss_is_reported_within_one_renewal_period(
     assert isinstance(LeaseLost("x"), FencingError)
 
 
+def test_a_refused_renewal_says_the_stores_own_reason(engine: Engine, spy: Spy) -> None:
+    """The loss says why the store refused the renewal (its Refusal), without reading again."""
+    ttl, interval = 0.6, 0.05
+    lease = claimed(spy.store, ttl)
+    with Heartbeat(spy, lease, ttl, interval=interval) as hb:
+        assert spy.store.delete(lease.job_id)
+        assert hb.lost.wait(interval + SLACK)
+        assert hb.reason == "a renewal was refused (deleted)"
+    with Heartbeat(spy, claimed(spy.store, ttl, job_id="k"), ttl, interval=interval) as hb:
+        revoke(engine, spy.store, "k")
+        assert hb.lost.wait(interval + SLACK)
+        assert hb.reason == "a renewal was refused (stale fence)"
+        with pytest.raises(LeaseLost) as lost:
+            hb.check()
+        assert lost.value.reason == "stale fence"
+
+
 def test_a_lost_lease_is_never_renewed_again(engine: Engine, spy: Spy) -> None:
     ttl, interval = 0.6, 0.05
     lease = claimed(spy.store, ttl)
