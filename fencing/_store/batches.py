@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from sqlalchemy.sql import Executable
 
@@ -28,6 +28,7 @@ from .._sql.values import JobState, Lease, Refusal
 from .context import JobsContext
 from .dialects import ARRAYS, EACH, LOCKING
 from .history import Outcome
+from .ops import Clock, Guard
 
 __all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
 
@@ -35,11 +36,23 @@ __all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
 _Completion = tuple[str, str, int, "str | None"]
 #: how a batch's completions are stored: a unit made of the statements, the clock, the batch
 #: and the positions to store, returning those accepted
-_StoredBy = Callable[
-    [Statements, dict[str, Any], list[_Completion], list[int]], Callable[[Executor], set[int]]
-]
+_StoredBy = Callable[[Statements, Clock, list[_Completion], list[int]], Callable[[Executor], set[int]]]
 #: result characters per batch statement: a statement stays far below MariaDB's packet limit
 COMPLETE_CHUNK_CHARS = 1 << 20
+
+
+class _Claim(NamedTuple):
+    """A claim of the next jobs, its arguments checked: its clock's statements, the owner,
+    how many jobs at most, the fence a job must be below (``max_attempts``), and the clock."""
+
+    s: Statements
+    owner: str
+    limit: int
+    max_fence: int
+    clock: Clock
+
+    def binds(self) -> dict[str, Any]:
+        return {"holder": self.owner, "limit": self.limit, "max_fence": self.max_fence, **self.clock.binds()}
 
 
 class WorkerBatches:
@@ -72,13 +85,13 @@ class WorkerBatches:
         """
         ctx = self._ctx
         outcome = ctx.outcome()
-        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
-        unit = self._claim_next_unit(s, params, outcome)
+        claim = self._claim(owner, ttl, now, limit, max_attempts)
+        unit = self._claim_next_unit(claim, outcome)
         started = time.perf_counter()
         # one UPDATE ... RETURNING (a batch's after the claim order is set: one round trip
         # still where the driver pipelines)
         leases = ctx.run_jobs(
-            unit, conn, outcome=outcome, single=ctx.plan.returning, prelude=self._claim_order(s, params)
+            unit, conn, outcome=outcome, single=ctx.plan.returning, prelude=self._claim_order(claim)
         )
         self._claimed(leases, max_attempts, started)
         return leases
@@ -89,37 +102,31 @@ class WorkerBatches:
         if max_attempts is not None and leases:
             events.last_attempts(leases, max_attempts)
 
-    def _claim_params(
-        self, owner: object, ttl: object, now: object, limit: object, max_attempts: object
-    ) -> tuple[Statements, dict[str, Any]]:
-        """A claim of the next jobs, its arguments checked: its clock's statements and its
-        bind parameters (``holder``, ``limit``, ``max_fence`` and the clock's)."""
+    def _claim(self, owner: object, ttl: object, now: object, limit: object, max_attempts: object) -> _Claim:
+        """A claim of the next jobs, its arguments checked."""
         ctx = self._ctx
         owner = ctx.job_key("owner", owner)
         limit = check_count("limit", limit)
         max_fence = FENCE_MAX if max_attempts is None else check_count("max_attempts", max_attempts)
         s, clock = ctx.clock(now, ttl)
-        return s, {"holder": owner, "limit": limit, "max_fence": max_fence, **clock}
+        return _Claim(s, owner, limit, max_fence, clock)
 
-    def _claim_order(self, s: Statements, params: dict[str, Any]) -> tuple[Executable, ...]:
-        """What a transaction of the store's own that claims ``params["limit"]`` jobs runs
-        first, so the pick walks the ready index in claim order (PostgreSQL, past one job)."""
-        if params["limit"] > 1 and self._ctx.plan.walks_claim_order:
-            return (s.walk_in_claim_order,)
+    def _claim_order(self, claim: _Claim) -> tuple[Executable, ...]:
+        """What a transaction of the store's own that claims more than one job runs first, so
+        the pick walks the ready index in claim order (PostgreSQL)."""
+        if claim.limit > 1 and self._ctx.plan.walks_claim_order:
+            return (claim.s.walk_in_claim_order,)
         return ()
 
-    def _claim_next_unit(
-        self, s: Statements, params: dict[str, Any], outcome: Outcome
-    ) -> Callable[[Executor], list[Lease]]:
-        """The unit of :meth:`claim_next` (``s`` and ``params`` from :meth:`_claim_params`),
-        its claims noted in ``outcome``."""
+    def _claim_next_unit(self, claim: _Claim, outcome: Outcome) -> Callable[[Executor], list[Lease]]:
+        """The unit of :meth:`claim_next`, its claims noted in ``outcome``."""
         ctx = self._ctx
-        owner: str = params["holder"]
+        s, owner, clock, params = claim.s, claim.owner, claim.clock, claim.binds()
 
         def returning(x: Executor) -> list[Lease]:
             rows = x.rows(s.claim_next_returning, params)
             leases = [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
-            outcome.leases("claim", leases, params)
+            outcome.leases("claim", leases, clock)
             return leases
 
         by_caller = ctx.by_caller
@@ -131,8 +138,11 @@ class WorkerBatches:
             picked = {job_id: int(fence) for job_id, fence, _ in rows}
             # the claim is stored at the instant the pick judged its rows ready (on the
             # database's clock: the pick's own reading), so its leases are known here
-            at = params["now"] if "now" in params else float(rows[0][2])
-            new_until = params["new_until"] if "now" in params else check_until(at, params["ttl"])
+            at, ttl, new_until = clock
+            if at is None or new_until is None:  # the database's clock, as the pick read it
+                assert ttl is not None  # a claim's clock always has its ttl
+                at = float(rows[0][2])
+                new_until = check_until(at, ttl)
             claim, read = by_caller.claim_ids(len(picked))
             ids = {f"id_{i}": job_id for i, job_id in enumerate(picked)}
             both = {**params, **ids, "now": at, "new_until": new_until}
@@ -147,7 +157,7 @@ class WorkerBatches:
                     for job_id, fence, until in x.rows(read, both)
                     if int(fence) == picked[job_id] + 1
                 ]
-            outcome.leases("claim", leases, params)
+            outcome.leases("claim", leases, clock)
             return leases
 
         return returning if ctx.plan.returning else picking
@@ -267,38 +277,39 @@ class WorkerBatches:
         _check_completions(completions)
         ctx = self._ctx
         outcome = ctx.outcome()
-        s, params = self._claim_params(owner, ttl, now, limit, max_attempts)
-        claim = self._claim_next_unit(s, params, outcome)
+        claim = self._claim(owner, ttl, now, limit, max_attempts)
+        claim_unit = self._claim_next_unit(claim, outcome)
         claimed: list[Lease] = []
         stored_by = None
         if ctx.plan.batch_completion == ARRAYS and ctx.plan.returning:
             # PostgreSQL: the completions and the claim in one statement, one round trip
-            stored_by = self._step_in_one(params, outcome, claimed)
+            stored_by = self._step_in_one(claim, outcome, claimed)
         size, complete, refused, single = self._completions_unit(completions, now, outcome, stored_by)
 
         def step(x: Executor) -> tuple[set[int], list[Lease]]:
             if complete is None:  # no completion can be accepted: the claim alone
-                return set(), claim(x)
+                return set(), claim_unit(x)
             accepted = complete(x)
-            return accepted, (list(claimed) if stored_by is not None else claim(x))
+            return accepted, (list(claimed) if stored_by is not None else claim_unit(x))
 
         # one statement: the step's own, or (nothing to complete) the claim's
         single = stored_by is not None and (single or complete is None)
         started = time.perf_counter()
-        prelude = self._claim_order(s, params)
+        prelude = self._claim_order(claim)
         accepted, leases = ctx.run_jobs(step, conn, outcome=outcome, single=single, prelude=prelude)
         self._claimed(leases, max_attempts, started)
         return self._judged(size, accepted, refused), leases
 
-    def _step_in_one(self, params: dict[str, Any], outcome: Outcome, claimed: list[Lease]) -> _StoredBy:
+    def _step_in_one(self, claim: _Claim, outcome: Outcome, claimed: list[Lease]) -> _StoredBy:
         """How a step stores its completions on PostgreSQL: in one statement with its claim
         (:meth:`Statements.step_arrays`), whose leases go to ``claimed`` (noted in ``outcome``).
         More completions than one chunk take the chunks first, the last with the claim."""
-        owner: str = params["holder"]
+        owner, params = claim.owner, claim.binds()
 
         def stored_by(
-            s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+            s: Statements, clock: Clock, batch: list[_Completion], todo: list[int]
         ) -> Callable[[Executor], set[int]]:
+            at = clock.binds()
             chunks = _chunks(batch, todo)
             first = s.complete_batch_arrays()
             both = s.step_arrays()
@@ -306,14 +317,14 @@ class WorkerBatches:
             def unit(x: Executor) -> set[int]:
                 accepted: set[int] = set()
                 for chunk in chunks[:-1]:
-                    rows = x.rows(first, {**_completion_arrays(batch, chunk), **clock})
+                    rows = x.rows(first, {**_completion_arrays(batch, chunk), **at})
                     accepted.update(int(row[0]) for row in rows)
-                rows = x.rows(both, {**_completion_arrays(batch, chunks[-1]), **clock, **params})
+                rows = x.rows(both, {**_completion_arrays(batch, chunks[-1]), **at, **params})
                 accepted.update(int(row[0]) for row in rows if row[0] is not None)
                 leases = [
                     Lease(row[1], owner, int(row[2]), float(row[3])) for row in rows if row[1] is not None
                 ]
-                outcome.leases("claim", leases, params)
+                outcome.leases("claim", leases, claim.clock)
                 claimed[:] = leases
                 return accepted
 
@@ -322,11 +333,12 @@ class WorkerBatches:
         return stored_by
 
     def _complete_many(
-        self, s: Statements, clock: dict[str, Any], batch: list[_Completion], todo: list[int]
+        self, s: Statements, clock: Clock, batch: list[_Completion], todo: list[int]
     ) -> Callable[[Executor], set[int]]:
         """The unit that stores the completions at positions ``todo``: the accepted ones, the
         way the dialect's plan says."""
         how = self._ctx.plan.batch_completion
+        at = clock.binds()
         # one completion (a worker's step): its guarded UPDATE alone, one statement where a
         # locking read and a joined UPDATE take two
         if how == EACH or (how == LOCKING and len(todo) == 1):
@@ -337,7 +349,7 @@ class WorkerBatches:
                 for i in todo:
                     job_id, owner, fence, result = batch[i]
                     params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result}
-                    if x.count(stmt, {**params, **clock}) == 1:
+                    if x.count(stmt, {**params, **at}) == 1:
                         accepted.add(i)
                 return accepted
 
@@ -350,7 +362,7 @@ class WorkerBatches:
             def returning(x: Executor) -> set[int]:
                 accepted: set[int] = set()
                 for chunk in chunks:
-                    rows = x.rows(stmt, {**_completion_arrays(batch, chunk), **clock})
+                    rows = x.rows(stmt, {**_completion_arrays(batch, chunk), **at})
                     accepted.update(int(row[0]) for row in rows)
                 return accepted
 
@@ -364,17 +376,17 @@ class WorkerBatches:
                 job_ids = list(dict.fromkeys(batch[i][0] for i in chunk))
                 size = batch_size(len(job_ids))
                 ids = {f"id_{k}": job_ids[k] if k < len(job_ids) else None for k in range(size)}
-                rows = x.rows(s.lock_live(size), {**ids, **clock})
+                rows = x.rows(s.lock_live(size), {**ids, **at})
                 # the rows stay locked until commit: what is current now is current at the UPDATE
                 live = {(job_id, owner, int(fence)) for job_id, owner, fence, ok, _ in rows if ok}
                 current = [i for i in chunk if batch[i][:3] in live]
                 if not current:
                     continue
                 size = batch_size(len(current))
-                at = clock["now"] if "now" in clock else float(rows[0][4])
+                judged_at = float(rows[0][4]) if clock.now is None else clock.now
                 stored = x.count(
                     by_caller.complete_batch_joined(size),
-                    {**_completion_params(batch, current, size), "now": at},
+                    {**_completion_params(batch, current, size), "now": judged_at},
                 )
                 if stored != len(current):
                     raise DatabaseError(
@@ -394,7 +406,7 @@ class WorkerBatches:
         the store's ``attempts`` table). Longest ready first."""
         ctx = self._ctx
         s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
-        params = {"max_fence": check_count("max_attempts", max_attempts), **clock}
+        params = {"max_fence": check_count("max_attempts", max_attempts), **clock.binds()}
         stmt = s.poisoned
         return ctx.run_jobs(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)
 
@@ -403,7 +415,7 @@ def _refusal(
     ctx: JobsContext,
     x: Executor,
     s: Statements,
-    clock: dict[str, Any],
+    clock: Clock,
     batch: list[_Completion],
     i: int,
     by: int | None,
@@ -418,7 +430,7 @@ def _refusal(
     if by is not None and i < by:
         holder, current = batch[by][1], batch[by][2]
         return judge("complete_many", job_id, owner, fence, (holder, current, 0, False))
-    return ctx.why(x, s, "complete_many", {"job_id": job_id, "holder": owner, "token": fence, **clock})
+    return ctx.why(x, s, "complete_many", Guard(job_id, owner, fence), clock)
 
 
 def _check_completions(completions: object) -> None:

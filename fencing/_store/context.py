@@ -47,6 +47,7 @@ from .._sql.values import Lease, Refusal
 from .background import Background
 from .dialects import DialectPlan, plan_for
 from .history import NO_OUTCOME, PRUNE_BATCH, History, Outcome, Recorder
+from .ops import DATABASE, Clock, Guard
 
 __all__ = ["Context", "JobsContext"]
 
@@ -232,7 +233,7 @@ class JobsContext(Context):
         #: refusals of blocks that joined a caller's transaction, written off its path in
         #: transactions of the store's own (:meth:`record_late`)
         self.late = Background(self.write_late, "history write")
-        self._late: collections.deque[tuple[Refusal, dict[str, Any]]] = collections.deque()
+        self._late: collections.deque[tuple[Refusal, Clock]] = collections.deque()
         #: the dialect's insert of a new job (the plan's upsert)
         self.enqueue = self.plan.enqueue(self.errors)
 
@@ -242,10 +243,11 @@ class JobsContext(Context):
         """A job id or owner: only a job id is bounded by the key column's bytes."""
         return self.key(name, value, limited=name == "job_id")
 
-    def lease(self, lease: object) -> tuple[str, str, int]:
+    def lease(self, lease: object) -> Guard:
+        """The guard ``lease`` presents, its fields checked."""
         if not isinstance(lease, Lease):
             raise InvalidArgumentType(f"lease must be a fencing.Lease, got {type(lease).__name__} {lease!r}")
-        return (
+        return Guard(
             self.job_key("job_id", lease.job_id),
             self.job_key("owner", lease.owner),
             check_fence(lease.fence),
@@ -253,22 +255,22 @@ class JobsContext(Context):
 
     def clock(
         self, now: object, ttl: object | None = None, *, name: str = "ttl", records: bool = True
-    ) -> tuple[Statements, dict[str, Any]]:
-        """The statements for whose clock ``now`` names, and its bind parameters. ``ttl`` (a
-        duration called ``name``) is at least DATABASE_CLOCK_MIN_TTL on the database's clock.
+    ) -> tuple[Statements, Clock]:
+        """The statements for whose clock ``now`` names, and that clock. ``ttl`` (a duration
+        called ``name``) is at least DATABASE_CLOCK_MIN_TTL on the database's clock.
         ``records``: the operation writes history (a write with the caller's ``now`` is refused
         when the history prunes on the database's clock)."""
         if records:
             self.recorded_on(now)
         if ttl is None:
-            return (self.by_database, {}) if now is None else (self.by_caller, {"now": check_now(now)})
+            return (self.by_database, DATABASE) if now is None else (self.by_caller, Clock(check_now(now)))
         ttl_s = check_ttl(ttl, name=name) if now is not None else check_database_ttl(ttl, name=name)
         if name == "ttl" and ttl_s < self.shortest_ttl:
             self.shortest_ttl = ttl_s  # a lease's length: what a long SQLite block is measured against
         if now is None:
-            return self.by_database, {"ttl": ttl_s}
+            return self.by_database, Clock(ttl=ttl_s)
         now_s = check_now(now)
-        return self.by_caller, {"now": now_s, "new_until": check_until(now_s, ttl_s)}
+        return self.by_caller, Clock(now_s, new_until=check_until(now_s, ttl_s))
 
     def recorded_on(self, now: object) -> None:
         """A write whose history row is on the caller's clock (``now`` given) is refused when
@@ -384,12 +386,12 @@ class JobsContext(Context):
         if pruned:
             logger.debug("pruned %d history rows", pruned, extra={"path": "prune", "rows": pruned})
 
-    def write_refusal(self, why: Refusal, clock: dict[str, Any]) -> None:
+    def write_refusal(self, why: Refusal, clock: Clock) -> None:
         """Record a refused fenced block in the history, in a transaction of the store's own."""
         recorder = self.require_recorder()
         self.run_jobs(lambda x: recorder.refusals(x, [why], clock), None)
 
-    def record_late(self, why: Refusal, clock: dict[str, Any]) -> None:
+    def record_late(self, why: Refusal, clock: Clock) -> None:
         """Record the refusal of a block that joined the caller's transaction, in a
         transaction of the store's own once it can (the caller's may hold the lock it needs,
         and may roll back): off the caller's path (:mod:`fencing._store.background`)."""
@@ -423,10 +425,10 @@ class JobsContext(Context):
 
     # -- accepted and refused writes -------------------------------------------------------
 
-    def why(self, x: Executor, s: Statements, path: str, params: dict[str, Any]) -> Refusal:
-        """The reason the guard refused the lease in ``params`` (its row, read now)."""
-        rows = x.rows(s.row_now, params)
-        return judge(path, params["job_id"], params["holder"], params["token"], rows[0] if rows else None)
+    def why(self, x: Executor, s: Statements, path: str, guard: Guard, clock: Clock) -> Refusal:
+        """The reason the guard refused ``guard`` on ``clock`` (its row, read now)."""
+        rows = x.rows(s.row_now, {**guard.binds(), **clock.binds()})
+        return judge(path, *guard, rows[0] if rows else None)
 
     def accepted(self, path: str, answer: T, lease: tuple[str, int] | None = None) -> T:
         """Count an accepted write on ``path``; ``lease``: the (job, fence) it ended, if any."""

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from sqlalchemy import Connection
 
@@ -23,11 +23,12 @@ from .._errors import ConfigurationError, DatabaseBusy, InvalidArgumentType, Lea
 from .._runtime import forks, holds
 from .._runtime.execution import BlockExecutor, CallerConnection, CoreExecutor, Executor, forked_away
 from .._runtime.refusals import never_current
-from .._sql.checks import check_until, fence_can_match
+from .._sql.checks import fence_can_match
 from .._sql.dberrors import is_transient, is_unavailable, sqlalchemy_error
 from .._sql.statements import LOST_AT_THE_END, Statements
 from .._sql.values import Lease
 from .context import JobsContext
+from .ops import Clock, Guard
 
 __all__ = ["LONG_BLOCK_FRACTION", "FencedBlocks"]
 
@@ -98,19 +99,18 @@ class FencedBlocks:
         """
         ctx = self._ctx
         entered = time.monotonic()
-        job_id, owner, fence = ctx.lease(lease)
+        guard = ctx.lease(lease)
         if not isinstance(complete, bool):
             kind = type(complete).__name__
             raise InvalidArgumentType(f"complete must be a bool, got {kind} {complete!r:.80}")
         s, clock = ctx.clock(now)
-        checked = ctx.result(result)
-        params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": checked, **clock}
+        op = _Fenced(guard, clock, ctx.result(result))
         if conn is not None:
-            with self._joined(conn, s, params, complete, entered) as yours:
+            with self._joined(conn, s, op, complete, entered) as yours:
                 yield yours
             return
         runner = ctx.runner
-        hold = self._take_hold(job_id, None)
+        hold = self._take_hold(guard.job_id, None)
         generation = forks.GENERATION[0]
         ours = True  # whether an error comes from the library's statements, not the block
         ending = False
@@ -122,13 +122,13 @@ class FencedBlocks:
                 # round trips around the block, not four (not with a history to write at the end)
                 ends = pipelined if ctx.recorder is None else None
                 x = CoreExecutor(own) if ends is None else ends
-                block = self._begin_block(x, s, params, joined=False)
+                block = self._begin_block(x, s, op, joined=False)
                 ours = False
                 yield own
                 if runner.forked_since(generation):
                     raise forked_away()
                 ours = ending = True  # the block ran: the end check, then COMMIT
-                self._finish(x, s, params, complete, block, entered, ends)
+                self._finish(x, s, op, complete, block, entered, ends)
             block.committed(complete)
             ctx.metrics.add("fenced.accepted")
         except LeaseLost as exc:
@@ -191,11 +191,11 @@ class FencedBlocks:
                 "block's connection) or run it after the outer block"
             ) from None
 
-    def _begin_block(self, x: Executor, s: Statements, params: dict[str, Any], *, joined: bool) -> _Block:
+    def _begin_block(self, x: Executor, s: Statements, op: _Fenced, *, joined: bool) -> _Block:
         """The first check of a fenced block: lock the lease's row, or raise LeaseLost. With
         heartbeats keeping the lease, extend it by their ``ttl`` in the same statement."""
         ctx = self._ctx
-        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
+        job_id, owner, fence = op.guard
         beats = [
             hb
             for hb in holds.beats(ctx.holds_key, job_id)
@@ -204,22 +204,18 @@ class FencedBlocks:
         sent = time.monotonic()
         renewed = None
         if beats and fence_can_match(fence):
-            until = self._extend(x, s, params, max(hb.ttl for hb in beats))
+            until = self._extend(x, s, op, max(hb.ttl for hb in beats))
             if until is None:
-                self._lost(x, s, "fenced", params, f"is not current{_AT_START}")
+                self._lost(x, s, "fenced", op, f"is not current{_AT_START}")
             renewed = Lease(job_id, owner, fence, until)
         else:
-            self._hold(x, s, params, _AT_START, joined=joined)
+            self._hold(x, s, op, _AT_START, joined=joined)
         return _Block(beats, renewed, sent)
 
-    def _extend(self, x: Executor, s: Statements, params: dict[str, Any], ttl: float) -> float | None:
+    def _extend(self, x: Executor, s: Statements, op: _Fenced, ttl: float) -> float | None:
         """Renew the lease in the block's transaction: its new ``until``, or ``None``."""
         ctx = self._ctx
-        p = dict(params)
-        if "now" in p:
-            p["new_until"] = check_until(p["now"], ttl)
-        else:
-            p["ttl"] = ttl
+        p = {**op.guard.binds(), **op.clock.lasting(ttl).binds()}
         if ctx.plan.returning:
             rows = x.rows(s.renew_returning, p)
             return float(rows[0][0]) if rows else None
@@ -229,7 +225,7 @@ class FencedBlocks:
 
     @contextmanager
     def _joined(
-        self, conn: CallerConnection, s: Statements, params: dict[str, Any], complete: bool, entered: float
+        self, conn: CallerConnection, s: Statements, op: _Fenced, complete: bool, entered: float
     ) -> Iterator[Any]:
         """:meth:`fenced` inside the caller's transaction, the block in a SAVEPOINT. The row
         stays held (:mod:`fencing._runtime.holds`) until the caller's transaction ends."""
@@ -237,9 +233,9 @@ class FencedBlocks:
         try:
             connection = ctx.runner.caller(conn, ctx.table)
             x = CoreExecutor(connection)
-            hold = self._take_hold(params["job_id"], connection)
+            hold = self._take_hold(op.guard.job_id, connection)
             try:
-                block = self._begin_block(x, s, params, joined=True)
+                block = self._begin_block(x, s, op, joined=True)
             except LeaseLost as lost:
                 self._record_lost(True, lost)
                 raise
@@ -262,7 +258,7 @@ class FencedBlocks:
         try:
             if session is not None:
                 session.flush()
-            self._finish(x, s, params, complete, block, entered)
+            self._finish(x, s, op, complete, block, entered)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 savepoint.rollback()
@@ -281,7 +277,7 @@ class FencedBlocks:
         self,
         x: Executor,
         s: Statements,
-        params: dict[str, Any],
+        op: _Fenced,
         when: str,
         *,
         joined: bool,
@@ -292,14 +288,14 @@ class FencedBlocks:
         the check is an ``UPDATE`` that takes the database's write lock with it."""
         ctx = self._ctx
         stmt = ctx.plan.hold_statement(s, joined=joined)
-        if not (fence_can_match(params["token"]) and x.rows(stmt, params)):
-            self._lost(x, s, path, params, f"is not current{when}")
+        if not (fence_can_match(op.guard.fence) and x.rows(stmt, op.binds())):
+            self._lost(x, s, path, op, f"is not current{when}")
 
     def _finish(
         self,
         x: Executor,
         s: Statements,
-        params: dict[str, Any],
+        op: _Fenced,
         complete: bool,
         block: _Block,
         entered: float,
@@ -313,12 +309,12 @@ class FencedBlocks:
         # first check gave the lease (a renewal, at the block's start), then the block itself
         outcome = ctx.outcome()
         if block.renewed is not None:
-            outcome.leases("renew", [block.renewed], params)
+            outcome.leases("renew", [block.renewed], op.clock)
         ended = time.monotonic()
-        if "now" in params:
-            params = {**params, "now": params["now"] + (ended - entered)}
+        op = op.later(ended - entered)
+        params = op.binds()
         if ctx.plan.locks_whole_database:
-            self._warn_if_long(params, ended - block.sent)
+            self._warn_if_long(op.guard, ended - block.sent)
         at_end = " at the end of the fenced block; rolled back"
         if ends is not None:
             if not ends.commit_unless_lost(
@@ -328,49 +324,48 @@ class FencedBlocks:
                     x,
                     s,
                     "fenced",
-                    params,
+                    op,
                     "was lost before completing" if complete else f"is not current{at_end}",
                 )
         elif not complete:
-            self._hold(x, s, params, at_end, joined=False)
+            self._hold(x, s, op, at_end, joined=False)
         elif x.count(s.complete, params) != 1:
-            self._lost(x, s, "fenced", params, "was lost before completing")
-        token = (params["job_id"], params["holder"], params["token"])
-        outcome.tokens("complete" if complete else "fenced", [token], params, path="fenced")
+            self._lost(x, s, "fenced", op, "was lost before completing")
+        outcome.tokens("complete" if complete else "fenced", [op.guard], op.clock, path="fenced")
         ctx.record(x, outcome)
 
-    def _lost(self, x: Executor, s: Statements, path: str, params: dict[str, Any], what: str) -> NoReturn:
+    def _lost(self, x: Executor, s: Statements, path: str, op: _Fenced, what: str) -> NoReturn:
         """Raise :class:`LeaseLost` for a fenced block (or a check), its reason logged first."""
         ctx = self._ctx
-        job, owner, token = params["job_id"], params["holder"], params["token"]
+        job, owner, token = op.guard
         if fence_can_match(token):
-            why = ctx.why(x, s, path, params)
+            why = ctx.why(x, s, path, op.guard, op.clock)
         else:
             why = never_current(path, job, owner, token)
         ctx.refused([why], None)
         lost = LeaseLost(f"lease on {job!r} (fence {token}) {what}")
         # the block's transaction is rolled back: its history row is written after that
         lost.reason = why.reason
-        lost._refusal = (why, {"now": params["now"]} if "now" in params else {})
+        lost._refusal = (why, op.clock)
         raise lost
 
-    def _warn_if_long(self, params: dict[str, Any], held: float) -> None:
+    def _warn_if_long(self, guard: Guard, held: float) -> None:
         """SQLite: say so when a fenced block kept every other writer waiting too long."""
         ctx = self._ctx
-        shortest = min([ctx.shortest_ttl, *(hb.ttl for hb in holds.beats(ctx.holds_key, params["job_id"]))])
+        shortest = min([ctx.shortest_ttl, *(hb.ttl for hb in holds.beats(ctx.holds_key, guard.job_id))])
         if held > LONG_BLOCK_FRACTION * shortest:
             logger.warning(
                 "a fenced block on job %r held SQLite's write lock for %.3f s, more than %.0f%% of "
                 "the shortest ttl seen (%.3f s): every other writer waited; do the slow work "
                 "before the block",
-                params["job_id"],
+                guard.job_id,
                 held,
                 100 * LONG_BLOCK_FRACTION,
                 shortest,
                 extra={
-                    "job_id": params["job_id"],
-                    "owner": params["holder"],
-                    "fence": params["token"],
+                    "job_id": guard.job_id,
+                    "owner": guard.owner,
+                    "fence": guard.fence,
                     "held_seconds": held,
                     "shortest_ttl": shortest,
                 },
@@ -390,28 +385,29 @@ class FencedBlocks:
         Without ``conn`` it only says whether the lease is current now.
         """
         ctx = self._ctx
-        job_id, owner, fence = ctx.lease(lease)
+        guard = ctx.lease(lease)
         s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
-        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
+        op = _Fenced(guard, clock)
         when = ""
         if conn is None:  # one locking read (then, if refused, its reason read): one round trip
             ctx.run_jobs(
-                lambda x: self._hold(x, s, params, when, joined=False, path="check"),
+                lambda x: self._hold(x, s, op, when, joined=False, path="check"),
                 None,
                 write=False,
-                job=job_id,
+                job=guard.job_id,
                 single=True,
             )
             return
 
         def unit(x: Executor) -> None:
-            self._hold(x, s, params, when, joined=True, path="check")
+            self._hold(x, s, op, when, joined=True, path="check")
 
         try:
             connection = ctx.runner.caller(conn, ctx.table)
         except ctx.errors as exc:
             ctx.fail(exc, ctx.table)
-        hold = self._take_hold(job_id, connection)  # the row stays locked until the caller's transaction ends
+        # the row stays locked until the caller's transaction ends
+        hold = self._take_hold(guard.job_id, connection)
         try:
             ctx.run_jobs(unit, connection)
         finally:
@@ -419,6 +415,22 @@ class FencedBlocks:
 
 
 _AT_START = " at the start of the fenced block; rolled back"
+
+
+class _Fenced(NamedTuple):
+    """A fenced block's (or a check's) arguments, checked: the lease's guard, the clock and
+    the result a completing block stores."""
+
+    guard: Guard
+    clock: Clock
+    result: str | None = None
+
+    def binds(self) -> dict[str, Any]:
+        return {**self.guard.binds(), **self.clock.binds(), "new_result": self.result}
+
+    def later(self, seconds: float) -> _Fenced:
+        """The same block, its (caller's) clock ``seconds`` on: the moment it ends."""
+        return self._replace(clock=self.clock.later(seconds))
 
 
 class _Block:

@@ -67,6 +67,7 @@ from .._sql.checks import check_new_table, check_time
 from .._sql.clock import database_now
 from .._sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE, as_text
 from .._sql.values import Lease
+from .ops import Clock
 
 __all__ = ["EVENTS", "PRUNE_BATCH", "History", "HistoryEntry", "history_table", "holder_at"]
 
@@ -209,21 +210,19 @@ class Outcome:
         """A new attempt of the unit (the last one's transaction was rolled back)."""
         self.notes.clear()
 
-    def leases(self, event: str, leases: Sequence[Lease], clock: dict[str, Any]) -> None:
+    def leases(self, event: str, leases: Sequence[Lease], clock: Clock) -> None:
         """A claim or renewal of each lease (:meth:`Recorder.leases`)."""
         self.notes.append(("leases", (event, leases, clock), {}))
 
-    def tokens(
-        self, event: str, tokens: Sequence[tuple[str, str, int]], clock: dict[str, Any], **more: Any
-    ) -> None:
+    def tokens(self, event: str, tokens: Sequence[tuple[str, str, int]], clock: Clock, **more: Any) -> None:
         """An event of each ``(job_id, owner, fence)`` (:meth:`Recorder.tokens`)."""
         self.notes.append(("tokens", (event, tokens, clock), more))
 
-    def refusals(self, refusals: Sequence[Refusal], clock: dict[str, Any]) -> None:
+    def refusals(self, refusals: Sequence[Refusal], clock: Clock) -> None:
         """Refused writes (:meth:`Recorder.refusals`)."""
         self.notes.append(("refusals", (refusals, clock), {}))
 
-    def copy(self, event: str, job_id: str, clock: dict[str, Any]) -> None:
+    def copy(self, event: str, job_id: str, clock: Clock) -> None:
         """An event whose lease is the job's row as it is then (:meth:`Recorder.copy`)."""
         self.notes.append(("copy", (event, job_id, clock), {}))
 
@@ -233,18 +232,16 @@ class _NoOutcome(Outcome):
 
     __slots__ = ()
 
-    def leases(self, event: str, leases: Sequence[Lease], clock: dict[str, Any]) -> None:
+    def leases(self, event: str, leases: Sequence[Lease], clock: Clock) -> None:
         pass
 
-    def tokens(
-        self, event: str, tokens: Sequence[tuple[str, str, int]], clock: dict[str, Any], **more: Any
-    ) -> None:
+    def tokens(self, event: str, tokens: Sequence[tuple[str, str, int]], clock: Clock, **more: Any) -> None:
         pass
 
-    def refusals(self, refusals: Sequence[Refusal], clock: dict[str, Any]) -> None:
+    def refusals(self, refusals: Sequence[Refusal], clock: Clock) -> None:
         pass
 
-    def copy(self, event: str, job_id: str, clock: dict[str, Any]) -> None:
+    def copy(self, event: str, job_id: str, clock: Clock) -> None:
         pass
 
 
@@ -257,8 +254,8 @@ _FIELDS = ("job_id", "event", "owner", "fence", "until", "path", "reason", "hold
 
 class Recorder:
     """The statements that write one store's history, built once per shape, and its prune
-    schedule. ``clock`` (a unit's bind parameters) says whose instant ``at`` is: ``now``
-    when it is there, else the database's clock inside the INSERT."""
+    schedule. A note's :class:`~fencing._store.ops.Clock` says whose instant ``at`` is: the
+    caller's ``now`` when it has one, else the database's clock inside the INSERT."""
 
     def __init__(self, history: History, jobs: Table) -> None:
         self.history = history
@@ -314,9 +311,9 @@ class Recorder:
             stmt = self._inserts[(caller, size)] = insert(self._h).values(rows)
         return stmt
 
-    def _write(self, x: Executor, rows: list[dict[str, Any]], clock: dict[str, Any]) -> None:
-        caller = "now" in clock
-        at = {"now": clock["now"]} if caller else {}
+    def _write(self, x: Executor, rows: list[dict[str, Any]], clock: Clock) -> None:
+        caller = clock.now is not None
+        at: dict[str, Any] = {} if clock.now is None else {"now": clock.now}
         done = 0
         while done < len(rows):
             size = min(_CHUNK, 1 << ((len(rows) - done).bit_length() - 1))
@@ -326,7 +323,7 @@ class Recorder:
             x.count(self._insert(caller, size), params)
             done += size
 
-    def leases(self, x: Executor, event: str, leases: Sequence[Lease], clock: dict[str, Any]) -> None:
+    def leases(self, x: Executor, event: str, leases: Sequence[Lease], clock: Clock) -> None:
         """A claim, renewal, release or completion of each lease."""
         if leases:
             rows = [
@@ -340,7 +337,7 @@ class Recorder:
         x: Executor,
         event: str,
         tokens: Sequence[tuple[str, str, int]],
-        clock: dict[str, Any],
+        clock: Clock,
         **more: Any,
     ) -> None:
         """An event of each ``(job_id, owner, fence)`` whose ``until`` the write did not say."""
@@ -348,7 +345,7 @@ class Recorder:
             rows = [{"job_id": j, "event": event, "owner": o, "fence": f, **more} for j, o, f in tokens]
             self._write(x, rows, clock)
 
-    def refusals(self, x: Executor, refusals: Sequence[Refusal], clock: dict[str, Any]) -> None:
+    def refusals(self, x: Executor, refusals: Sequence[Refusal], clock: Clock) -> None:
         """Refused writes, each with the holder and fence the guard saw."""
         rows = [
             {
@@ -366,9 +363,9 @@ class Recorder:
         if rows:
             self._write(x, rows, clock)
 
-    def copy(self, x: Executor, event: str, job_id: str, clock: dict[str, Any]) -> None:
+    def copy(self, x: Executor, event: str, job_id: str, clock: Clock) -> None:
         """An event whose lease is the job's row as it is now (a revoke's new fence)."""
-        caller = "now" in clock
+        caller = clock.now is not None
         stmt = self._copies.get((caller, event))
         if stmt is None:
             j, h = self._jobs, self._h
@@ -377,7 +374,7 @@ class Recorder:
             ).where(j.c.id == bindparam("job_id", type_=KEY_TYPE))
             columns = [h.c.job_id, h.c.event, h.c.owner, h.c.fence, h.c.until, h.c.at]
             stmt = self._copies[(caller, event)] = insert(h).from_select(columns, row)
-        x.count(stmt, {"job_id": job_id, **({"now": clock["now"]} if caller else {})})
+        x.count(stmt, {"job_id": job_id} if clock.now is None else {"job_id": job_id, "now": clock.now})
 
     def record(self, x: Executor, outcome: Outcome) -> None:
         """Write what a unit noted, in its transaction: the one hook every unit's history

@@ -25,8 +25,13 @@ from .._sql.values import JobState, Lease, Refusal
 from .context import JobsContext
 from .dialects import DUPLICATE_KEY
 from .history import Outcome
+from .ops import DATABASE, Clock, Guard
 
 __all__ = ["CLAIM_MANY_MAX_THREADS", "LeaseOperations"]
+
+#: a release's clock: it checks none (a holder may give back a lease that ran out), so the
+#: reason of a refusal is read as of the instant 0, when no lease is expired
+RELEASE = Clock(0.0)
 
 T = TypeVar("T")
 
@@ -97,7 +102,7 @@ class LeaseOperations:
         ctx = self._ctx
         job_id = ctx.job_key("job_id", job_id)
         s, clock = ctx.clock(now, records=False)  # a read: nothing recorded
-        params = {"job_id": job_id, **clock}
+        params = {"job_id": job_id, **clock.binds()}
         stmt = s.live_lease
 
         def unit(x: Executor) -> Lease | None:
@@ -130,7 +135,7 @@ class LeaseOperations:
         owner = ctx.job_key("owner", owner)
         s, clock = ctx.clock(now, ttl)
         outcome = ctx.outcome()
-        unit = self._claim_unit(s, {"job_id": job_id, "holder": owner, **clock}, outcome)
+        unit = self._claim_unit(s, job_id, owner, clock, outcome)
         started = time.perf_counter()
         single = ctx.plan.returning  # one UPDATE ... RETURNING (then, if refused, a read)
         lease = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=single)
@@ -138,16 +143,16 @@ class LeaseOperations:
         return lease
 
     def _claim_unit(
-        self, s: Statements, params: dict[str, Any], outcome: Outcome
+        self, s: Statements, job_id: str, owner: str, clock: Clock, outcome: Outcome
     ) -> Callable[[Executor], Lease | None]:
-        job_id, owner = params["job_id"], params["holder"]
+        params = {"job_id": job_id, "holder": owner, **clock.binds()}
         if self._ctx.plan.returning:
 
             def returning(x: Executor) -> Lease | None:
                 rows = x.rows(s.claim_returning, params)
                 if rows:
                     lease = Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]))
-                    outcome.leases("claim", [lease], params)
+                    outcome.leases("claim", [lease], clock)
                     return lease
                 _refuse_if_exhausted(x, s, job_id)
                 return None
@@ -160,7 +165,7 @@ class LeaseOperations:
                 return None
             fence, until = x.rows(s.lease_of, params)[0]
             lease = Lease(job_id, owner, int(fence), float(until))
-            outcome.leases("claim", [lease], params)
+            outcome.leases("claim", [lease], clock)
             return lease
 
         return counting
@@ -180,33 +185,33 @@ class LeaseOperations:
         has already expired (``until <= now``): an expired lease is never revived.
         """
         ctx = self._ctx
-        job_id, owner, fence = ctx.lease(lease)
+        guard = ctx.lease(lease)
         s, clock = ctx.clock(now, ttl)
-        if not fence_can_match(fence):
-            return ctx.refused_one(never_current("renew", job_id, owner, fence))
-        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
+        if not fence_can_match(guard.fence):
+            return ctx.refused_one(never_current("renew", *guard))
         refused: list[Refusal] = []
         outcome = ctx.outcome()
 
         def renewed(x: Executor) -> Lease | None:
-            renewal = self._renewal(x, s, params)
+            renewal = self._renewal(x, s, guard, clock)
             if renewal is None:
-                refused[:] = [ctx.why(x, s, "renew", params)]
-                outcome.refusals(refused, params)
+                refused[:] = [ctx.why(x, s, "renew", guard, clock)]
+                outcome.refusals(refused, clock)
             else:
-                outcome.leases("renew", [renewal], params)
+                outcome.leases("renew", [renewal], clock)
             return renewal
 
-        single = ctx.plan.returning or "new_until" in params  # one UPDATE (then, if refused, a read)
-        renewal = ctx.run_jobs(renewed, conn, job=job_id, outcome=outcome, single=single)
+        single = ctx.plan.returning or clock.caller  # one UPDATE (then, if refused, a read)
+        renewal = ctx.run_jobs(renewed, conn, job=guard.job_id, outcome=outcome, single=single)
         return ctx.refused_one(refused[0]) if renewal is None else ctx.accepted("renew", renewal)
 
-    def _renewal(self, x: Executor, s: Statements, params: dict[str, Any]) -> Lease | None:
-        """Renew the lease in ``params``: the new :class:`Lease`, or ``None`` if refused."""
-        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
-        if "new_until" in params:
+    def _renewal(self, x: Executor, s: Statements, guard: Guard, clock: Clock) -> Lease | None:
+        """Renew ``guard``'s lease on ``clock``: the new :class:`Lease`, or ``None`` if refused."""
+        job_id, owner, fence = guard
+        params = {**guard.binds(), **clock.binds()}
+        if clock.new_until is not None:
             if x.count(s.renew_counting, params) == 1:
-                return Lease(job_id, owner, fence, params["new_until"])
+                return Lease(job_id, owner, fence, clock.new_until)
         elif self._ctx.plan.returning:
             rows = x.rows(s.renew_returning, params)
             if rows:
@@ -229,11 +234,10 @@ class LeaseOperations:
         says why, and the stored result untouched.
         """
         ctx = self._ctx
-        job_id, owner, fence = ctx.lease(lease)
+        guard = ctx.lease(lease)
         s, clock = ctx.clock(now)
         result = ctx.result(result)
-        params = {"job_id": job_id, "holder": owner, "token": fence, "new_result": result, **clock}
-        return self._guarded("complete", s, s.complete, params, conn)
+        return self._guarded("complete", s, s.complete, guard, clock, conn, new_result=result)
 
     def release(
         self,
@@ -250,53 +254,50 @@ class LeaseOperations:
         :class:`~fencing.Refusal` if the token is stale or done.
         """
         ctx = self._ctx
-        job_id, owner, fence = ctx.lease(lease)
-        clock: dict[str, Any] = {}
+        guard = ctx.lease(lease)
         if delay is None:
-            s = ctx.by_caller
-            stmt = s.release
-            clock = {"now": 0.0}  # release checks no clock; the reason read compares with 0
             # the history's instant: the caller's now, else the database's
             ctx.recorded_on(now)
-            at = {} if now is None else {"now": check_now(now)}
-        else:
-            s, clock = ctx.clock(now, delay, name="delay")
-            stmt = s.release_later
-            at = clock
-        params = {"job_id": job_id, "holder": owner, "token": fence, **clock}
-        return self._guarded("release", s, stmt, params, conn, at=at)
+            at = DATABASE if now is None else Clock(check_now(now))
+            # release checks no clock; the reason read compares with 0
+            return self._guarded("release", ctx.by_caller, ctx.by_caller.release, guard, RELEASE, conn, at=at)
+        s, clock = ctx.clock(now, delay, name="delay")
+        return self._guarded("release", s, s.release_later, guard, clock, conn)
 
     def _guarded(
         self,
         path: str,
         s: Statements,
         stmt: Executable,
-        params: dict[str, Any],
+        guard: Guard,
+        clock: Clock,
         conn: CallerConnection | None,
         *,
-        at: dict[str, Any] | None = None,
+        at: Clock | None = None,
+        **more: Any,
     ) -> Literal[True] | Refusal:
-        """Run the guarded write ``stmt`` of one lease: accepted, or refused with its reason
-        (read in the same transaction, logged and counted after it). ``at``: the history's
-        clock, when it is not the statement's."""
+        """Run the guarded write ``stmt`` of one lease on ``clock`` (``more``: its other bind
+        parameters): accepted, or refused with its reason (read in the same transaction,
+        logged and counted after it). ``at``: the history's clock, when it is not the
+        statement's."""
         ctx = self._ctx
-        job_id, owner, fence = params["job_id"], params["holder"], params["token"]
-        if not fence_can_match(fence):
-            return ctx.refused_one(never_current(path, job_id, owner, fence))
+        if not fence_can_match(guard.fence):
+            return ctx.refused_one(never_current(path, *guard))
         refused: list[Refusal] = []
         outcome = ctx.outcome()
-        clock = params if at is None else at
+        recorded_at = clock if at is None else at
+        params = {**guard.binds(), **clock.binds(), **more}
 
         def unit(x: Executor) -> bool:
             if x.count(stmt, params) == 1:
-                outcome.tokens(path, [(job_id, owner, fence)], clock)
+                outcome.tokens(path, [guard], recorded_at)
                 return True
-            refused[:] = [ctx.why(x, s, path, params)]
-            outcome.refusals(refused, clock)
+            refused[:] = [ctx.why(x, s, path, guard, clock)]
+            outcome.refusals(refused, recorded_at)
             return False
 
-        if ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True):
-            return ctx.accepted(path, True, (job_id, fence))
+        if ctx.run_jobs(unit, conn, job=guard.job_id, outcome=outcome, single=True):
+            return ctx.accepted(path, True, (guard.job_id, guard.fence))
         return ctx.refused_one(refused[0])
 
     def revoke(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
@@ -313,7 +314,7 @@ class LeaseOperations:
 
         def unit(x: Executor) -> bool:
             if x.count(s.revoke, params) == 1:
-                outcome.copy("revoke", job_id, {})
+                outcome.copy("revoke", job_id, DATABASE)
                 return True
             _refuse_if_exhausted(x, s, job_id)
             return False
@@ -336,7 +337,7 @@ class LeaseOperations:
         def unit(x: Executor) -> bool:
             if x.count(stmt, params) != 1:
                 return False
-            outcome.copy("delete", job_id, {})
+            outcome.copy("delete", job_id, DATABASE)
             return True
 
         deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
@@ -362,7 +363,7 @@ class LeaseOperations:
             )
         job_id = ctx.job_key("job_id", job_id)
         s, clock = ctx.clock(now)
-        params = {"job_id": job_id, **clock}
+        params = {"job_id": job_id, **clock.binds()}
         outcome = ctx.outcome()
 
         def unit(x: Executor) -> bool:
@@ -410,12 +411,14 @@ class LeaseOperations:
             )
         owner_list = [ctx.job_key("owner", o) for o in owners]
         s, clock = ctx.clock(now, ttl)
-        return [self._recorded_claim(s, {"job_id": job_id, "holder": o, **clock}) for o in owner_list]
+        return [self._recorded_claim(s, job_id, o, clock) for o in owner_list]
 
-    def _recorded_claim(self, s: Statements, params: dict[str, Any]) -> Callable[[Executor], Lease | None]:
+    def _recorded_claim(
+        self, s: Statements, job_id: str, owner: str, clock: Clock
+    ) -> Callable[[Executor], Lease | None]:
         """A claim unit that records its own history at its end (it runs on its own)."""
         outcome = self._ctx.outcome()
-        return self._ctx.recorded(self._claim_unit(s, params, outcome), outcome)
+        return self._ctx.recorded(self._claim_unit(s, job_id, owner, clock, outcome), outcome)
 
     def _run_own(self, unit: Callable[[Executor], T]) -> T:
         """Run ``unit`` in a transaction of the store's own (retried, errors mapped)."""
