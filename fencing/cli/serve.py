@@ -103,8 +103,9 @@ def add_serve(commands: Commands) -> None:
 
 
 def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
-    try:  # the web face, and with it the web extra (starlette, jinja2, python-multipart)
+    try:  # the web face, and with it the web extra (starlette, jinja2, python-multipart, uvicorn)
         importlib.import_module("fencing.web")
+        importlib.import_module("uvicorn")
     except ImportError as exc:
         raise Failed(
             f"the web extra is not installed ({exc.name} is missing): pip install 'fencing[web]'"

@@ -960,6 +960,22 @@ def test_serve_without_the_web_extra_says_what_to_install(
     assert "pip install 'fencing[web]'" in capsys.readouterr().err
 
 
+def test_serve_without_uvicorn_alone_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """starlette and jinja2 there, the server missing: said before anything starts, not a
+    traceback from the last line."""
+    db = tmp_path / "jobs.db"
+    assert main(["init", "--url", str(db)]) == 0
+    for name in [n for n in sys.modules if n.partition(".")[0] == "uvicorn"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
+    assert main(["serve", "--url", str(db)]) == 1
+    err = capsys.readouterr().err
+    assert "uvicorn is missing" in err and "pip install 'fencing[web]'" in err
+    assert "Traceback" not in err
+
+
 def test_instants_and_durations_have_one_form_for_the_cli_and_the_pages() -> None:
     from fencing._format import age, duration, instant, when
     from fencing.overview import JobView
