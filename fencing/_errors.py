@@ -119,7 +119,8 @@ class LeaseLost(FencingError):
     back) and by ``Heartbeat.check``.
 
     ``reason`` (from the store): why the lease was not current, one of
-    :data:`fencing.REASONS`, or ``None`` where it was not read."""
+    :data:`fencing.REASONS` (for a heartbeat, the reason of the renewal the store refused),
+    or ``None`` where the store said none (a heartbeat past its local deadline)."""
 
     reason: str | None = None
     #: the refusal and the clock it was judged on, for the store's history (internal)
