@@ -41,7 +41,7 @@ from ._runtime.metrics import StoreMetrics
 from ._runtime.sqlite import create_async_engine as create_sqlite_engine
 from ._sql.schema import jobs
 from ._sql.values import JobState, Lease, Refusal
-from ._store.election import DEFAULT_TTL, ElectionRules
+from ._store.election import ElectionRules
 from ._store.heartbeat_task import AsyncHeartbeat
 from ._store.history import History, HistoryEntry
 from ._store.jobstore import JobStore
@@ -608,30 +608,9 @@ class AsyncElection(ElectionRules):
 
     _locks_kind = "a fencing.asyncio.AsyncLocks"
 
-    def __init__(
-        self,
-        locks: AsyncLocks,
-        name: str,
-        candidate: str,
-        *,
-        ttl: float = DEFAULT_TTL,
-        interval: float | None = None,
-        retry: float | None = None,
-        on_elected: Callable[[Lease], object] | None = None,
-        on_deposed: Callable[[Lease, str | None], object] | None = None,
-        on_new_leader: Callable[[Lease | None], object] | None = None,
-    ) -> None:
-        super().__init__(
-            locks,
-            name,
-            candidate,
-            ttl=ttl,
-            interval=interval,
-            retry=retry,
-            on_elected=on_elected,
-            on_deposed=on_deposed,
-            on_new_leader=on_new_leader,
-        )
+    locks: AsyncLocks
+
+    def _make_events(self) -> None:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         #: set while this candidate leads
@@ -660,7 +639,7 @@ class AsyncElection(ElectionRules):
     ) -> contextlib.AbstractAsyncContextManager[Any]:
         """:meth:`AsyncLocks.fenced` under this candidate's term (``LeaseLost`` at once if it
         does not lead)."""
-        return self.locks.fenced(self._leading(), conn=conn)  # type: ignore[no-any-return]
+        return self.locks.fenced(self._leading(), conn=conn)
 
     async def start(self) -> AsyncElection:
         """Campaign in a task of the running loop; a second start is an error."""

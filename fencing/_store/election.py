@@ -112,6 +112,7 @@ class ElectionRules(abc.ABC):
         self._resign = True
         self._heartbeat: Any = None
         self._leader: Lease | None = None
+        self._make_events()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} candidate={self.candidate!r} leading={self.is_leader}>"
@@ -119,6 +120,12 @@ class ElectionRules(abc.ABC):
     @abc.abstractmethod
     def _sync_store(self, locks: Any) -> JobStore:
         """The sync store behind ``locks``, or the error for what ``locks`` may not be."""
+
+    @abc.abstractmethod
+    def _make_events(self) -> None:
+        """Make the events of the thread or task that carries the campaign out: ``_wake``
+        (set by stop() and by the heartbeat's loss: a wait of the campaign ends at once) and
+        ``elected`` (set while this candidate leads)."""
 
     @abc.abstractmethod
     def _new_heartbeat(self, lease: Lease) -> Any:
@@ -341,32 +348,10 @@ class Election(ElectionRules):
     after its last renewal, plus at most one ``retry``.
     """
 
-    def __init__(
-        self,
-        locks: Locks,
-        name: str,
-        candidate: str,
-        *,
-        ttl: float = DEFAULT_TTL,
-        interval: float | None = None,
-        retry: float | None = None,
-        on_elected: Callable[[Lease], object] | None = None,
-        on_deposed: Callable[[Lease, str | None], object] | None = None,
-        on_new_leader: Callable[[Lease | None], object] | None = None,
-    ) -> None:
-        super().__init__(
-            locks,
-            name,
-            candidate,
-            ttl=ttl,
-            interval=interval,
-            retry=retry,
-            on_elected=on_elected,
-            on_deposed=on_deposed,
-            on_new_leader=on_new_leader,
-        )
+    locks: Locks
+
+    def _make_events(self) -> None:
         self._lock = threading.Lock()
-        #: set by stop() and by the heartbeat's loss: a wait of the campaign ends at once
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         #: set while this candidate leads
@@ -392,7 +377,7 @@ class Election(ElectionRules):
         """A transaction for writes under this candidate's term (:meth:`Locks.fenced`):
         :class:`~fencing.LeaseLost` at once if it does not lead, and the block rolled back
         if its term ended meanwhile (a newer term exists, or the lease expired)."""
-        return self.locks.fenced(self._leading(), conn=conn)  # type: ignore[no-any-return]
+        return self.locks.fenced(self._leading(), conn=conn)
 
     # -- life cycle -----------------------------------------------------------------------
 
