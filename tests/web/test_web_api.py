@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData
+from sqlalchemy import Engine, MetaData, event
 
 pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'fencing[web]'")
 
@@ -91,6 +91,41 @@ def test_a_stale_completion_after_a_revoke_is_refused_with_its_reason(
     assert problem["type"] == "urn:fencing:error:Refused" and problem["status"] == 409
     row = store.state("j")
     assert row is not None and row.result is None and not row.done
+
+
+@pytest.mark.parametrize("path", ["renew", "complete", "release"])
+def test_a_refused_write_answers_from_the_stores_refusal_without_reading_again(
+    client: TestClient, store: JobStore, engine: Engine, path: str
+) -> None:
+    """The 409 says the reason the store read in the refused write's own transaction: the
+    request runs exactly the statements a refused call of the store runs, nothing more."""
+    store.enqueue("j")
+    [lease] = post(client, "/claim", {"owner": "slow", "ttl": 30}).json()["leases"]
+    assert store.revoke("j")
+    token = Lease(lease["job_id"], lease["owner"], lease["fence"])
+    body: dict[str, Any] = {"lease": lease}
+    call: Any = {
+        "renew": lambda: store.renew(token, ttl=30),
+        "complete": lambda: store.complete(token, "late"),
+        "release": lambda: store.release(token),
+    }[path]
+    body.update({"renew": {"ttl": 30}, "complete": {"result": "late"}, "release": {}}[path])
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        refused = post(client, f"/{path}", body)
+        by_api = list(statements)
+        statements.clear()
+        direct = call()
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert refused.status_code == 409 and refused.json()["reason"] == direct.reason == "stale fence"
+    assert (refused.json()["holder"], refused.json()["current_fence"]) == (direct.holder, 2)
+    assert by_api == statements and by_api  # the same statements: the write and its reason's read
 
 
 def test_a_retried_completion_answers_as_the_first_and_never_overwrites(
