@@ -42,30 +42,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    ColumnElement,
-    Double,
-    Index,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    bindparam,
-    delete,
-    insert,
-    literal,
-    select,
-)
+from sqlalchemy import BigInteger, Column, Double, Index, Integer, MetaData, String, Table
 from sqlalchemy.sql import Executable
 
 from .._errors import InvalidArgument, InvalidArgumentType
 from .._runtime.execution import Executor
 from .._runtime.refusals import Refusal
 from .._sql.checks import check_new_table, check_time
-from .._sql.clock import database_now
-from .._sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE, as_text
+from .._sql.history import FIELDS, PRUNE_BATCH, HistoryStatements
+from .._sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN
 from .._sql.values import Lease
 from .ops import Clock
 
@@ -73,9 +58,6 @@ __all__ = ["EVENTS", "PRUNE_BATCH", "History", "HistoryEntry", "history_table", 
 
 #: what a history row records
 EVENTS = ("claim", "renew", "release", "complete", "fenced", "revoke", "delete", "requeue", "refused")
-
-#: history rows deleted per transaction by a prune (:meth:`fencing.JobStore.prune_history`)
-PRUNE_BATCH = 1000
 
 #: rows per INSERT: a batch is written as power-of-two chunks up to this, so a store builds
 #: at most 8 statement shapes per clock
@@ -249,67 +231,26 @@ class _NoOutcome(Outcome):
 NO_OUTCOME: Outcome = _NoOutcome()
 
 
-_FIELDS = ("job_id", "event", "owner", "fence", "until", "path", "reason", "holder", "current_fence")
-
-
 class Recorder:
-    """The statements that write one store's history, built once per shape, and its prune
-    schedule. A note's :class:`~fencing._store.ops.Clock` says whose instant ``at`` is: the
-    caller's ``now`` when it has one, else the database's clock inside the INSERT."""
+    """What writes one store's history (with the statements of
+    :class:`~fencing._sql.history.HistoryStatements`), and its prune schedule. A note's
+    :class:`~fencing._store.ops.Clock` says whose instant ``at`` is: the caller's ``now``
+    when it has one, else the database's clock inside the INSERT."""
 
     def __init__(self, history: History, jobs: Table) -> None:
         self.history = history
-        self._h = history.table
-        self._jobs = jobs
-        self._inserts: dict[tuple[bool, int], Executable] = {}
-        self._copies: dict[tuple[bool, str], Executable] = {}
+        self._sql = HistoryStatements(history.table, jobs)
         self._next_prune = 0.0
-        h = self._h
-        self.read: Executable = (
-            select(
-                h.c.seq,
-                as_text(h.c.job_id),
-                h.c.event,
-                as_text(h.c.owner),
-                h.c.fence,
-                h.c.until,
-                h.c.at,
-                h.c.path,
-                h.c.reason,
-                as_text(h.c.holder),
-                h.c.current_fence,
-            )
-            .where(h.c.job_id == bindparam("job_id", type_=KEY_TYPE))
-            .order_by(h.c.seq)
-        )
-        # one batch of a prune: the oldest rows' keys found through the ``at`` index, in a derived
-        # table (MariaDB/MySQL refuse LIMIT in an IN subquery, and a subquery on the table the
-        # DELETE writes, but take both from a derived table; PostgreSQL and SQLite take it as is)
-        old = (
-            select(h.c.seq)
-            .where(h.c.at < database_now() - bindparam("retention", type_=Double()))
-            .limit(PRUNE_BATCH)
-            .subquery("old")
-        )
-        self.prune: Executable = delete(h).where(h.c.seq.in_(select(old.c.seq)))
 
-    @staticmethod
-    def _at(caller: bool) -> ColumnElement[float]:
-        return bindparam("now", type_=Double()) if caller else database_now()
+    @property
+    def read(self) -> Executable:
+        """One job's rows (bind ``job_id``), in ``seq`` order."""
+        return self._sql.read
 
-    def _insert(self, caller: bool, size: int) -> Executable:
-        stmt = self._inserts.get((caller, size))
-        if stmt is None:
-            types = {"job_id": KEY_TYPE, "owner": KEY_TYPE, "holder": KEY_TYPE}
-            rows = [
-                {
-                    **{f: bindparam(f"{f}_{i}", type_=types.get(f, self._h.c[f].type)) for f in _FIELDS},
-                    "at": self._at(caller),
-                }
-                for i in range(size)
-            ]
-            stmt = self._inserts[(caller, size)] = insert(self._h).values(rows)
-        return stmt
+    @property
+    def prune(self) -> Executable:
+        """One batch of a prune (bind ``retention``)."""
+        return self._sql.prune
 
     def _write(self, x: Executor, rows: list[dict[str, Any]], clock: Clock) -> None:
         caller = clock.now is not None
@@ -319,8 +260,8 @@ class Recorder:
             size = min(_CHUNK, 1 << ((len(rows) - done).bit_length() - 1))
             params = dict(at)
             for i, row in enumerate(rows[done : done + size]):
-                params.update({f"{f}_{i}": row.get(f) for f in _FIELDS})
-            x.count(self._insert(caller, size), params)
+                params.update({f"{f}_{i}": row.get(f) for f in FIELDS})
+            x.count(self._sql.insert(caller, size), params)
             done += size
 
     def leases(self, x: Executor, event: str, leases: Sequence[Lease], clock: Clock) -> None:
@@ -365,15 +306,7 @@ class Recorder:
 
     def copy(self, x: Executor, event: str, job_id: str, clock: Clock) -> None:
         """An event whose lease is the job's row as it is now (a revoke's new fence)."""
-        caller = clock.now is not None
-        stmt = self._copies.get((caller, event))
-        if stmt is None:
-            j, h = self._jobs, self._h
-            row = select(
-                j.c.id, literal(event, String(16)), j.c.owner, j.c.fence, j.c.until, self._at(caller)
-            ).where(j.c.id == bindparam("job_id", type_=KEY_TYPE))
-            columns = [h.c.job_id, h.c.event, h.c.owner, h.c.fence, h.c.until, h.c.at]
-            stmt = self._copies[(caller, event)] = insert(h).from_select(columns, row)
+        stmt = self._sql.copy(clock.now is not None, event)
         x.count(stmt, {"job_id": job_id} if clock.now is None else {"job_id": job_id, "now": clock.now})
 
     def record(self, x: Executor, outcome: Outcome) -> None:
