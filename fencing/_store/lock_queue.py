@@ -9,7 +9,7 @@ numbered by the database in the order waiters arrived. From then on:
 * a claim of the lock is refused, in its own ``WHERE``, while a live waiter of another owner
   holds a lower ticket than the claimer's (than any, for a claimer with no ticket): the
   queue's head takes the lock when it comes free, and a newcomer cannot cut in
-  (:meth:`WaitQueue.guard`, put in the store's claim by :class:`LockStore`);
+  (:func:`fencing._sql.waiters.queue_guard`, put in the store's claim by :class:`LockStore`);
 * a waiter keeps its ticket alive by refreshing it (``until``, every third of ``keep``), so
   the ticket of a waiter that died lapses within ``keep`` seconds and the queue moves on;
 * between tries a waiter reads, in one statement, whether the lock is held and whether
@@ -25,46 +25,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    ColumnElement,
-    Connection,
-    Double,
-    Index,
-    Integer,
-    MetaData,
-    Table,
-    bindparam,
-    delete,
-    exists,
-    func,
-    insert,
-    literal_column,
-    select,
-    update,
-)
-from sqlalchemy.sql import Executable
+from sqlalchemy import Column, ColumnElement, Connection, Index, MetaData, Table
 
 from .._dialects import of
 from .._runtime.execution import Executor
 from .._sql.checks import check_new_table
-from .._sql.clock import database_now
-from .._sql.schema import _OWNER, _UNTIL, KEY_COLUMN, KEY_TYPE
+from .._sql.schema import _OWNER, _UNTIL, KEY_COLUMN
 from .._sql.statements import ClaimGuard
+from .._sql.waiters import TICKET, QueueStatements, WaiterStatements, queue_guard
 from .context import Context
 from .history import History
 from .jobstore import JobStore
 from .wakeups import Notifier
 
 __all__ = ["LockStore", "WaitQueue", "lock_waiters_table", "waiters_of"]
-
-#: tickets: a 64-bit counter on the servers, SQLite's rowid there (AUTOINCREMENT is not needed:
-#: a ticket is compared only with live ones, and the highest is never reused while it lives)
-_TICKET = BigInteger().with_variant(Integer(), "sqlite")
-_NO_TICKET: ColumnElement[int] = literal_column(str(2**63 - 1))
-#: the waiter's own ticket (a bind parameter may not bear a column's name in an UPDATE's WHERE)
-_MY_TICKET: ColumnElement[int] = bindparam("my_ticket", type_=_TICKET)
 
 
 def lock_waiters_table(metadata: MetaData, name: str, *, schema: str | None = None) -> Table:
@@ -73,7 +47,7 @@ def lock_waiters_table(metadata: MetaData, name: str, *, schema: str | None = No
     return Table(
         name,
         metadata,
-        Column("ticket", _TICKET, primary_key=True, autoincrement=True),
+        Column("ticket", TICKET, primary_key=True, autoincrement=True),
         Column("name", KEY_COLUMN, nullable=False),
         Column("owner", _OWNER, nullable=False),
         Column("until", _UNTIL, nullable=False),
@@ -94,46 +68,19 @@ def waiters_of(table: Table) -> Table:
     return lock_waiters_table(table.metadata, f"{table.name}_waiters", schema=table.schema)
 
 
-def _key(name: str) -> ColumnElement[str]:
-    return bindparam(name, type_=KEY_TYPE)
-
-
 class WaitQueue:
-    """The statements of one waiters' table, run through ``store``'s engine as its own
-    transactions (the store's runner: retried lock races, SQLite's ``BEGIN IMMEDIATE``;
-    ``bridged``: the store's, behind an async front)."""
+    """The statements of one waiters' table (:mod:`fencing._sql.waiters`), run through
+    ``store``'s engine as its own transactions (the store's runner: retried lock races,
+    SQLite's ``BEGIN IMMEDIATE``; ``bridged``: the store's, behind an async front)."""
 
     def __init__(self, store: JobStore, waiters: Table, *, bridged: bool = False) -> None:
         self.waiters = waiters
         self.locks = store.table
         self._ctx = Context(store.engine, bridged=bridged, create_hint="Locks.create_table()")
-        self._by_caller = _Statements(store.table, waiters, bindparam("now", type_=Double()))
-        self._by_database = _Statements(store.table, waiters, database_now())
+        self._sql = WaiterStatements(store.table, waiters)
 
-    @staticmethod
-    def guard(waiters: Table) -> ClaimGuard:
-        """A claim's extra condition: no live waiter of another owner is ahead of the
-        claimer (whose place is its lowest live ticket; a claimer with none is behind all)."""
-        w = waiters
-
-        def no_one_ahead(now: ColumnElement[float]) -> ColumnElement[bool]:
-            mine = (
-                select(func.min(w.c.ticket))
-                .where(w.c.name == _key("job_id"), w.c.owner == _key("holder"), w.c.until > now)
-                .scalar_subquery()
-            )
-            ahead = exists().where(
-                w.c.name == _key("job_id"),
-                w.c.until > now,
-                w.c.owner != _key("holder"),
-                w.c.ticket < func.coalesce(mine, _NO_TICKET),
-            )
-            return ~ahead
-
-        return no_one_ahead
-
-    def _s(self, now: float | None) -> tuple[_Statements, dict[str, Any]]:
-        return (self._by_database, {}) if now is None else (self._by_caller, {"now": now})
+    def _s(self, now: float | None) -> tuple[QueueStatements, dict[str, Any]]:
+        return self._sql.on(now is not None), ({} if now is None else {"now": now})
 
     def _run(self, unit: Any, *, write: bool = True) -> Any:
         return self._ctx.run(unit, None, self.waiters, write=write)
@@ -168,47 +115,14 @@ class WaitQueue:
 
     def leave(self, ticket: int) -> None:
         """Take ``ticket`` out of the queue (the lock was taken, or the wait ended)."""
-        stmt = self._by_caller.leave
+        stmt = self._sql.on(True).leave  # the same on either clock
         self._run(lambda x: x.count(stmt, {"my_ticket": ticket}))
-
-
-class _Statements:
-    """The queue's statements on one clock (``now``: a bind parameter or the database's)."""
-
-    def __init__(self, locks: Table, w: Table, now: ColumnElement[float]) -> None:
-        keep: ColumnElement[float] = bindparam("keep", type_=Double())
-        name = w.c.name == _key("name")
-        self.sweep: Executable = delete(w).where(name, w.c.until <= now)
-        self.enter: Executable = insert(w).values(name=_key("name"), owner=_key("owner"), until=now + keep)
-        #: the ticket just taken: the newest of this owner for the name, in its transaction
-        self.ticket_of: Executable = select(func.max(w.c.ticket)).where(name, w.c.owner == _key("owner"))
-        self.refresh: Executable = (
-            update(w).where(w.c.ticket == _MY_TICKET, w.c.until > now).values(until=now + keep)
-        )
-        held = (
-            select(func.count())
-            .select_from(locks)
-            .where(locks.c.id == _key("name"), locks.c.until > now, locks.c.done == 0)
-            .scalar_subquery()
-        )
-        ahead = (
-            select(func.count())
-            .select_from(w)
-            .where(
-                name,
-                w.c.until > now,
-                w.c.owner != _key("owner"),
-                w.c.ticket < _MY_TICKET,
-            )
-            .scalar_subquery()
-        )
-        self.look: Executable = select(held.label("held"), ahead.label("ahead"))
-        self.leave: Executable = delete(w).where(w.c.ticket == _MY_TICKET)
 
 
 class LockStore(JobStore):
     """The store of a locks table: a :class:`~fencing.JobStore` whose claims respect the
-    waiters' queue (:meth:`WaitQueue.guard`), and whose ``create_table`` creates the queue."""
+    waiters' queue (:func:`~fencing._sql.waiters.queue_guard`), and whose ``create_table``
+    creates the queue."""
 
     def __init__(
         self,
@@ -231,7 +145,7 @@ class LockStore(JobStore):
         return None if self.notifier is None else self.notifier.notice
 
     def _claim_guard(self) -> ClaimGuard | None:
-        return None if self.waiters is None else WaitQueue.guard(self.waiters)
+        return None if self.waiters is None else queue_guard(self.waiters)
 
     def _ensure_tables(self, conn: Connection) -> None:
         super()._ensure_tables(conn)

@@ -36,11 +36,12 @@ import time
 import weakref
 from typing import Any
 
-from sqlalchemy import ColumnElement, Engine, Table, func, literal, select
+from sqlalchemy import ColumnElement, Engine, Table
 
 from .._dialects import of
 from .._dialects.base import LOOP
 from .._runtime import forks
+from .._sql.waiters import freed_notice
 
 __all__ = ["LINGER", "Listener", "Notifier", "channel_of", "listen"]
 
@@ -75,15 +76,7 @@ class Notifier:
 
     def __init__(self, locks: Table, waiters: Table) -> None:
         self.channel = channel_of(locks)
-        w = waiters
-        self.notice: ColumnElement[Any] = (
-            select(func.pg_notify(literal(self.channel), w.c.name))
-            .where(w.c.name == locks.c.id)
-            .limit(1)
-            .correlate(locks)
-            .scalar_subquery()
-            .label("woken")
-        )
+        self.notice: ColumnElement[Any] = freed_notice(locks, waiters, self.channel)
 
 
 def listen(engine: Engine, channel: str, name: str) -> Listener | None:

@@ -57,7 +57,7 @@ def locks(engine: Engine) -> Locks:
 def hot_statements(locks: Locks, clock: str) -> dict[str, tuple[Executable, dict[str, Any]]]:
     ctx = locks.store._ctx
     claims = ctx.by_caller if clock == "caller" else ctx.by_database
-    queue = locks.queue._by_caller if clock == "caller" else locks.queue._by_database
+    queue = locks.queue._sql.on(clock == "caller")
     name = "lock-0005000"  # held, with 10 waiters
     params: dict[str, Any] = {
         "job_id": name,
