@@ -28,22 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from sqlalchemy import (
-    BigInteger,
-    Column,
-    Connection,
-    Double,
-    Engine,
-    MetaData,
-    Table,
-    bindparam,
-    insert,
-    select,
-    update,
-)
-from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy import BigInteger, Column, Connection, Double, Engine, MetaData, Table
 from sqlalchemy.schema import CreateTable
-from sqlalchemy.sql import Executable
 
 from .._dialects import KNOWN_NAMES, of
 from .._errors import (
@@ -55,11 +41,9 @@ from .._runtime.execution import CallerConnection, Executor
 from .._runtime.metrics import StoreMetrics
 from .._runtime.refusals import logger as refused_logger
 from .._sql.checks import FENCE_MAX, check_fence, check_new_table, check_sync_engine, show_value
-from .._sql.clock import database_now
-from .._sql.dberrors import (
-    is_duplicate_key,
-)
-from .._sql.schema import KEY_COLUMN, KEY_TYPE, as_text
+from .._sql.dberrors import is_duplicate_key
+from .._sql.marks import MarkStatements
+from .._sql.schema import KEY_COLUMN
 from .context import Context
 from .dialects import COUNTED, RETURNED
 
@@ -116,69 +100,6 @@ fence_marks = fence_marks_table(marks_metadata)
 idempotency_keys = idempotency_keys_table(marks_metadata)
 
 
-class _Statements:
-    """Every statement on the two tables, built once; the guards live in ``WHERE``.
-
-    Bind parameters: ``res`` (a resource), ``token`` (the fence presented), ``idem`` (a key).
-    Resources and keys are ``str``: typed :data:`~fencing.schema.KEY_TYPE`, UTF-8 bytes where
-    the columns are bytes (MariaDB/MySQL).
-    """
-
-    def __init__(self, marks: Table, keys: Table) -> None:
-        m, k = marks, keys
-        res = bindparam("res", type_=KEY_TYPE)
-        mark: dict[str, Any] = {"resource": res, "fence": bindparam("token")}
-        of_resource = m.c.resource == res
-
-        self.highest: Executable = select(m.c.fence).where(of_resource)
-
-        #: equal is accepted: the same lease may write twice
-        lite = sqlite.insert(m).values(mark)
-        self.accept_sqlite: Executable = lite.on_conflict_do_update(
-            index_elements=[m.c.resource],
-            set_={"fence": lite.excluded.fence},
-            where=m.c.fence <= lite.excluded.fence,
-        )
-        #: RETURNING, not the row count: the answer does not depend on what the driver reports
-        pg = postgresql.insert(m).values(mark)
-        self.accept_postgresql: Executable = pg.on_conflict_do_update(
-            index_elements=[m.c.resource],
-            set_={"fence": pg.excluded.fence},
-            where=m.c.fence <= pg.excluded.fence,
-        ).returning(m.c.fence)
-
-        #: MariaDB/MySQL: the affected-rows count of ON DUPLICATE KEY UPDATE cannot tell
-        #: inserted from found (CLIENT_FOUND_ROWS), so it only makes sure the row exists and
-        #: holds its lock; the locked read and the guarded UPDATE decide. (SELECT ... FOR
-        #: UPDATE of a missing row first would take gap locks: two first accepts of one
-        #: resource then deadlock on their INSERTs, and a caller's transaction is lost.)
-        ensure = mysql.insert(m).values(mark)
-        self.ensure_mark: Executable = ensure.on_duplicate_key_update(fence=m.c.fence)
-        self.mark_for_update: Executable = select(m.c.fence).where(of_resource).with_for_update()
-        self.raise_mark: Executable = (
-            update(m).where(of_resource, m.c.fence <= bindparam("token")).values(fence=bindparam("token"))
-        )
-
-        #: insert-or-ignore: a key is recorded once and never overwritten
-        record: dict[str, Any] = {
-            "key": bindparam("idem", type_=KEY_TYPE),
-            "fence": bindparam("token"),
-            "recorded_at": database_now(),
-        }
-        self.record_sqlite: Executable = (
-            sqlite.insert(k).values(record).on_conflict_do_nothing(index_elements=[k.c["key"]])
-        )
-        self.record_postgresql: Executable = (
-            postgresql.insert(k)
-            .values(record)
-            .on_conflict_do_nothing(index_elements=[k.c["key"]])
-            .returning(as_text(k.c["key"]))
-        )
-        #: MariaDB/MySQL: a plain insert; the duplicate-key error means "already recorded"
-        #: (INSERT IGNORE would also turn real errors into warnings)
-        self.record_plain: Executable = insert(k).values(record)
-
-
 class FenceMarks:
     """Fence marks and idempotency keys on two tables, through ``engine``.
 
@@ -209,7 +130,7 @@ class FenceMarks:
         self.engine = engine
         self.marks = marks
         self.keys = keys
-        self._s = _Statements(marks, keys)
+        self._s = MarkStatements(marks, keys)
         self._accept = self._accept_unit(self._ctx.plan.upsert)
         self._record = self._record_unit(self._ctx.plan.upsert)
 
@@ -337,6 +258,7 @@ class FenceMarks:
         return recorded
 
     # -- the compare-and-set units, as the dialect's plan upserts -------------------------
+    # (each statement is built at its first run: only this database's are ever built)
 
     def _accept_unit(self, upsert: str) -> Callable[[Executor, dict[str, Any]], bool]:
         s = self._s
