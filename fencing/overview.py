@@ -1,8 +1,9 @@
 """What an operator reads: jobs by state, one job, a summary, the fence marks.
 
-Read-only: every method runs one ``SELECT`` (its own snapshot, no write lock), built once
-with Core from the tables, and reads the database's clock (:class:`fencing._sql.clock.database_now`)
-in the same statement, so "time left" is what the store itself would judge.
+Read-only: every method runs one ``SELECT`` (its own snapshot, no write lock), built once,
+when first used, by :mod:`fencing._sql.views`, and reads the database's clock
+(:class:`fencing._sql.clock.database_now`) in the same statement, so "time left" is what the
+store itself would judge.
 
 A job's state is decided in SQL, exactly as the store's guards decide it:
 
@@ -33,46 +34,23 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, NamedTuple
 
-from sqlalchemy import (
-    BigInteger,
-    ColumnElement,
-    Connection,
-    Double,
-    Engine,
-    Integer,
-    Table,
-    and_,
-    bindparam,
-    case,
-    func,
-    inspect,
-    literal_column,
-    or_,
-    select,
-    tuple_,
-)
-from sqlalchemy.sql import Executable, Select
+from sqlalchemy import Connection, Engine, Table, inspect
+from sqlalchemy.sql import Executable
 
 from ._dialects import of
 from ._errors import InvalidArgument, InvalidArgumentType
-from ._sql.attempts import check_attempts_table, exhausted, within_attempts
+from ._sql.attempts import check_attempts_table
 from ._sql.checks import FENCE_MAX, check_count, check_text, check_time, show_value
-from ._sql.clock import database_now
 from ._sql.dberrors import DB_ERRORS, wrap_database_error
-from ._sql.schema import KEY_TYPE, as_text, jobs
-from ._sql.statements import TOMBSTONE, Statements
+from ._sql.schema import jobs
+from ._sql.statements import Statements
+from ._sql.views import JobViews
 from ._store.marks import fence_marks, idempotency_keys
 
 __all__ = ["STATES", "Cursor", "FenceMark", "IdempotencyKey", "JobView", "Overview", "Summary"]
 
 #: every state a job can be in, as :class:`Overview` names them
 STATES = ("ready", "held", "deferred", "done", "poisoned")
-
-
-def _constant(value: int | str) -> ColumnElement[Any]:
-    """A constant written into the SQL: the guards' own style, and no untyped parameter
-    for PostgreSQL to guess the type of."""
-    return literal_column(repr(value) if isinstance(value, str) else str(value))
 
 
 class Cursor(NamedTuple):
@@ -247,78 +225,8 @@ class Overview:
         self.attempts = attempts = check_attempts_table(attempts)
         #: what differs on this database (fencing._dialects)
         self._database = of(engine.dialect)
-        t = table
-        now = database_now()
-        done, tombstone = _constant(1), _constant(TOMBSTONE)
-        # equality on the index's first column, so until bounds the range that is walked
-        live = t.c.done == _constant(0)
-        max_fence = bindparam("max_fence", type_=BigInteger())
-        ready = and_(live, t.c.until <= now, within_attempts(t, attempts, max_fence))
-        held = and_(live, t.c.until > now, t.c.owner.is_not(None))
-        deferred = and_(live, t.c.until > now, t.c.owner.is_(None))
-        poisoned = and_(live, t.c.until <= now, exhausted(t, attempts, max_fence))
-        state = case(
-            (t.c.done == done, _constant("done")),
-            (held, _constant("held")),
-            (deferred, _constant("deferred")),
-            (ready, _constant("ready")),
-            else_=_constant("poisoned"),
-        )
-        view = select(as_text(t.c.id), state, as_text(t.c.owner), t.c.fence, t.c.until, t.c.result, now)
-        by_age = (t.c.until, t.c.id)  # the ready index's order: no backend sorts
-        limit = bindparam("limit", type_=Integer())
-        #: each state's listing walks the ready index (done, until, id) from its start
-        self._lists: dict[str | None, Select[Any]] = {
-            "ready": view.where(ready).order_by(*by_age).limit(limit),
-            "held": view.where(held).order_by(*by_age).limit(limit),
-            "deferred": view.where(deferred).order_by(*by_age).limit(limit),
-            "poisoned": view.where(poisoned).order_by(*by_age).limit(limit),
-            "done": view.where(t.c.done == done).order_by(*by_age).limit(limit),
-            # every state: a range on the index's first column keeps its order, no sort
-            None: view.where(t.c.done <= done).order_by(t.c.done, *by_age).limit(limit),
-        }
-        #: the same states listed by id: how a prefix is walked, as a range of the primary
-        #: key. ``done + 0`` and ``until + 0`` are the same values in a form no index serves,
-        #: so no planner prefers the ready index's range and a sort to the key's walk
-        done_, until_ = t.c.done + _constant(0), t.c.until + _constant(0)
-        live_ = done_ == _constant(0)
-        self._by_id: dict[str | None, Select[Any]] = {
-            name: view.where(condition).order_by(t.c.id).limit(limit)
-            for name, condition in (
-                ("ready", and_(live_, until_ <= now, within_attempts(t, attempts, max_fence))),
-                ("held", and_(live_, until_ > now, t.c.owner.is_not(None))),
-                ("deferred", and_(live_, until_ > now, t.c.owner.is_(None))),
-                ("poisoned", and_(live_, until_ <= now, exhausted(t, attempts, max_fence))),
-                ("done", done_ == done),
-                (None, done_ <= done),
-            )
-        }
-        self._pages: dict[tuple[str | None, bool, bool], Select[Any]] = {}
-        of_job = and_(t.c.id == bindparam("job_id", type_=KEY_TYPE), t.c.done != tombstone)
-        self._job = view.where(of_job)
-        self._job_locked = view.where(of_job).with_for_update()
-        self._now = select(now)
-
-        def count(condition: ColumnElement[bool]) -> ColumnElement[Any]:
-            return func.coalesce(func.sum(case((condition, _constant(1)), else_=_constant(0))), 0)
-
-        horizon: ColumnElement[float] = bindparam("within", type_=Double())
-        self._summary = select(
-            now,
-            count(ready),
-            count(held),
-            count(deferred),
-            count(t.c.done == done),
-            count(t.c.done == tombstone),
-            count(poisoned),
-            func.min(case((and_(ready, t.c.until > _constant(0)), t.c.until))),
-            count(and_(held, t.c.until <= now + horizon)),
-            func.max(t.c.fence),
-            self._database.fence_sum(t.c.fence),
-        )
-        m, k = marks, keys
-        self._marks = select(as_text(m.c.resource), m.c.fence).order_by(m.c.resource).limit(limit)
-        self._keys = select(as_text(k.c["key"]), k.c.fence, k.c.recorded_at).order_by(k.c["key"]).limit(limit)
+        #: every read, built when first used (fencing._sql.views)
+        self._sql = JobViews(table, marks, keys, attempts, self._database)
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -354,7 +262,7 @@ class Overview:
 
     def now(self, *, conn: Connection | None = None) -> float:
         """The database's clock, in seconds since the epoch."""
-        return float(self._rows(self._now, {}, conn, self.table)[0][0])
+        return float(self._rows(self._sql.now, {}, conn, self.table)[0][0])
 
     def jobs(
         self,
@@ -375,7 +283,7 @@ class Overview:
         the primary key, walked in its order, so a rare prefix costs its own rows, not a
         walk of the whole table.
         """
-        if state not in self._lists:
+        if state is not None and state not in STATES:
             raise InvalidArgument(f"state must be one of {', '.join(STATES)} or None, got {state!r}")
         if state == "poisoned" and max_attempts is None:
             raise InvalidArgument("poisoned needs max_attempts: the claims a job may have")
@@ -393,49 +301,8 @@ class Overview:
                 params["prefix_low"] = prefix
         if after is not None:
             params.update(after_done=after.done, after_until=after.until, after_id=after.job_id)
-        stmt = self._listing(state, paged=after is not None, prefixed=prefix is not None)
+        stmt = self._sql.listing(state, paged=after is not None, prefixed=prefix is not None)
         return [JobView.from_row(r) for r in self._rows(stmt, params, conn, self.table)]
-
-    def _after(self, every_state: bool) -> ColumnElement[bool]:
-        """After the cursor's place in the walk (``(done,)`` ``until, id`` in the ready index)."""
-        t = self.table
-        u: ColumnElement[float] = bindparam("after_until", type_=Double())
-        i = bindparam("after_id", type_=KEY_TYPE)
-        d = bindparam("after_done", type_=Integer())
-        if not self._database.ranges_at_row_values:
-            # the same order spelled out: its leading bound (until >= u, within done = d) is
-            # the range the walk starts at
-            later = and_(t.c.until >= u, or_(t.c.until > u, t.c.id > i))
-            return or_(t.c.done > d, and_(t.c.done == d, later)) if every_state else later
-        if every_state:
-            return tuple_(t.c.done, t.c.until, t.c.id) > tuple_(d, u, i)
-        return tuple_(t.c.until, t.c.id) > tuple_(u, i)
-
-    def _listing(self, state: str | None, *, paged: bool, prefixed: bool) -> Select[Any]:
-        """The listing of ``state``, from its start or after a cursor, of every id or of a
-        prefix's: each of the 24 shapes built once, when first asked for."""
-        key = (state, paged, prefixed)
-        stmt = self._pages.get(key)
-        if stmt is None:
-            t = self.table
-            where: list[ColumnElement[bool]] = []
-            if prefixed:
-                # by id: the prefix is a range of the primary key, walked in its order
-                pattern = bindparam("prefix", type_=KEY_TYPE)
-                where.append(self._database.prefix_match(t.c.id, pattern))
-                if self._database.prefix_needs_low_bound:
-                    # a key range from LIKE only in the C collation: the bound says it in any
-                    # (the pattern still decides what matches)
-                    where.append(t.c.id >= bindparam("prefix_low", type_=KEY_TYPE))
-                if paged:
-                    where.append(t.c.id > bindparam("after_id", type_=KEY_TYPE))
-                stmt = self._by_id[state].where(*where)
-            else:
-                if paged:
-                    where.append(self._after(state is None))
-                stmt = self._lists[state].where(*where) if where else self._lists[state]
-            self._pages[key] = stmt
-        return stmt
 
     def job(
         self,
@@ -452,7 +319,7 @@ class Overview:
             return None  # an id this backend cannot store names no job
         if lock and conn is None:
             raise InvalidArgument("lock=True needs conn=: a lock ends with its transaction")
-        stmt = self._job_locked if lock else self._job
+        stmt = self._sql.job_locked if lock else self._sql.job
         rows = self._rows(stmt, {"job_id": key, "max_fence": _max_fence(max_attempts)}, conn, self.table)
         return JobView.from_row(rows[0]) if rows else None
 
@@ -465,7 +332,7 @@ class Overview:
         if within < 0:
             raise InvalidArgument(f"within must be >= 0 seconds, got {within!r}")
         params = {"within": within, "max_fence": _max_fence(max_attempts)}
-        [row] = self._rows(self._summary, params, conn, self.table)
+        [row] = self._rows(self._sql.summary, params, conn, self.table)
         now, ready, held, deferred, done, deleted, poisoned, oldest, expiring, highest, claims = row
         return Summary(
             now=float(now),
@@ -495,12 +362,12 @@ class Overview:
 
     def fence_marks(self, *, limit: int = 50, conn: Connection | None = None) -> list[FenceMark]:
         """Up to ``limit`` fence marks (the highest fence accepted per resource), by resource."""
-        rows = self._rows(self._marks, {"limit": check_count("limit", limit)}, conn, self.marks)
+        rows = self._rows(self._sql.fence_marks, {"limit": check_count("limit", limit)}, conn, self.marks)
         return [FenceMark(resource, int(fence)) for resource, fence in rows]
 
     def idempotency_keys(self, *, limit: int = 50, conn: Connection | None = None) -> list[IdempotencyKey]:
         """Up to ``limit`` recorded idempotency keys, by key."""
-        rows = self._rows(self._keys, {"limit": check_count("limit", limit)}, conn, self.keys)
+        rows = self._rows(self._sql.idempotency_keys, {"limit": check_count("limit", limit)}, conn, self.keys)
         return [
             IdempotencyKey(key, None if fence is None else int(fence), None if at is None else float(at))
             for key, fence, at in rows

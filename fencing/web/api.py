@@ -53,7 +53,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import bindparam, select
 from sqlalchemy.sql import Executable
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -65,8 +64,8 @@ from .._errors import FencingError, InvalidArgument, InvalidArgumentType
 from .._runtime.refusals import Refusal
 from .._sql.checks import check_count, check_ttl
 from .._sql.dberrors import DB_ERRORS, wrap_database_error
-from .._sql.schema import KEY_TYPE, as_text
 from .._sql.values import Lease
+from .._sql.views import HistoryViews
 from .._store.jobstore import JobStore
 from ..overview import JobView, Overview
 from . import models
@@ -167,16 +166,10 @@ class _Api:
         self.max_attempts = max_attempts
         self.requests = requests_within(max_ttl, max_limit, max_attempts)
         self.document = openapi_document(max_ttl=max_ttl, max_limit=max_limit, max_attempts=max_attempts)
+        #: the job's last change of lease (refusals change nothing), if the store keeps a history
         self.last_change: Executable | None = None
         if store.history_config is not None:
-            h = store.history_config.table
-            # the job's last change of lease (refusals change nothing), through its (job_id, seq) index
-            self.last_change = (
-                select(h.c.event, as_text(h.c.owner), h.c.fence)
-                .where(h.c.job_id == bindparam("job_id", type_=KEY_TYPE), h.c.event != "refused")
-                .order_by(h.c.seq.desc())
-                .limit(1)
-            )
+            self.last_change = HistoryViews(store.history_config.table).last_change
 
     def endpoint(self, handler: Handler, *, body: bool = True) -> Callable[[Request], Awaitable[Response]]:
         async def call(request: Request) -> Response:

@@ -24,11 +24,12 @@ from collections import deque
 from collections.abc import AsyncIterator
 from typing import Any
 
-from sqlalchemy import Connection, Table, and_, bindparam, func, select
+from sqlalchemy import Connection, Table
 from starlette.concurrency import run_in_threadpool
 
 from .._errors import FencingError
 from .._sql.dberrors import DB_ERRORS, wrap_database_error
+from .._sql.views import HistoryViews
 from ..overview import JobView, Overview
 
 __all__ = ["SERIES", "Feed"]
@@ -69,11 +70,7 @@ class Feed:
         self._reading: asyncio.Future[dict[str, Any]] | None = None
         self._changed: asyncio.Condition | None = None
         self._task: asyncio.Task[None] | None = None
-        if history is not None:
-            h = history
-            since = bindparam("since", type_=h.c.at.type)
-            refused = and_(h.c.event == "refused", h.c.at > since)
-            self._by_reason = select(h.c.reason, func.count()).where(refused).group_by(h.c.reason)
+        self._history = None if history is None else HistoryViews(history)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -94,12 +91,12 @@ class Feed:
         return self._snapshot(summary, expiring, oldest, refusals, error)
 
     def _refusals(self, conn: Connection, now: float) -> dict[str, int] | None:
-        if self.history is None:
+        if self._history is None:
             return None
         try:
-            rows = conn.execute(self._by_reason, {"since": now - REFUSALS_WINDOW}).all()
+            rows = conn.execute(self._history.refusals_by_reason, {"since": now - REFUSALS_WINDOW}).all()
         except DB_ERRORS as exc:
-            raise wrap_database_error(exc, self.history.name) from exc
+            raise wrap_database_error(exc, self._history.history.name) from exc
         return {str(reason): int(n) for reason, n in rows}
 
     def _snapshot(

@@ -47,8 +47,8 @@ def listings(ov: Overview) -> dict[str, tuple[Executable, dict[str, Any]]]:
                     params["prefix_low"] = "job-00123"
                 how = (" after a cursor" if paged else "") + (" by prefix" if prefixed else "")
                 name = f"{state or 'every state'}{how}"
-                found[name] = (ov._listing(state, paged=paged, prefixed=prefixed), params)
-    found["one job"] = (ov._job, {"job_id": "job-0012345", "max_fence": 2**63 - 1})
+                found[name] = (ov._sql.listing(state, paged=paged, prefixed=prefixed), params)
+    found["one job"] = (ov._sql.job, {"job_id": "job-0012345", "max_fence": 2**63 - 1})
     return found
 
 
@@ -135,7 +135,11 @@ def test_the_refusals_by_reason_use_the_histories_at_index(engine: Engine) -> No
         )
     feed = Feed(Overview(engine), history=history)
     problems = problems_of(
-        engine, history.name, "refusals by reason", feed._by_reason, {"since": BACKLOG - 3600.0}
+        engine,
+        history.name,
+        "refusals by reason",
+        feed._history.refusals_by_reason,
+        {"since": BACKLOG - 3600.0},
     )
     # a GROUP BY may sort what the range found (an hour of refusals), never the table
     assert [p for p in problems if "Sort" not in p and "TEMP B-TREE" not in p and "filesort" not in p] == []
