@@ -5,6 +5,11 @@ A branch is a comparison (``==``, ``!=``, ``in``, ``not in``) with ``<x>.dialect
 ``<x>.dialect.driver``, a URL's ``get_backend_name()`` or a string that names a dialect or a
 driver. Naming one in a message, a lookup table or SQLAlchemy's own per-dialect declarations
 (``with_variant``, ``@compiles``, ``prefix_with(dialect=...)``) is not a branch.
+
+SQLAlchemy's per-database constructs (``sqlalchemy.dialects.<name>``: ``ON CONFLICT``, ``ON
+DUPLICATE KEY``, a database's column types) are imported only where the statements and tables
+are built (``fencing/_sql``), which builds each database's form for the plan that
+``fencing/_dialects`` chose, and in ``fencing/_dialects`` itself.
 """
 
 from __future__ import annotations
@@ -65,3 +70,38 @@ def test_the_check_sees_a_branch() -> None:
     flagged = [n for n in ast.walk(ast.parse(tree)) if isinstance(n, ast.Compare)]
     assert all(any(_names_a_dialect(x) for x in (n.left, *n.comparators)) for n in flagged)
     assert len(flagged) == 2
+
+
+def _imports_a_dialects_construct(tree: ast.AST) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        if any(n == "sqlalchemy.dialects" or n.startswith("sqlalchemy.dialects.") for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_sql_and_dialect_packages_import_a_databases_constructs() -> None:
+    found = [
+        f"{path.relative_to(LIBRARY)}:{line}"
+        for path in sorted(LIBRARY.rglob("*.py"))
+        if not {"_sql", "_dialects"} & set(path.relative_to(LIBRARY).parts)
+        for line in _imports_a_dialects_construct(ast.parse(path.read_text()))
+    ]
+    assert found == [], found
+
+
+def test_the_check_sees_an_import_of_a_databases_constructs() -> None:
+    tree = ast.parse(
+        "from sqlalchemy.dialects import postgresql\n"
+        "from sqlalchemy.dialects.sqlite import insert\n"
+        "import sqlalchemy.dialects.mysql\n"
+        "from sqlalchemy import dialects\n"
+        "from sqlalchemy import select\n"
+    )
+    assert _imports_a_dialects_construct(tree) == [1, 2, 3, 4]
