@@ -1,4 +1,5 @@
-"""Every statement the store runs, built once per table and clock with Core.
+"""Every statement the store runs on the jobs table, built with Core when first used (once
+per table and clock).
 
 The guards live in the ``WHERE`` clause: a compare-and-set either matches the row
 (and changes it in the same statement) or matches nothing. Nothing is read first
@@ -12,6 +13,7 @@ the columns are bytes and this is their UTF-8 codec).
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import cached_property
 from typing import Any, Literal
 
 from sqlalchemy import (
@@ -144,197 +146,303 @@ class Statements:
         freed_notice: ColumnElement[Any] | None = None,
         attempts: Table | None = None,
     ) -> None:
-        t = table
-        self.table = table
+        t = self.table = table
         #: where a requeue keeps a job's attempts base (:mod:`fencing._sql.attempts`), if anywhere
         self.attempts = attempts
         self.clock = clock
-        now: ColumnElement[float]
-        new_until: ColumnElement[float]
+        self._claim_guard = claim_guard
+        #: what a freed row sends on (a lock's waiters are woken), if anything
+        self._freed_notice = freed_notice
+        # the parts the statements share; each statement is built when first used
         if clock == "caller":
-            now = bindparam("now", type_=Double())
-            new_until = bindparam("new_until", type_=Double())
+            self._now: ColumnElement[float] = bindparam("now", type_=Double())
+            self._new_until: ColumnElement[float] = bindparam("new_until", type_=Double())
+            #: when an enqueued job becomes claimable: the caller's time
+            self._ready_at: ColumnElement[float] = bindparam("ready_at", type_=Double())
         else:
-            now = database_now()
-            new_until = database_now() + bindparam("ttl", type_=Double())
-
-        job = t.c.id == _key("job_id")
-        current_holder = and_(
-            job,
-            t.c.owner == _key("holder"),
-            t.c.fence == bindparam("token"),
-            t.c.done == _ZERO,
+            self._now = database_now()
+            self._new_until = database_now() + bindparam("ttl", type_=Double())
+            self._ready_at = database_now()
+        self._job = t.c.id == _key("job_id")
+        self._current_holder = and_(
+            self._job, t.c.owner == _key("holder"), t.c.fence == bindparam("token"), t.c.done == _ZERO
         )
         # until == now is expired: a reclaim may happen exactly at the boundary
-        lease_live = t.c.until > now
-
-        # when an enqueued job becomes claimable: the caller's time, or the server's now
-        ready_at: ColumnElement[float] = (
-            bindparam("ready_at", type_=Double()) if clock == "caller" else database_now()
-        )
-        #: registering a job twice must never wipe a lease in progress: insert, or revive a
-        #: tombstone (its fence kept), or change nothing. RETURNING on PostgreSQL, whose
-        #: driver's row count for upserts is not documented
-        revive = {"done": _ZERO, "owner": null(), "until": ready_at, "result": null()}
-        sqlite_insert = sqlite.insert(t).values(id=_key("job_id"), until=ready_at)
-        self.enqueue_sqlite: Executable = sqlite_insert.on_conflict_do_update(
-            index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
-        )
-        pg_insert = postgresql.insert(t).values(id=_key("job_id"), until=ready_at)
-        self.enqueue_postgresql: Executable = pg_insert.on_conflict_do_update(
-            index_elements=[t.c.id], set_=revive, where=t.c.done == _TOMBSTONE
-        ).returning(as_text(t.c.id))
-        #: MariaDB/MySQL: a plain insert; the duplicate-key error means "exists" and the
-        #: revive UPDATE then brings a tombstone back. (INSERT IGNORE would also turn real
-        #: errors into warnings; ON DUPLICATE KEY UPDATE cannot tell "inserted" from "found"
-        #: through the row count the driver reports.)
-        self.enqueue_plain: Executable = t.insert().values(id=_key("job_id"), until=ready_at)
-        self.revive: Executable = update(t).where(job, t.c.done == _TOMBSTONE).values(revive)
-
-        row = (as_text(t.c.id), as_text(t.c.owner), t.c.until, t.c.fence, t.c.result, t.c.done)
-        #: a tombstone is a deleted job: it has no state
-        self.state: Executable = select(*row).where(job, t.c.done != _TOMBSTONE)
-
+        self._lease_live = t.c.until > self._now
+        #: the same, for a row found by its primary key: never a way into the ready index
+        self._lease_live_by_key = unindexed(t.c.until) > self._now
         #: a fence can still go up: at 2**63-1, fence + 1 overflows (SQLite to a float that
         #: every later claimer gets again, the servers to an error), so such a row never matches
-        fence_left = t.c.fence < _FENCE_MAX
-        #: claimable: not done and the lease (if any) has expired; the fence only goes up
-        claimable = and_(job, t.c.done == _ZERO, t.c.until <= now, fence_left)
-        claim_values = {"owner": _key("holder"), "until": new_until, "fence": t.c.fence + _ONE}
-        #: a claim of one job by id, with what a caller adds to its WHERE (named locks: no
-        #: waiter queued ahead of the claimer, :mod:`fencing._store.lock_queue`)
-        claim_one = claimable if claim_guard is None else and_(claimable, claim_guard(now))
-        self.claim_returning: Executable = (
-            update(t).where(claim_one).values(claim_values).returning(t.c.fence, t.c.until)
-        )
-        self.claim_counting: Executable = update(t).where(claim_one).values(claim_values)
-        #: why a claim or revoke matched nothing, asked only then: the job's fences are used up
-        self.exhausted: Executable = select(t.c.fence).where(job, t.c.done == _ZERO, t.c.fence >= _FENCE_MAX)
-        #: read back a claim or renewal under the row lock its UPDATE took, same transaction
-        self.lease_of: Executable = select(t.c.fence, t.c.until).where(job)
-
-        #: renew never revives: the lease must still be live, not merely ours
-        renewal = update(t).where(current_holder, lease_live).values(until=new_until)
-        self.renew_returning: Executable = renewal.returning(t.c.until)
-        self.renew_counting: Executable = renewal
-        #: the late writer stops here: the lease is checked at the moment of writing
-        self.complete: Executable = (
-            update(t).where(current_holder, lease_live).values(result=bindparam("new_result"), done=_ONE)
-        )
-        #: a fenced transaction: the lease is current and live, and its row stays locked
-        #: until commit, so no one can claim the job while the caller's writes are pending
-        self.lock_lease: Executable = select(t.c.fence).where(current_holder, lease_live).with_for_update()
-        #: who holds a job now: its live lease's owner, fence and until (none when free)
-        self.live_lease: Executable = select(as_text(t.c.owner), t.c.fence, t.c.until).where(
-            job, t.c.done == _ZERO, t.c.owner.is_not(None), lease_live
-        )
-        #: the end of a fenced block sent with its COMMIT (PostgreSQL, psycopg's pipeline): the
-        #: same check, or the completion, as a statement that fails when it matches no row, so
-        #: the COMMIT after it in the pipeline is never run (:data:`LOST_AT_THE_END`)
-        self.still_held: Executable = _fails_unless_one(select(t.c.id).where(current_holder, lease_live))
-        self.complete_or_fail: Executable = _fails_unless_one(
-            update(t)
-            .where(current_holder, lease_live)
-            .values(result=bindparam("new_result"), done=_ONE)
-            .returning(t.c.id)
-            .cte("completed")
-        )
-        #: the same check as a write, for SQLite inside a transaction that did not begin
-        #: IMMEDIATE (the caller's): it takes the database's write lock with the check, so
-        #: the caller's writes that follow cannot lose a lock race
-        self.hold_lease: Executable = (
-            update(t).where(current_holder, lease_live).values(fence=t.c.fence).returning(t.c.fence)
-        )
-        #: the fence is kept: resetting it would make an old token valid again
-        release = update(t).where(current_holder).values(owner=null(), until=_ZERO)
-        #: released with a delay: not claimable before now + delay (new_until / ttl)
-        self.release_later: Executable = update(t).where(current_holder).values(owner=null(), until=new_until)
-        #: revoke: the fence moves on, so the holder's token is stale at once
-        #: why a write was refused (fencing.refusals), read only then, in its transaction:
-        #: the job as the guard saw it, and whether its lease had run out on the guard's clock
-        self.row_now: Executable = select(
-            as_text(t.c.owner), t.c.fence, t.c.done, (t.c.until <= now).label("expired")
-        ).where(job)
-        revoke = (
-            update(t)
-            .where(job, t.c.done == _ZERO, fence_left)
-            .values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
-        )
-        delete = (
-            update(t)
-            .where(job, t.c.done != _TOMBSTONE)
-            .values(done=_TOMBSTONE, owner=null(), until=_ZERO, result=null())
-        )
-        if freed_notice is not None:  # what a freed row sends on (a lock's waiters are woken)
-            release, revoke, delete = (
-                release.returning(freed_notice),
-                revoke.returning(freed_notice),
-                delete.returning(freed_notice),
-            )
-        #: the statements that free a row at once (a rowcount of 1: freed)
-        self.release: Executable = release
-        self.revoke: Executable = revoke
-        self.delete: Executable = delete
-
-        # -- the next ready jobs --------------------------------------------------------------
+        self._fence_left = t.c.fence < _FENCE_MAX
+        self._claim_values = {"owner": _key("holder"), "until": self._new_until, "fence": t.c.fence + _ONE}
+        self._row = (as_text(t.c.id), as_text(t.c.owner), t.c.until, t.c.fence, t.c.result, t.c.done)
         #: ready: not done, not held, not deferred, and claimed fewer than max_fence times
         #: (max_fence <= 2**63-1, so a job at the last fence is never ready)
-        max_fence: ColumnElement[int] = bindparam("max_fence")
-        ready = and_(t.c.done == _ZERO, t.c.until <= now, within_attempts(t, attempts, max_fence))
-        #: longest ready first: by enqueue time, lease expiry or retry time, then (a tie) by
-        #: id: the order of the ready index (done, until, id), so no backend sorts. SKIP
-        #: LOCKED: a worker never waits for rows another worker is claiming (ignored on
-        #: SQLite, where BEGIN IMMEDIATE serializes claims)
-        longest_ready = (t.c.until, t.c.id)
-        pick = (
-            select(as_text(t.c.id))
-            .where(ready)
-            .order_by(*longest_ready)
-            .limit(bindparam("limit"))
-            .with_for_update(skip_locked=True)
+        self._max_fence: ColumnElement[int] = bindparam("max_fence")
+        self._ready = and_(
+            t.c.done == _ZERO, t.c.until <= self._now, within_attempts(t, attempts, self._max_fence)
         )
-        #: for databases without RETURNING: the pick reads each fence too, and the clock's
-        #: reading it judged them ready at (the database's: the claim is stored at that instant,
-        #: so the client knows each lease without reading it back); it locks the rows, so the
-        #: ones claim_ids' UPDATE claimed are exactly those at the picked fence + 1
-        self.pick_ready = pick.add_columns(t.c.fence, now)
         #: the picked rows, found by primary key; still ready (a re-check that costs nothing)
         self._ready_again = and_(
             unindexed(t.c.done) == _ZERO,
-            unindexed(t.c.until) <= now,
-            within_attempts(t, attempts, max_fence, fence=unindexed(t.c.fence)),
+            unindexed(t.c.until) <= self._now,
+            within_attempts(t, attempts, self._max_fence, fence=unindexed(t.c.fence)),
         )
-        self._pick = pick
-        self._ready = ready
-        self._claim_values = claim_values
-        self.claim_next_returning: Executable = self._claim_picked(pick)
         self._by_count: dict[int, tuple[Executable, Executable]] = {}
-        #: jobs claimed max_fence times or more and not held: retries exhausted
-        self.poisoned: Executable = (
-            select(*row)
-            .where(t.c.done == _ZERO, exhausted(t, attempts, max_fence), t.c.until <= now)
-            .order_by(*longest_ready)
-        )
-        self._now = now
-        self._lease_live = lease_live
-        if attempts is not None:
-            a = attempts
-            #: a requeue: a job not done and not held (a deferred one ready now, an expired
-            #: lease's owner cleared); its fence kept, so every token handed out stays stale
-            self.requeue: Executable = (
-                update(t)
-                .where(job, t.c.done == _ZERO, or_(t.c.owner.is_(None), t.c.until <= now))
-                .values(owner=null(), until=case((t.c.until > now, now), else_=t.c.until))
-            )
-            #: then its attempts count from its fence now: the base replaced, under the row
-            #: lock the requeue took (so two requeues of a job are one after the other)
-            self.forget_base: Executable = a.delete().where(a.c.id == _key("job_id"))
-            self.set_base: Executable = a.insert().from_select(
-                ["id", "base"], select(t.c.id, t.c.fence).where(job)
-            )
-        #: the same, for a row found by its primary key: never a way into the ready index
-        self._lease_live_by_key = unindexed(t.c.until) > now
         self._batches: dict[tuple[str, int], Executable] = {}
+
+    # -- registering a job --------------------------------------------------------------------
+
+    @cached_property
+    def _revive(self) -> dict[str, Any]:
+        """Registering a job twice must never wipe a lease in progress: insert, or revive a
+        tombstone (its fence kept), or change nothing."""
+        return {"done": _ZERO, "owner": null(), "until": self._ready_at, "result": null()}
+
+    @cached_property
+    def enqueue_sqlite(self) -> Executable:
+        t = self.table
+        insert = sqlite.insert(t).values(id=_key("job_id"), until=self._ready_at)
+        return insert.on_conflict_do_update(
+            index_elements=[t.c.id], set_=self._revive, where=t.c.done == _TOMBSTONE
+        )
+
+    @cached_property
+    def enqueue_postgresql(self) -> Executable:
+        """RETURNING on PostgreSQL, whose driver's row count for upserts is not documented."""
+        t = self.table
+        insert = postgresql.insert(t).values(id=_key("job_id"), until=self._ready_at)
+        return insert.on_conflict_do_update(
+            index_elements=[t.c.id], set_=self._revive, where=t.c.done == _TOMBSTONE
+        ).returning(as_text(t.c.id))
+
+    @cached_property
+    def enqueue_plain(self) -> Executable:
+        """MariaDB/MySQL: a plain insert; the duplicate-key error means "exists" and
+        :attr:`revive` then brings a tombstone back. (INSERT IGNORE would also turn real
+        errors into warnings; ON DUPLICATE KEY UPDATE cannot tell "inserted" from "found"
+        through the row count the driver reports.)"""
+        return self.table.insert().values(id=_key("job_id"), until=self._ready_at)
+
+    @cached_property
+    def revive(self) -> Executable:
+        return update(self.table).where(self._job, self.table.c.done == _TOMBSTONE).values(self._revive)
+
+    @cached_property
+    def state(self) -> Executable:
+        """A job's row; a tombstone is a deleted job: it has no state."""
+        return select(*self._row).where(self._job, self.table.c.done != _TOMBSTONE)
+
+    # -- one lease -----------------------------------------------------------------------------
+
+    @cached_property
+    def _claim_one(self) -> ColumnElement[bool]:
+        """Claimable: not done and the lease (if any) has expired; the fence only goes up;
+        and what a caller adds (named locks: no waiter queued ahead of the claimer,
+        :mod:`fencing._store.lock_queue`)."""
+        t = self.table
+        claimable = and_(self._job, t.c.done == _ZERO, t.c.until <= self._now, self._fence_left)
+        return claimable if self._claim_guard is None else and_(claimable, self._claim_guard(self._now))
+
+    @cached_property
+    def claim_returning(self) -> Executable:
+        t = self.table
+        return update(t).where(self._claim_one).values(self._claim_values).returning(t.c.fence, t.c.until)
+
+    @cached_property
+    def claim_counting(self) -> Executable:
+        return update(self.table).where(self._claim_one).values(self._claim_values)
+
+    @cached_property
+    def exhausted(self) -> Executable:
+        """Why a claim or revoke matched nothing, asked only then: the job's fences are used up."""
+        t = self.table
+        return select(t.c.fence).where(self._job, t.c.done == _ZERO, t.c.fence >= _FENCE_MAX)
+
+    @cached_property
+    def lease_of(self) -> Executable:
+        """Read back a claim or renewal under the row lock its UPDATE took, same transaction."""
+        return select(self.table.c.fence, self.table.c.until).where(self._job)
+
+    @cached_property
+    def renew_counting(self) -> Executable:
+        """Renew never revives: the lease must still be live, not merely ours."""
+        return update(self.table).where(self._current_holder, self._lease_live).values(until=self._new_until)
+
+    @cached_property
+    def renew_returning(self) -> Executable:
+        renewal = self.renew_counting
+        assert isinstance(renewal, Update)
+        return renewal.returning(self.table.c.until)
+
+    @cached_property
+    def _completion(self) -> Update:
+        return (
+            update(self.table)
+            .where(self._current_holder, self._lease_live)
+            .values(result=bindparam("new_result"), done=_ONE)
+        )
+
+    @cached_property
+    def complete(self) -> Executable:
+        """The late writer stops here: the lease is checked at the moment of writing."""
+        return self._completion
+
+    @cached_property
+    def lock_lease(self) -> Executable:
+        """A fenced transaction: the lease is current and live, and its row stays locked until
+        commit, so no one can claim the job while the caller's writes are pending."""
+        t = self.table
+        return select(t.c.fence).where(self._current_holder, self._lease_live).with_for_update()
+
+    @cached_property
+    def live_lease(self) -> Executable:
+        """Who holds a job now: its live lease's owner, fence and until (none when free)."""
+        t = self.table
+        return select(as_text(t.c.owner), t.c.fence, t.c.until).where(
+            self._job, t.c.done == _ZERO, t.c.owner.is_not(None), self._lease_live
+        )
+
+    @cached_property
+    def still_held(self) -> Executable:
+        """The end of a fenced block sent with its COMMIT (PostgreSQL, psycopg's pipeline): the
+        same check as a statement that fails when it matches no row, so the COMMIT after it in
+        the pipeline is never run (:data:`LOST_AT_THE_END`)."""
+        return _fails_unless_one(select(self.table.c.id).where(self._current_holder, self._lease_live))
+
+    @cached_property
+    def complete_or_fail(self) -> Executable:
+        """The completion at the end of a fenced block, as :attr:`still_held`."""
+        return _fails_unless_one(self._completion.returning(self.table.c.id).cte("completed"))
+
+    @cached_property
+    def hold_lease(self) -> Executable:
+        """The same check as a write, for SQLite inside a transaction that did not begin
+        IMMEDIATE (the caller's): it takes the database's write lock with the check, so the
+        caller's writes that follow cannot lose a lock race."""
+        t = self.table
+        return (
+            update(t)
+            .where(self._current_holder, self._lease_live)
+            .values(fence=t.c.fence)
+            .returning(t.c.fence)
+        )
+
+    @cached_property
+    def release_later(self) -> Executable:
+        """Released with a delay: not claimable before now + delay (new_until / ttl)."""
+        return update(self.table).where(self._current_holder).values(owner=null(), until=self._new_until)
+
+    @cached_property
+    def row_now(self) -> Executable:
+        """Why a write was refused (:mod:`fencing._runtime.refusals`), read only then, in its
+        transaction: the job as the guard saw it, and whether its lease had run out on the
+        guard's clock."""
+        t = self.table
+        expired = (t.c.until <= self._now).label("expired")
+        return select(as_text(t.c.owner), t.c.fence, t.c.done, expired).where(self._job)
+
+    def _frees(self, stmt: Update) -> Executable:
+        """``stmt``, a statement that frees a row at once (a rowcount of 1: freed), returning
+        what a freed row sends on if the table's rows send anything."""
+        return stmt if self._freed_notice is None else stmt.returning(self._freed_notice)
+
+    @cached_property
+    def release(self) -> Executable:
+        """The fence is kept: resetting it would make an old token valid again."""
+        return self._frees(update(self.table).where(self._current_holder).values(owner=null(), until=_ZERO))
+
+    @cached_property
+    def revoke(self) -> Executable:
+        """The fence moves on, so the holder's token is stale at once."""
+        t = self.table
+        return self._frees(
+            update(t)
+            .where(self._job, t.c.done == _ZERO, self._fence_left)
+            .values(fence=t.c.fence + _ONE, owner=null(), until=_ZERO)
+        )
+
+    @cached_property
+    def delete(self) -> Executable:
+        t = self.table
+        return self._frees(
+            update(t)
+            .where(self._job, t.c.done != _TOMBSTONE)
+            .values(done=_TOMBSTONE, owner=null(), until=_ZERO, result=null())
+        )
+
+    # -- the next ready jobs ---------------------------------------------------------------------
+
+    @cached_property
+    def _pick(self) -> Select[Any]:
+        """Longest ready first: by enqueue time, lease expiry or retry time, then (a tie) by
+        id: the order of the ready index (done, until, id), so no backend sorts. SKIP LOCKED: a
+        worker never waits for rows another worker is claiming (ignored on SQLite, where BEGIN
+        IMMEDIATE serializes claims)."""
+        t = self.table
+        return (
+            select(as_text(t.c.id))
+            .where(self._ready)
+            .order_by(t.c.until, t.c.id)
+            .limit(bindparam("limit"))
+            .with_for_update(skip_locked=True)
+        )
+
+    @cached_property
+    def pick_ready(self) -> Executable:
+        """For databases without RETURNING: the pick reads each fence too, and the clock's
+        reading it judged them ready at (the database's: the claim is stored at that instant,
+        so the client knows each lease without reading it back); it locks the rows, so the ones
+        :meth:`claim_ids`' UPDATE claimed are exactly those at the picked fence + 1."""
+        return self._pick.add_columns(self.table.c.fence, self._now)
+
+    @cached_property
+    def claim_next_returning(self) -> Executable:
+        return self._claim_picked(self._pick)
+
+    @cached_property
+    def poisoned(self) -> Executable:
+        """Jobs claimed max_fence times or more and not held: retries exhausted."""
+        t = self.table
+        return (
+            select(*self._row)
+            .where(t.c.done == _ZERO, exhausted(t, self.attempts, self._max_fence), t.c.until <= self._now)
+            .order_by(t.c.until, t.c.id)
+        )
+
+    # -- a requeue (with an attempts table) ----------------------------------------------------
+
+    @cached_property
+    def requeue(self) -> Executable:
+        """A job not done and not held (a deferred one ready now, an expired lease's owner
+        cleared); its fence kept, so every token handed out stays stale."""
+        t, now = self.table, self._now
+        return (
+            update(t)
+            .where(self._job, t.c.done == _ZERO, or_(t.c.owner.is_(None), t.c.until <= now))
+            .values(owner=null(), until=case((t.c.until > now, now), else_=t.c.until))
+        )
+
+    @cached_property
+    def forget_base(self) -> Executable:
+        """Then its attempts count from its fence now: the base replaced, under the row lock
+        the requeue took (so two requeues of a job are one after the other)."""
+        a = self._attempts_table()
+        return a.delete().where(a.c.id == _key("job_id"))
+
+    @cached_property
+    def set_base(self) -> Executable:
+        t = self.table
+        return (
+            self._attempts_table()
+            .insert()
+            .from_select(["id", "base"], select(t.c.id, t.c.fence).where(self._job))
+        )
+
+    def _attempts_table(self) -> Table:
+        if self.attempts is None:
+            raise AttributeError("a requeue's statements need the store's attempts table")
+        return self.attempts
 
     def claim_ids(self, count: int) -> tuple[Executable, Executable]:
         """For databases without ``UPDATE ... RETURNING``: claim ``count`` picked ids
