@@ -44,6 +44,7 @@ from fencing import (
     LeaseLost,
     PoolTimeout,
 )
+from fencing._runtime.admission import _OBSERVING, _OBSERVING_DIALECT, observed
 from tests import backends
 from tests.processes import reap
 
@@ -348,6 +349,27 @@ def test_every_operation_is_seen_by_cursor_event_listeners(
     touching = [sql for sql in seen if table in sql]
     assert touching, f"{operation}: no statement on {table} reached the listener: {seen}"
     assert after == seen  # each statement completed, seen on both sides
+
+
+@pytest.mark.sync_only("one check of the engine, whichever front")
+@pytest.mark.parametrize("name", [*_OBSERVING, *_OBSERVING_DIALECT])
+def test_a_listener_of_any_observing_event_sends_the_store_through_core(engine: Engine, name: str) -> None:
+    """The check made before every transaction sees a listener of each event it lists (it is
+    written out for speed: this holds it to the lists), and forgets it once removed."""
+    own = len(engine.dispatch.begin)  # the library's own begin listeners (SQLite's)
+    assert not observed(engine, own)
+
+    def listener(*args: object, **kwargs: object) -> None:
+        return None
+
+    target = engine.dialect if name in _OBSERVING_DIALECT else engine
+    # do_* hooks of the dialect must return None (proceed): a no-op listener does nothing else
+    event.listen(target, name, listener)
+    try:
+        assert observed(engine, own)
+    finally:
+        event.remove(target, name, listener)
+    assert not observed(engine, own)
 
 
 @pytest.mark.sync_only("observes the engine fixture, which the sync store uses")
