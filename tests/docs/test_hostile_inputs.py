@@ -657,8 +657,7 @@ ROWS: list[Row] = [
         "a stale fence",
         'Heartbeat(store, Lease("job", "w", 7), 10, clock=lambda: 110.0).start()',
         LeaseLost,
-        "the lease (job 'job', owner 'w', fence 7) is not held: the first renewal was refused "
-        "(stale fence)",
+        "the lease (job 'job', owner 'w', fence 7) is not held: the first renewal was refused (stale fence)",
     ),
     Row(
         "Heartbeat.check",
