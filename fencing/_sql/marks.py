@@ -62,28 +62,30 @@ class MarkStatements:
 
     # -- accept: equal is accepted (the same lease may write twice) ------------------------
 
+    def _accept_on_conflict(self, dialect: Any, *returning: ColumnElement[Any]) -> Executable:
+        """Insert the mark, or raise it unless it is higher, as SQLite and PostgreSQL both
+        spell it (``dialect``: the module whose ``insert`` has ``on_conflict_do_update``),
+        returning ``returning`` if given."""
+        m = self.marks
+        new = dialect.insert(m).values(self._mark)
+        upsert = new.on_conflict_do_update(
+            index_elements=[m.c.resource],
+            set_={"fence": new.excluded.fence},
+            where=m.c.fence <= new.excluded.fence,
+        )
+        stmt: Executable = upsert.returning(*returning) if returning else upsert
+        return stmt
+
     @cached_property
     def accept_sqlite(self) -> Executable:
-        """Insert the mark, or raise it unless it is higher (the row count says which)."""
-        m = self.marks
-        lite = sqlite.insert(m).values(self._mark)
-        return lite.on_conflict_do_update(
-            index_elements=[m.c.resource],
-            set_={"fence": lite.excluded.fence},
-            where=m.c.fence <= lite.excluded.fence,
-        )
+        """The row count says whether the mark was accepted."""
+        return self._accept_on_conflict(sqlite)
 
     @cached_property
     def accept_postgresql(self) -> Executable:
-        """The same, ``RETURNING``, not the row count: the answer does not depend on what the
-        driver reports."""
-        m = self.marks
-        pg = postgresql.insert(m).values(self._mark)
-        return pg.on_conflict_do_update(
-            index_elements=[m.c.resource],
-            set_={"fence": pg.excluded.fence},
-            where=m.c.fence <= pg.excluded.fence,
-        ).returning(m.c.fence)
+        """``RETURNING``, not the row count: the answer does not depend on what the driver
+        reports."""
+        return self._accept_on_conflict(postgresql, self.marks.c.fence)
 
     @cached_property
     def ensure_mark(self) -> Executable:

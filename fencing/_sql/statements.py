@@ -199,22 +199,25 @@ class Statements:
         tombstone (its fence kept), or change nothing."""
         return {"done": _ZERO, "owner": null(), "until": self._ready_at, "result": null()}
 
-    @cached_property
-    def enqueue_sqlite(self) -> Executable:
+    def _enqueue_on_conflict(self, dialect: Any, *returning: ColumnElement[Any]) -> Executable:
+        """The upsert as SQLite and PostgreSQL both spell it (``dialect``: the module whose
+        ``insert`` has ``on_conflict_do_update``), returning ``returning`` if given."""
         t = self.table
-        insert = sqlite.insert(t).values(id=_key("job_id"), until=self._ready_at)
-        return insert.on_conflict_do_update(
+        new = dialect.insert(t).values(id=_key("job_id"), until=self._ready_at)
+        upsert = new.on_conflict_do_update(
             index_elements=[t.c.id], set_=self._revive, where=t.c.done == _TOMBSTONE
         )
+        stmt: Executable = upsert.returning(*returning) if returning else upsert
+        return stmt
+
+    @cached_property
+    def enqueue_sqlite(self) -> Executable:
+        return self._enqueue_on_conflict(sqlite)
 
     @cached_property
     def enqueue_postgresql(self) -> Executable:
         """RETURNING on PostgreSQL, whose driver's row count for upserts is not documented."""
-        t = self.table
-        insert = postgresql.insert(t).values(id=_key("job_id"), until=self._ready_at)
-        return insert.on_conflict_do_update(
-            index_elements=[t.c.id], set_=self._revive, where=t.c.done == _TOMBSTONE
-        ).returning(as_text(t.c.id))
+        return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
 
     @cached_property
     def enqueue_plain(self) -> Executable:
