@@ -442,5 +442,4 @@ class JobsContext(Context):
 
     def refused_one(self, refusal: Refusal) -> Refusal:
         """Log and count ``refusal`` (after its transaction), and answer it."""
-        report((refusal,), self.metrics)
-        return refusal
+        return self.refused([refusal], refusal)

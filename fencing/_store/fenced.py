@@ -342,7 +342,7 @@ class FencedBlocks:
             why = ctx.why(x, s, path, op.guard, op.clock)
         else:
             why = never_current(path, job, owner, token)
-        ctx.refused([why], None)
+        ctx.refused_one(why)
         lost = LeaseLost(f"lease on {job!r} (fence {token}) {what}")
         # the block's transaction is rolled back: its history row is written after that
         lost.reason = why.reason

@@ -253,8 +253,8 @@ class Recorder:
         return self._sql.prune
 
     def _write(self, x: Executor, rows: list[dict[str, Any]], clock: Clock) -> None:
-        caller = clock.now is not None
-        at: dict[str, Any] = {} if clock.now is None else {"now": clock.now}
+        caller = clock.caller
+        at: dict[str, Any] = {"now": clock.now} if caller else {}
         done = 0
         while done < len(rows):
             size = min(_CHUNK, 1 << ((len(rows) - done).bit_length() - 1))
@@ -306,7 +306,7 @@ class Recorder:
 
     def copy(self, x: Executor, event: str, job_id: str, clock: Clock) -> None:
         """An event whose lease is the job's row as it is now (a revoke's new fence)."""
-        stmt = self._sql.copy(clock.now is not None, event)
+        stmt = self._sql.copy(clock.caller, event)
         x.count(stmt, {"job_id": job_id} if clock.now is None else {"job_id": job_id, "now": clock.now})
 
     def record(self, x: Executor, outcome: Outcome) -> None:

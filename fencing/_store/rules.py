@@ -498,7 +498,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
         return f"the lease ({token}) is not held: {reason}"
 
 
-# -- on a thread ---------------------------------------------------------------------------------
+# -- a refused renewal, told ---------------------------------------------------------------------
 
 
 def _why(refused: object) -> str:

@@ -409,9 +409,9 @@ class _Worker:
             t0, accepted = self.attempt(mode, completed, [lease])
         self.at(HOLDING)
         if nested:
-            _record(self.journal, "write", lease, t0, how=mode, ok=bool(accepted), nested=True)
+            _record(self.journal, "write", lease, t0, how=mode, ok=accepted, nested=True)
         else:
-            _record(self.journal, "write", lease, t0, how=mode, ok=bool(accepted))
+            _record(self.journal, "write", lease, t0, how=mode, ok=accepted)
 
     def step(self, lease: Lease) -> list[Lease]:
         """Complete ``lease`` and claim the next job in one transaction: the new leases."""

@@ -268,10 +268,9 @@ class _Api:
             return answer(CompleteOut(completed=True, replayed=False, lease=LeaseOut.of(lease)))
         if done.reason != "done" or (done.holder, done.current_fence) != (lease.owner, lease.fence):
             return self.refused(done)
-        # done by this very lease (a fence is handed out once): a retry, if the result is the same
         job = await self.job(lease.job_id)
         if job is not None and job.state == "done" and (job.owner, job.fence) == (lease.owner, lease.fence):
-            # done by this very lease (a fence is handed out once): this is a retry
+            # done by this very lease (a fence is handed out once): a retry, if the result is the same
             if job.result == result:
                 replay = CompleteOut(
                     completed=True, replayed=True, lease=LeaseOut.of(lease), job=JobOut.of(job)
