@@ -50,7 +50,23 @@ def _sqlalchemy_privates_in(path: pathlib.Path) -> set[str]:
     that is not its own (``self``, ``cls``) nor one of the library's own modules."""
     tree = ast.parse(path.read_text())
     found: set[str] = set()
+    #: the names this module binds to SQLAlchemy's modules and objects (``from sqlalchemy
+    #: import types``, ``import sqlalchemy as sa``): a ``_name`` read off one is private
+    from_sqlalchemy = {
+        a.asname or a.name.partition(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for a in node.names
+        if ((node.module or "") if isinstance(node, ast.ImportFrom) else a.name).startswith("sqlalchemy")
+    }
     for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not node.attr.startswith("__")
+            and _root(node) in from_sqlalchemy
+        ):
+            found.add(node.attr)
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
             found |= {a.name for a in node.names if a.name.startswith("_")}
             if any(part.startswith("_") for part in (node.module or "").split(".")):
@@ -63,6 +79,13 @@ def _sqlalchemy_privates_in(path: pathlib.Path) -> set[str]:
         elif isinstance(node, ast.Attribute) and node.attr in PRIVATE_NAMES:
             found.add(node.attr)
     return found
+
+
+def _root(node: ast.expr) -> str | None:
+    """The name an attribute chain starts from (``sa`` of ``sa.types._Binary``)."""
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
 
 
 #: SQLAlchemy modules without a documented API: importing from one is reading private names
