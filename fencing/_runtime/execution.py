@@ -819,7 +819,13 @@ class Runner:
             # (a read on SQLite: its one statement runs as its own snapshot)
             if self._write_lock is not None and write:
                 began = time.perf_counter()
-                self._write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", self.errors, lowered=True)
+                self._write_lock.begin(
+                    cursor.execute,
+                    "BEGIN IMMEDIATE",
+                    self.errors,
+                    lowered=True,
+                    connection=held.driver_connection,
+                )
                 waited = time.perf_counter() - began
                 if waited > LOCK_WAIT_MIN and self.metrics is not None:
                     self.metrics.waited(waited)

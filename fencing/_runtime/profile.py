@@ -185,7 +185,9 @@ class SQLiteProfile(EngineProfile):
         assert self.write_lock is not None
         cursor = dbapi_connection.cursor()
         try:
-            self.write_lock.begin(cursor.execute, "BEGIN IMMEDIATE", errors, lowered=True)
+            self.write_lock.begin(
+                cursor.execute, "BEGIN IMMEDIATE", errors, lowered=True, connection=driver_connection
+            )
         finally:
             cursor.close()
 

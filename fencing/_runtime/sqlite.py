@@ -157,7 +157,8 @@ class Settings:
             if not info.get(_SHORT_HANDLER):
                 execute(self._short_sql)
                 info[_SHORT_HANDLER] = True
-            self.write_lock.begin(execute, "BEGIN IMMEDIATE", DB_ERRORS, lowered=True)
+            driver = conn.connection.driver_connection
+            self.write_lock.begin(execute, "BEGIN IMMEDIATE", DB_ERRORS, lowered=True, connection=driver)
             return
         # the application's: a connection the store used last still waits STARVING at most;
         # it gets the engine's busy_timeout back before the transaction's first statement

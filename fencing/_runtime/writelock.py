@@ -198,6 +198,8 @@ class WriteLock:
     __slots__ = (
         "_callers",
         "_fd",
+        "_filed",
+        "_filing",
         "_full_sql",
         "_generation",
         "_lock",
@@ -226,6 +228,10 @@ class WriteLock:
         #: (a thread, or an asyncio task: :func:`fencing._runtime.bridge.holder`): each driver
         #: connection with the count of its changes when its transaction began
         self._callers: dict[Any, list[tuple[Any, int]]] = {}
+        #: who each of those driver connections is filed under (a connection's transaction is
+        #: one caller's at a time: the next one to begin on it takes it out of the last one's)
+        self._filed: dict[Any, Any] = {}
+        self._filing = threading.Lock()  # both, changed by the threads that begin transactions
 
     def note_callers_transaction(self, driver_connection: Any) -> None:
         """An application's transaction began on ``driver_connection`` (the engine's ``begin``
@@ -235,26 +241,43 @@ class WriteLock:
         if changes is None:
             return
         key = bridge.holder()
-        if len(self._callers) > _CALLERS_KEPT:  # callers gone (threads, tasks): their transactions ended
-            for other in [k for k, held in self._callers.items() if not any(_open(c) for c, _ in held)]:
-                del self._callers[other]
-        kept = [(c, n) for c, n in self._callers.get(key, ()) if _open(c) and c is not driver_connection]
-        kept.append((driver_connection, changes))
-        self._callers[key] = kept
+        with self._filing:
+            self._unfile(driver_connection)
+            if len(self._callers) > _CALLERS_KEPT:  # callers gone (threads, tasks): their transactions ended
+                for other in [k for k, held in self._callers.items() if not any(_open(c) for c, _ in held)]:
+                    self._forget(other, lambda c: True)
+            self._forget(key, _open)
+            self._callers.setdefault(key, []).append((driver_connection, changes))
+            self._filed[driver_connection] = key
+
+    def _unfile(self, driver_connection: Any) -> None:
+        """A transaction begins on ``driver_connection``: whoever it was filed under before
+        (its last transaction, ended: a pooled connection goes from caller to caller) no longer
+        holds anything on it. The store's own ``BEGIN`` does it too (:meth:`begin`)."""
+        last = self._filed.pop(driver_connection, None)
+        if last is not None:
+            self._forget(last, lambda c: c is not driver_connection)
+
+    def _forget(self, key: Any, keep: Callable[[Any], bool]) -> None:
+        """Keep only the connections filed under ``key`` that ``keep`` says to."""
+        held = self._callers.get(key, [])
+        for c, _ in held:
+            if not keep(c):
+                self._filed.pop(c, None)
+        held[:] = [(c, n) for c, n in held if keep(c)]
+        if not held:
+            self._callers.pop(key, None)
 
     def caller_holds_the_lock(self) -> bool:
         """Whether a transaction of this caller's own, on another connection of the engine,
         has written and not ended: it holds the write lock, which it cannot release while
         the caller waits for it."""
         key = bridge.holder()
-        held = self._callers.get(key)
-        if not held:
+        if key not in self._callers:
             return False
-        held[:] = [(c, n) for c, n in held if _open(c)]
-        if not held:
-            del self._callers[key]
-            return False
-        return any((_changes(c) or 0) > n for c, n in held)
+        with self._filing:
+            self._forget(key, _open)
+            return any((_changes(c) or 0) > n for c, n in self._callers.get(key, ()))
 
     def begin(
         self,
@@ -263,14 +286,21 @@ class WriteLock:
         errors: _Errors,
         *,
         lowered: bool = False,
+        connection: Any = None,
     ) -> None:
         """Send ``begin_sql`` (through ``execute``) once the write lock can be had; raise
         ``DatabaseBusy`` when the budget is spent first (no transaction is open then).
+
+        ``connection``: the driver connection of the store's own transaction, taken out of
+        the application's callers it may be filed under (:meth:`_unfile`).
 
         ``lowered``: the connection's busy_timeout is :attr:`handler_sql`'s already (the
         store's fast path keeps it so). Otherwise it is the engine's, the application's
         connections' too: it is lowered for this call only and restored before it returns.
         """
+        if self._filed and connection is not None:
+            with self._filing:
+                self._unfile(connection)
         started = time.monotonic()
         if lowered:  # the store's usual case: one look, one BEGIN
             outcome = self._first_try(execute, begin_sql, errors)

@@ -881,3 +881,48 @@ def test_a_store_write_while_the_callers_own_session_holds_the_write_lock_is_ref
             assert store.enqueue("c")
     finally:
         engine.dispose()
+
+
+@pytest.mark.backend("sqlite")
+@pytest.mark.parametrize("next_holder", ["the application's transaction", "a fenced block"])
+def test_a_pooled_connection_another_thread_writes_on_is_not_the_callers_own_lock(
+    tmp_path: Any, next_holder: str
+) -> None:
+    """A connection the caller's transaction used goes back to the pool; another thread's
+    transaction that then writes on it (its own, or a store's fenced block) holds the write
+    lock for that thread, not for the caller: the caller's store write waits for it like for
+    any other writer and is not refused as if it held the lock itself."""
+    engine = fencing.create_sqlite_engine(str(tmp_path / "pooled.db"), busy_timeout=30.0)
+    try:
+        store = JobStore(engine)
+        store.create_table()
+        Base.metadata.create_all(engine)
+        store.enqueue("fenced-job", ready_at=0.0)
+        [lease] = store.claim_next("other", ttl=60.0)
+        with engine.begin() as conn:  # the caller's own transaction, on the pool's one connection
+            conn.execute(sqlalchemy.insert(Invoice).values(job="caller", total=1))
+        holding, release = threading.Event(), threading.Event()
+        errors: list[BaseException] = []
+
+        def other_thread() -> None:
+            try:
+                context = engine.begin() if next_holder.startswith("the app") else store.fenced(lease)
+                with context as conn:  # the same pooled connection, now this thread's
+                    conn.execute(sqlalchemy.insert(Invoice).values(job="other", total=2))
+                    holding.set()
+                    release.wait(10.0)
+            except BaseException as exc:
+                errors.append(exc)
+                holding.set()
+
+        other = threading.Thread(target=other_thread)
+        other.start()
+        assert holding.wait(10.0) and errors == []
+        threading.Timer(0.3, release.set).start()
+        started = time.monotonic()
+        assert store.enqueue("after")  # waits for the other thread's commit: not refused
+        assert time.monotonic() - started >= 0.25
+        other.join(10.0)
+        assert errors == [] and store.state("after") is not None
+    finally:
+        engine.dispose()
