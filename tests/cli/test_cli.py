@@ -768,10 +768,21 @@ def read_terminal(master: int, proc: subprocess.Popen[Any], enough: bytes = b"",
                 break
     if times:
         proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=TIMEOUT) == 0
+    # read on while it ends, as a terminal does: a process writing to a full terminal buffer
+    # blocks there (its last flush at exit too) until someone reads
+    deadline = time.monotonic() + TIMEOUT
+    with contextlib.suppress(OSError):
+        while time.monotonic() < deadline and proc.poll() is None:
+            if select.select([master], [], [], 0.2)[0]:
+                seen += os.read(master, 65536)
+    stuck = proc.poll() is None
+    if stuck:  # its threads' stacks onto the terminal (faulthandler, PYTHONFAULTHANDLER=1)
+        proc.send_signal(signal.SIGABRT)
     with contextlib.suppress(OSError):
         while select.select([master], [], [], 5)[0] and (chunk := os.read(master, 65536)):
             seen += chunk
+    assert not stuck, f"still running {TIMEOUT} s after Ctrl-C: {seen[-6000:].decode(errors='replace')}"
+    assert proc.wait(timeout=5) == 0
     return seen
 
 
@@ -779,13 +790,18 @@ def test_stats_watch_refreshes_in_place_on_a_terminal_until_ctrl_c(target: str, 
     queue.enqueue("a")
     master, slave = pty.openpty()
     proc = subprocess.Popen(
-        [str(SCRIPT), "stats", "--url", target, "--watch", "0.1"], stdin=slave, stdout=slave, stderr=slave
+        [str(SCRIPT), "stats", "--url", target, "--watch", "0.1"],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},
     )
     os.close(slave)
     try:
         seen = read_terminal(master, proc, b"\x1b[H", 3)
     finally:
         proc.kill()
+        proc.wait()
         os.close(master)
     text = seen.decode()
     assert text.startswith("\x1b[2J\x1b[H")  # cleared once, then each refresh from the top
@@ -815,6 +831,7 @@ def test_torture_shows_one_progress_line_on_a_terminal_then_clears_it() -> None:
         summary = proc.stdout.read()
     finally:
         proc.kill()
+        proc.wait()
         os.close(master)
         if proc.stdout is not None:
             proc.stdout.close()
