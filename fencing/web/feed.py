@@ -70,6 +70,9 @@ class Feed:
         self._reading: asyncio.Future[dict[str, Any]] | None = None
         self._changed: asyncio.Condition | None = None
         self._task: asyncio.Task[None] | None = None
+        #: the last read's thread, as a task: a cancelled caller stops waiting for it, but the
+        #: thread reads on, on a pooled connection, until it returns (close() waits for it)
+        self._thread: asyncio.Future[dict[str, Any]] | None = None
         self._history = None if history is None else HistoryViews(history)
 
     # -- reading ----------------------------------------------------------------------------
@@ -162,7 +165,8 @@ class Feed:
         self._reading = loop.create_future()
         started = time.monotonic()  # intervals count from each read's start: a steady pace
         try:
-            snapshot = await run_in_threadpool(self._read)
+            self._thread = thread = asyncio.ensure_future(run_in_threadpool(self._read))
+            snapshot = await asyncio.shield(thread)
         except BaseException as exc:
             self._reading.set_exception(exc)
             self._reading.exception()  # retrieved: the waiters get it, no warning
@@ -215,12 +219,18 @@ class Feed:
             await asyncio.sleep(max(wait, 0.01))
 
     async def close(self) -> None:
-        """Stop the poll (the application's shutdown)."""
+        """Stop the poll (the application's shutdown), and wait for a read still in its thread:
+        it holds a connection of the engine's pool, which the application disposes next."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.wait([thread])
+            if not thread.cancelled():
+                thread.exception()  # retrieved: its caller has seen it, or was cancelled
 
 
 def _moved(before: dict[str, Any], after: dict[str, Any]) -> bool:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import Engine, MetaData, event
+from sqlalchemy.pool import QueuePool
 
 pytest.importorskip("starlette", reason="the web extra is not installed: pip install 'fencing[web]'")
 
@@ -725,6 +727,37 @@ def test_fencing_serves_default_bounds_are_the_apis() -> None:
 
     args = build_parser().parse_args(["serve", "--url", "x.db"])
     assert (args.api_max_ttl, args.api_max_limit) == (MAX_TTL, MAX_LIMIT)
+
+
+def test_closing_the_feed_waits_for_a_read_still_in_its_thread(engine: Engine, store: JobStore) -> None:
+    """The application's shutdown closes the feed, then disposes the engine: a read still in
+    its worker thread (its caller cancelled) holds a pooled connection, so close() returns only
+    once it is back. Otherwise it goes back to a pool already disposed, and is never closed."""
+    store.enqueue("shown")
+
+    async def scenario() -> tuple[list[str], int]:
+        feed = Feed(Overview(engine), interval=0.05)
+        read, steps = feed._read, []
+
+        def slow_read() -> dict[str, Any]:
+            steps.append("began")
+            time.sleep(0.3)
+            try:
+                return read()
+            finally:
+                steps.append("returned")
+
+        feed._read = slow_read  # type: ignore[method-assign]
+        watcher = asyncio.ensure_future(anext(feed.watch()))  # starts the feed's poll
+        while not steps:
+            await asyncio.sleep(0.01)
+        watcher.cancel()
+        await feed.close()
+        assert isinstance(engine.pool, QueuePool)
+        return list(steps), engine.pool.checkedout()
+
+    steps, checked_out = asyncio.run(scenario())
+    assert steps == ["began", "returned"] and checked_out == 0
 
 
 def test_the_cli_the_api_and_the_feed_show_a_job_as_the_same_json(
