@@ -775,7 +775,11 @@ def read_terminal(master: int, proc: subprocess.Popen[Any], enough: bytes = b"",
         while time.monotonic() < deadline and proc.poll() is None:
             if select.select([master], [], [], 0.2)[0]:
                 seen += os.read(master, 65536)
-    stuck = proc.poll() is None
+    try:  # the terminal closes (EIO) as it exits: give it the rest of the time to end
+        proc.wait(timeout=max(deadline - time.monotonic(), 1.0))
+        stuck = False
+    except subprocess.TimeoutExpired:
+        stuck = True
     if stuck:  # its threads' stacks onto the terminal (faulthandler, PYTHONFAULTHANDLER=1)
         proc.send_signal(signal.SIGABRT)
     with contextlib.suppress(OSError):
