@@ -37,7 +37,7 @@ def in_bridge() -> bool:
     """Whether this code runs inside SQLAlchemy's asyncio bridge (``greenlet_spawn``)."""
     if "greenlet" not in sys.modules:  # no async engine has run anything in this process
         return False
-    from sqlalchemy.util.concurrency import in_greenlet
+    from .private_sqlalchemy import in_greenlet
 
     return bool(in_greenlet())
 
@@ -51,7 +51,7 @@ def sleep(seconds: float, blocking: Callable[[float], None] | None = None) -> No
     if in_bridge():
         import asyncio
 
-        from sqlalchemy.util.concurrency import await_only
+        from .private_sqlalchemy import await_only
 
         await_only(asyncio.sleep(seconds))
         return

@@ -43,6 +43,14 @@ isolation_level=...)`` is kept on the dialect (``_on_connect_isolation_level``),
 Connection's own answer is ``_is_autocommit_isolation()``; the library refuses AUTOCOMMIT
 because lock + check + write must be one transaction. For the drivers it knows, the library
 reads the driver itself instead (:func:`fencing._runtime.admission.autocommit_probe`).
+
+**The asyncio bridge** (:data:`greenlet_spawn`, :data:`await_only`, :data:`in_greenlet`):
+``sqlalchemy.util.concurrency`` is not documented, yet it is the bridge every async engine
+runs on: ``greenlet_spawn`` runs sync code on the event loop's thread, ``await_only`` awaits a
+driver's coroutine from inside it, ``in_greenlet`` says whether code runs there. They let the
+async fronts run the sync rules unchanged (one set of units for both fronts); the public
+``AsyncConnection.run_sync`` needs a connection first, where an operation may need none, or
+two.
 """
 
 from __future__ import annotations
@@ -55,14 +63,18 @@ from sqlalchemy import Engine
 from sqlalchemy.engine.processors import to_float as FLOAT_BINDING
 from sqlalchemy.pool import Pool
 from sqlalchemy.pool.base import _ConnectionFairy, _ConnectionRecord
+from sqlalchemy.util.concurrency import await_only, greenlet_spawn, in_greenlet
 
 __all__ = [
     "FLOAT_BINDING",
     "RECORDS",
     "Checkout",
+    "await_only",
     "believes_autocommit",
     "engine_isolation_level",
     "give_back",
+    "greenlet_spawn",
+    "in_greenlet",
     "parent_engine",
     "record_of",
     "retire_older",

@@ -118,7 +118,7 @@ class PostgreSQLProfile(EngineProfile):
     def begin_again(
         self, dbapi_connection: Any, driver_connection: Any, errors: tuple[type[BaseException], ...]
     ) -> None:
-        from sqlalchemy.util import await_only
+        from .private_sqlalchemy import await_only
 
         level = _level(getattr(dbapi_connection, "isolation_level", None))  # the adapter's, as it begins
         sql = "BEGIN"
@@ -272,7 +272,7 @@ class AsyncPipe(Pipe):
 
     @contextlib.contextmanager
     def pipeline(self) -> Iterator[Any]:
-        from sqlalchemy.util import await_only
+        from .private_sqlalchemy import await_only
 
         manager = self.raw.pipeline()
         entered = await_only(manager.__aenter__())
@@ -285,16 +285,16 @@ class AsyncPipe(Pipe):
             await_only(manager.__aexit__(None, None, None))
 
     def send(self, cursor: Any, sql: str, args: Any = None) -> None:
-        from sqlalchemy.util import await_only
+        from .private_sqlalchemy import await_only
 
         await_only(cursor.execute(sql, args))
 
     def command(self, sql: str) -> None:
-        from sqlalchemy.util import await_only
+        from .private_sqlalchemy import await_only
 
         await_only(self.raw.execute(sql))
 
     def fetchall(self, cursor: Any) -> list[Any]:
-        from sqlalchemy.util import await_only
+        from .private_sqlalchemy import await_only
 
         return await_only(cursor.fetchall())

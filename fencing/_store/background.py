@@ -60,7 +60,7 @@ class Background:
             if bridge.in_bridge():
                 import asyncio
 
-                from sqlalchemy.util.concurrency import greenlet_spawn
+                from .._runtime.private_sqlalchemy import greenlet_spawn
 
                 async def run() -> None:
                     # a task copies its creator's context, whose caller (a fenced block's task,

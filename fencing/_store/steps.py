@@ -24,9 +24,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy.util.concurrency import greenlet_spawn
-
 from .._runtime import bridge, holds
+from .._runtime.private_sqlalchemy import greenlet_spawn
 
 __all__ = ["Rules", "Send", "Step", "Wait", "adrive", "drive", "run", "to_its_end"]
 

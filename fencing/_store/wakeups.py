@@ -310,7 +310,7 @@ class _LoopHub:
         self._broken = False
 
     def subscribe(self, channel: str, name: str) -> Listener:
-        from sqlalchemy.util import await_only
+        from .._runtime.private_sqlalchemy import await_only
 
         listener = _TaskListener(self, channel, name)
         self._waiters.add(listener)
@@ -330,7 +330,7 @@ class _LoopHub:
         return listener
 
     def unsubscribe(self, listener: Listener) -> None:
-        from sqlalchemy.util import await_only
+        from .._runtime.private_sqlalchemy import await_only
 
         self._waiters.remove(listener)
         if self._waiters.channels():
@@ -354,14 +354,14 @@ class _LoopHub:
         if hasattr(driver, "add_termination_listener"):  # asyncpg
             driver.add_termination_listener(self._ended)
         else:
-            from sqlalchemy.util import await_only
+            from .._runtime.private_sqlalchemy import await_only
 
             if not driver.autocommit:
                 await_only(driver.rollback())
                 await_only(driver.set_autocommit(True))
 
     def _listen(self, channel: str) -> None:
-        from sqlalchemy.util import await_only
+        from .._runtime.private_sqlalchemy import await_only
 
         driver = self._conn.driver_connection
         if hasattr(driver, "add_listener"):  # asyncpg: its callback runs on the loop
@@ -393,7 +393,7 @@ class _LoopHub:
             self._broken = True
 
     def _close(self) -> None:
-        from sqlalchemy.util import await_only
+        from .._runtime.private_sqlalchemy import await_only
 
         reader, self._reader = self._reader, None
         if reader is not None:

@@ -22,10 +22,10 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from sqlalchemy.sql import Executable
-from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 
 from .._runtime import holds
 from .._runtime.metrics import StoreMetrics
+from .._runtime.private_sqlalchemy import await_only, greenlet_spawn
 from .._sql.values import Lease, Refusal
 from .._store.heartbeat import Heartbeat
 from .._store.jobstore import JobStore

@@ -89,7 +89,7 @@ def _root(node: ast.expr) -> str | None:
 
 
 #: SQLAlchemy modules without a documented API: importing from one is reading private names
-UNDOCUMENTED_MODULES = {"sqlalchemy.engine.processors"}
+UNDOCUMENTED_MODULES = {"sqlalchemy.engine.processors", "sqlalchemy.util", "sqlalchemy.util.concurrency"}
 
 #: what the one module reads (by attribute, import or getattr string)
 PRIVATE_NAMES = {
@@ -111,6 +111,7 @@ PRIVATE_NAMES = {
     "_connection_record",
     "_proxied",
     "sqlalchemy.engine.processors",
+    "sqlalchemy.util.concurrency",
 }
 
 
