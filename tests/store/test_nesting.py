@@ -95,27 +95,27 @@ def test_stop_inside_a_block_returns_at_once(store: JobStore, results: Table) ->
 
 
 def test_a_block_under_a_running_heartbeat_gets_a_whole_ttl(store: JobStore, results: Table) -> None:
-    ttl = 1.0
+    ttl = 3.0  # the times scale with it: 0.6 s of the block's ttl to spare on a loaded machine
     lease = claimed(store, ttl)
     lost: list[Heartbeat] = []
-    with Heartbeat(store, lease, ttl, interval=0.3, on_lost=lost.append) as hb:
+    with Heartbeat(store, lease, ttl, interval=0.3 * ttl, on_lost=lost.append) as hb:
 
         def scenario() -> float:
             with store.fenced(lease) as conn:
                 began = time.monotonic()
-                # longer than what is left of the lease the last renewal gave (at most 0.7 s)
+                # longer than what is left of the lease the last renewal gave (at most 0.7 ttl)
                 # and no renewal can reach the row meanwhile: the block's own extension counts
-                time.sleep(0.8)
+                time.sleep(0.8 * ttl)
                 conn.execute(insert(results).values(n=1))
             return began
 
         began = within(WATCHDOG, scenario)
         # the heartbeat took the block's extension once it committed, and goes on renewing
         assert hb.held, hb.reason
-        assert hb.deadline > began + 0.5
+        assert hb.deadline > began + 0.5 * ttl
         before = hb.lease.until
         assert before is not None
-        time.sleep(0.5)
+        time.sleep(0.5 * ttl)
         after = hb.lease.until
         assert after is not None and after > before  # renewing again after the block
     assert not lost
