@@ -245,7 +245,7 @@ class WriteLock:
             self._unfile(driver_connection)
             if len(self._callers) > _CALLERS_KEPT:  # callers gone (threads, tasks): their transactions ended
                 for other in [k for k, held in self._callers.items() if not any(_open(c) for c, _ in held)]:
-                    self._forget(other, lambda c: True)
+                    self._forget(other, lambda c: False)
             self._forget(key, _open)
             self._callers.setdefault(key, []).append((driver_connection, changes))
             self._filed[driver_connection] = key

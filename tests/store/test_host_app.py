@@ -926,3 +926,41 @@ def test_a_pooled_connection_another_thread_writes_on_is_not_the_callers_own_loc
         assert errors == [] and store.state("after") is not None
     finally:
         engine.dispose()
+
+
+@pytest.mark.backend("sqlite")
+def test_the_write_lock_forgets_the_transactions_of_callers_gone(tmp_path: Any) -> None:
+    """Each caller's (thread's) transactions are remembered while they may hold the write
+    lock; a server that runs each request on a thread of its own must not grow that memory
+    with every thread it ever ran: once more than 64 callers are remembered, the ones whose
+    transactions have all ended are forgotten. (NullPool: each connection is closed after its
+    transaction, so no later transaction on it takes it out of its caller's memory.)"""
+    from fencing._runtime.sqlite import settings_of
+    from fencing._runtime.writelock import _CALLERS_KEPT
+
+    engine = fencing.create_sqlite_engine(str(tmp_path / "threads.db"), poolclass=NullPool)
+    try:
+        Base.metadata.create_all(engine)
+        settings = settings_of(engine)
+        assert settings is not None
+        callers = 3 * _CALLERS_KEPT
+        ran, done = threading.Semaphore(0), threading.Event()
+
+        def one_request(n: int) -> None:
+            with engine.begin() as conn:
+                conn.execute(sqlalchemy.insert(Invoice).values(job=f"r{n}", total=n))
+            ran.release()
+            done.wait(60.0)  # alive until all have run: each thread is a caller of its own
+
+        threads = [threading.Thread(target=one_request, args=(n,)) for n in range(callers)]
+        try:
+            for thread in threads:  # one request after another, each on a live thread
+                thread.start()
+                assert ran.acquire(timeout=60.0)
+        finally:
+            done.set()
+            for thread in threads:
+                thread.join()
+        assert 0 < len(settings.write_lock._callers) <= _CALLERS_KEPT + 1
+    finally:
+        engine.dispose()
