@@ -33,6 +33,7 @@ from ._runtime.sqlite import configure as configure_sqlite
 from ._runtime.sqlite import create_engine as create_sqlite_engine
 from ._sql.attempts import attempts_table
 from ._sql.checks import DATABASE_CLOCK_MIN_TTL
+from ._sql.payloads import payloads_table
 from ._sql.schema import as_text, jobs, jobs_table, metadata
 from ._sql.values import JobState, Lease
 from ._store.election import Election
@@ -86,6 +87,7 @@ __all__ = [
     "jobs_table",
     "locks_table",
     "metadata",
+    "payloads_table",
 ]
 
 __version__ = "0.1.0"

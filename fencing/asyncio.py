@@ -114,11 +114,17 @@ class AsyncJobStore:
         *,
         history: History | None = None,
         attempts: Table | None = None,
+        payloads: Table | None = None,
         _sync: JobStore | None = None,
     ) -> None:
         if _sync is None:  # else the sync store it fronts is given (AsyncLocks' LockStore)
             _sync = JobStore(
-                sync_engine(engine, "AsyncJobStore"), table, history=history, attempts=attempts, _bridged=True
+                sync_engine(engine, "AsyncJobStore"),
+                table,
+                history=history,
+                attempts=attempts,
+                payloads=payloads,
+                _bridged=True,
             )
         #: the sync store it bridges to: its rules, run on the asyncio driver
         self.sync_store = _sync
@@ -126,6 +132,8 @@ class AsyncJobStore:
         self.table = table
         #: where :meth:`requeue` keeps a job's attempts base (see :attr:`JobStore.attempts`)
         self.attempts = attempts
+        #: where each job's payload is kept (see :attr:`JobStore.payloads`)
+        self.payloads = _sync.payloads
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -306,10 +314,17 @@ class AsyncJobStore:
         return await run(self.sync_store.prune_history, conn=caller_sync(conn))
 
     async def enqueue(
-        self, job_id: str, *, ready_at: float | None = None, conn: AsyncCallerConnection | None = None
+        self,
+        job_id: str,
+        *,
+        ready_at: float | None = None,
+        payload: Any = None,
+        conn: AsyncCallerConnection | None = None,
     ) -> bool:
         """:meth:`fencing.JobStore.enqueue` as a coroutine."""
-        return await run(self.sync_store.enqueue, job_id, ready_at=ready_at, conn=caller_sync(conn))
+        return await run(
+            self.sync_store.enqueue, job_id, ready_at=ready_at, payload=payload, conn=caller_sync(conn)
+        )
 
     async def state(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> JobState | None:
         """:meth:`fencing.JobStore.state` as a coroutine."""

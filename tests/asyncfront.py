@@ -22,13 +22,16 @@ import inspect
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
-from sqlalchemy import Connection
+import pytest
+from sqlalchemy import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 from sqlalchemy.util.concurrency import await_only, greenlet_spawn
 
+from fencing import JobStore
 from fencing._runtime import bridge
 from fencing.asyncio import AsyncJobStore
+from tests import backends
 
 #: the fixture parameter that runs a test through the async store
 ASYNC = "async"
@@ -160,3 +163,24 @@ class BlockingAsyncLocks(Blocking):
                 raise
         else:
             wait(self.loop, block.__aexit__(None, None, None))
+
+
+def store_on_front(
+    request: pytest.FixtureRequest, engine: Engine, target: str, chosen: dict[str, Any]
+) -> Iterator[Any]:
+    """A store on ``chosen`` tables, sync or async as ``request.param`` says."""
+    if request.param != ASYNC:
+        s = JobStore(engine, **chosen)
+        s.create_table()
+        yield s
+        return
+    loop = asyncio.new_event_loop()
+    async_engine = backends.async_engine_for(target)
+    try:
+        blocking = BlockingAsyncStore(AsyncJobStore(async_engine, **chosen), loop)
+        blocking.create_table()
+        request.node._fencing_loop = loop  # type: ignore[attr-defined]  # the body runs on it
+        yield blocking
+    finally:
+        dispose(async_engine, loop)
+        loop.close()

@@ -47,6 +47,7 @@ from .dberrors import is_corrupt
 __all__ = [
     "KEY_COLUMN",
     "KEY_TYPE",
+    "LONG_TEXT",
     "Utf8Key",
     "as_text",
     "ensure_jobs_table",
@@ -64,7 +65,10 @@ __all__ = [
 #: the column type of every key: job ids, fence-mark resources, idempotency keys
 KEY_COLUMN: types.TypeEngine[Any] = Text().with_variant(VARBINARY(MySQL.id_max_bytes), "mysql", "mariadb")
 _OWNER = Text().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
-_RESULT = Text().with_variant(mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb")
+#: text of any length (results, payloads): on MariaDB/MySQL a 4 GiB, byte-exact column
+LONG_TEXT = Text().with_variant(
+    mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
+)
 _UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
 _FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
 
@@ -125,7 +129,7 @@ def _jobs_table(metadata: MetaData, name: str, schema: str | None, *, id_nullabl
         Column("owner", _OWNER, nullable=True),
         Column("until", _UNTIL, nullable=False, server_default=text("0")),
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
-        Column("result", _RESULT, nullable=True),
+        Column("result", LONG_TEXT, nullable=True),
         Column("done", Integer, nullable=False, server_default=text("0")),
         # claim_next's search: ready jobs in the order they became ready, ties by id, which
         # is the claim order itself (ORDER BY until, id), so the pick walks the index from

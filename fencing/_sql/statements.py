@@ -44,7 +44,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
-from sqlalchemy.sql.expression import FromClause, Select, Update
+from sqlalchemy.sql.expression import FromClause, Insert, Select, Update
 from sqlalchemy.sql.functions import FunctionElement
 
 from .._dialects import of
@@ -103,6 +103,20 @@ def _unindexed(element: unindexed, compiler: SQLCompiler, **kw: Any) -> str:
     return of(compiler.dialect).unindexed(compiler.process(element.clauses, **kw))
 
 
+class qualified(FunctionElement[Any]):
+    """A column named with its table wherever it is rendered: SQLite's compiler renders a
+    ``RETURNING`` clause's columns bare, subqueries included, where a correlated subquery's
+    ``id = id`` would then compare the inner table's column with itself."""
+
+    inherit_cache = True
+    name = "qualified"
+
+
+@compiles(qualified)
+def _qualified(element: qualified, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(element.clauses, **{**kw, "include_table": True})
+
+
 #: the text of the error a fenced block's end statement raises when the lease is not current
 #: and live (:attr:`Statements.still_held`): PostgreSQL says ``invalid input syntax for type
 #: integer: "<this> 0"``, and the transaction is aborted before its COMMIT
@@ -145,10 +159,13 @@ class Statements:
         claim_guard: ClaimGuard | None = None,
         freed_notice: ColumnElement[Any] | None = None,
         attempts: Table | None = None,
+        payloads: Table | None = None,
     ) -> None:
         t = self.table = table
         #: where a requeue keeps a job's attempts base (:mod:`fencing._sql.attempts`), if anywhere
         self.attempts = attempts
+        #: where each job's payload is kept (:mod:`fencing._sql.payloads`), if anywhere
+        self.payloads = payloads
         self.clock = clock
         self._claim_guard = claim_guard
         #: what a freed row sends on (a lock's waiters are woken), if anything
@@ -189,6 +206,7 @@ class Statements:
             within_attempts(t, attempts, self._max_fence, fence=unindexed(t.c.fence)),
         )
         self._by_count: dict[int, tuple[Executable, Executable]] = {}
+        self._payloads_by_count: dict[int, Executable] = {}
         self._batches: dict[tuple[str, int], Executable] = {}
 
     # -- registering a job --------------------------------------------------------------------
@@ -218,6 +236,22 @@ class Statements:
     def enqueue_postgresql(self) -> Executable:
         """RETURNING on PostgreSQL, whose driver's row count for upserts is not documented."""
         return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
+
+    @cached_property
+    def enqueue_with_payload_postgresql(self) -> Executable:
+        """PostgreSQL: the job's upsert as a data-modifying CTE, and its payload written only
+        for a row it inserted or revived (replacing any payload left under the id), in one
+        statement that returns the id if the job was enqueued."""
+        p = self._payloads_table()
+        upsert_job = self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
+        assert isinstance(upsert_job, Insert)
+        job = upsert_job.cte("job")
+        new = postgresql.insert(p).from_select(
+            ["id", "payload"], select(job.c.id, bindparam("payload", type_=Text()))
+        )
+        upsert = new.on_conflict_do_update(index_elements=[p.c.id], set_={"payload": new.excluded.payload})
+        stmt: Executable = upsert.returning(as_text(p.c.id))
+        return stmt
 
     @cached_property
     def enqueue_plain(self) -> Executable:
@@ -250,7 +284,12 @@ class Statements:
     @cached_property
     def claim_returning(self) -> Executable:
         t = self.table
-        return update(t).where(self._claim_one).values(self._claim_values).returning(t.c.fence, t.c.until)
+        return (
+            update(t)
+            .where(self._claim_one)
+            .values(self._claim_values)
+            .returning(t.c.fence, t.c.until, *self._payload_of_row)
+        )
 
     @cached_property
     def claim_counting(self) -> Executable:
@@ -266,6 +305,12 @@ class Statements:
     def lease_of(self) -> Executable:
         """Read back a claim or renewal under the row lock its UPDATE took, same transaction."""
         return select(self.table.c.fence, self.table.c.until).where(self._job)
+
+    @cached_property
+    def claimed_lease(self) -> Executable:
+        """Read back a claim (without RETURNING): :attr:`lease_of`, and the job's payload
+        when the store keeps payloads."""
+        return select(self.table.c.fence, self.table.c.until, *self._payload_of_row).where(self._job)
 
     @cached_property
     def renew_counting(self) -> Executable:
@@ -462,6 +507,47 @@ class Statements:
             self._by_count[count] = (claim, read)
             return claim, read
 
+    # -- payloads (with a payloads table) ------------------------------------------------------
+
+    @cached_property
+    def _payload_of_row(self) -> tuple[ColumnElement[Any], ...]:
+        """What a claim returns after each row's id, fence and until: the row's payload, read
+        by primary key in the claim's own statement; nothing without a payloads table."""
+        p = self.payloads
+        if p is None:
+            return ()
+        payload = (
+            select(p.c.payload).where(qualified(p.c.id) == qualified(self.table.c.id)).correlate(self.table)
+        )
+        return (payload.scalar_subquery().label("payload"),)
+
+    def _payloads_table(self) -> Table:
+        if self.payloads is None:
+            raise AttributeError("a payload's statements need the store's payloads table")
+        return self.payloads
+
+    @cached_property
+    def forget_payload(self) -> Executable:
+        """A job's payload out (before a new one goes in, and when the job is deleted)."""
+        p = self._payloads_table()
+        return p.delete().where(p.c.id == _key("job_id"))
+
+    @cached_property
+    def put_payload(self) -> Executable:
+        p = self._payloads_table()
+        return p.insert().values(id=_key("job_id"), payload=bindparam("payload", type_=Text()))
+
+    def payloads_of(self, count: int) -> Executable:
+        """For databases without ``UPDATE ... RETURNING``: the payloads of ``count`` claimed
+        ids (binds ``id_0`` ...), read in the claim's transaction; built once per count."""
+        try:
+            return self._payloads_by_count[count]
+        except KeyError:
+            p = self._payloads_table()
+            ids = p.c.id.in_([_key(f"id_{i}") for i in range(count)])
+            stmt = self._payloads_by_count[count] = select(as_text(p.c.id), p.c.payload).where(ids)
+            return stmt
+
     # -- a batch of completions in one statement (servers: one round trip, not one each) ---
 
     def _batch(self, kind: str, size: int, build: Callable[[], Executable]) -> Executable:
@@ -532,14 +618,15 @@ class Statements:
             update(t)
             .where(t.c.id.in_(select(picked.c.id)), self._ready_again)
             .values(self._claim_values)
-            .returning(as_text(t.c.id), t.c.fence, t.c.until)
+            .returning(as_text(t.c.id), t.c.fence, t.c.until, *self._payload_of_row)
         )
 
     def step_arrays(self) -> Executable:
         """A worker's step in one statement (PostgreSQL): :meth:`complete_batch_arrays` and
         ``claim_next_returning`` as two data-modifying CTEs of one ``SELECT``, so a step is
         one round trip. Its rows: ``(n, NULL, NULL, NULL)`` per accepted completion,
-        ``(NULL, id, fence, until)`` per claimed job.
+        ``(NULL, id, fence, until)`` per claimed job (and, with payloads, each row's payload
+        last).
 
         Both CTEs see one snapshot, and PostgreSQL does not say which of two updates of one
         row in a statement wins: so the claim never picks a job this step completes (``id <>
@@ -554,14 +641,16 @@ class Statements:
             ids = bindparam("ids", type_=ARRAY(Text()))
             claimed = self._claim_picked(self._pick.where(t.c.id != all_(ids))).cte("claimed")
             no = null()
+            no_payload = [cast(no, Text()).label("payload")] if self.payloads is not None else []
             return union_all(
                 select(
                     done.c.n,
                     cast(no, Text()).label("id"),
                     cast(no, BigInteger()).label("fence"),
                     cast(no, t.c.until.type).label("until"),
+                    *no_payload,
                 ),
-                select(cast(no, Integer()).label("n"), claimed.c.id, claimed.c.fence, claimed.c.until),
+                select(cast(no, Integer()).label("n"), *claimed.c),
             )
 
         return self._batch("step_arrays", 0, build)

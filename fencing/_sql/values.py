@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple, TypedDict
 
 __all__ = ["REASONS", "JobRow", "JobState", "Lease", "Refusal"]
@@ -15,12 +15,17 @@ class Lease:
     ``until`` is when the lease expired as of the claim or the last renewal made through
     this value, or ``None`` when it is not known (a token rebuilt from its parts).
     Only ``job_id``, ``owner`` and ``fence`` take part in the database's guard.
+
+    ``payload`` is the job's arguments, as enqueued (``enqueue(payload=)``), handed out by a
+    claim of a store that keeps payloads (``JobStore(..., payloads=)``), else ``None``. It is
+    not part of the token: two leases with the same job, owner, fence and until are equal.
     """
 
     job_id: str
     owner: str
     fence: int
     until: float | None = None
+    payload: Any = field(default=None, compare=False, repr=False)
 
 
 class JobRow(TypedDict):

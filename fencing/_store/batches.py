@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, Literal, NamedTuple
 
 from sqlalchemy.sql import Executable
@@ -23,6 +24,7 @@ from .._runtime import events
 from .._runtime.execution import CallerConnection, Executor
 from .._runtime.refusals import judge, never_current
 from .._sql.checks import FENCE_MAX, check_count, check_until, fence_can_match
+from .._sql.payloads import decode_payload, payload_of
 from .._sql.statements import COMPLETE_CHUNK, Statements, batch_size
 from .._sql.values import JobState, Lease, Refusal
 from .context import JobsContext
@@ -125,7 +127,7 @@ class WorkerBatches:
 
         def returning(x: Executor) -> list[Lease]:
             rows = x.rows(s.claim_next_returning, params)
-            leases = [Lease(job_id, owner, int(fence), float(until)) for job_id, fence, until in rows]
+            leases = [Lease(row[0], owner, int(row[1]), float(row[2]), *payload_of(row, 3)) for row in rows]
             outcome.leases("claim", leases, clock)
             return leases
 
@@ -157,6 +159,11 @@ class WorkerBatches:
                     for job_id, fence, until in x.rows(read, both)
                     if int(fence) == picked[job_id] + 1
                 ]
+            if leases and s.payloads is not None:  # their arguments, in the claim's transaction
+                ids = {f"id_{i}": lease.job_id for i, lease in enumerate(leases)}
+                rows = x.rows(s.payloads_of(len(leases)), ids)
+                found: dict[str, str | None] = {str(row[0]): row[1] for row in rows}
+                leases = [replace(lease, payload=decode_payload(found.get(lease.job_id))) for lease in leases]
             outcome.leases("claim", leases, clock)
             return leases
 
@@ -322,7 +329,9 @@ class WorkerBatches:
                 rows = x.rows(both, {**_completion_arrays(batch, chunks[-1]), **at, **params})
                 accepted.update(int(row[0]) for row in rows if row[0] is not None)
                 leases = [
-                    Lease(row[1], owner, int(row[2]), float(row[3])) for row in rows if row[1] is not None
+                    Lease(row[1], owner, int(row[2]), float(row[3]), *payload_of(row, 4))
+                    for row in rows
+                    if row[1] is not None
                 ]
                 outcome.leases("claim", leases, claim.clock)
                 claimed[:] = leases

@@ -210,15 +210,19 @@ class JobsContext(Context):
         claim_guard: ClaimGuard | None = None,
         freed_notice: ColumnElement[Any] | None = None,
         attempts: Table | None = None,
+        payloads: Table | None = None,
     ) -> None:
         super().__init__(engine, bridged=bridged)
         self.table = table
         #: where a requeue keeps a job's attempts base (:mod:`fencing._sql.attempts`), if anywhere
         self.attempts = attempts
+        #: where each job's payload is kept (:mod:`fencing._sql.payloads`), if anywhere
+        self.payloads = payloads
         rules: dict[str, Any] = {
             "claim_guard": claim_guard,
             "freed_notice": freed_notice,
             "attempts": attempts,
+            "payloads": payloads,
         }
         self.by_caller = Statements(table, "caller", **rules)
         self.by_database = Statements(table, "database", **rules)
@@ -236,6 +240,8 @@ class JobsContext(Context):
         self._late: collections.deque[tuple[Refusal, Clock]] = collections.deque()
         #: the dialect's insert of a new job (the plan's upsert)
         self.enqueue = self.plan.enqueue(self.errors)
+        #: the same with the job's payload, and whether that is one statement
+        self.enqueue_with_payload = self.plan.enqueue_with_payload(self.errors)
 
     # -- arguments -------------------------------------------------------------------------
 

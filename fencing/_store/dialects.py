@@ -72,6 +72,27 @@ class DialectPlan:
 
         return plain
 
+    def enqueue_with_payload(
+        self, errors: tuple[type[BaseException], ...]
+    ) -> tuple[Callable[[Executor, Statements, dict[str, Any]], bool], bool]:
+        """The insert of a new job with its payload (bind ``payload``: its JSON text), and
+        whether that is one statement: on PostgreSQL the job's upsert and the payload's write
+        are one ``INSERT`` with a data-modifying CTE (one round trip); elsewhere the job is
+        inserted as :meth:`enqueue` does, then any payload left under its id goes and the new
+        one goes in, in the same transaction."""
+        if self.upsert == RETURNED:
+            return (lambda x, s, p: len(x.rows(s.enqueue_with_payload_postgresql, p)) == 1), True
+        enqueue = self.enqueue(errors)
+
+        def then_payload(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
+            if not enqueue(x, s, p):
+                return False  # the job exists: its payload is left as it was
+            x.count(s.forget_payload, p)
+            x.count(s.put_payload, p)
+            return True
+
+        return then_payload, False
+
     def hold_statement(self, s: Statements, *, joined: bool) -> Executable:
         """The first check of a fenced block (or ``check(conn=)``): a locking read of the
         lease's row. ``joined``: in a transaction the store did not begin, where a database

@@ -19,6 +19,7 @@ from .._runtime.execution import CallerConnection
 from .._runtime.metrics import StoreMetrics
 from .._sql.attempts import check_attempts_table
 from .._sql.checks import check_sync_engine
+from .._sql.payloads import check_payloads_table
 from .._sql.schema import ensure_jobs_table, jobs
 from .._sql.statements import ClaimGuard
 from .batches import WorkerBatches
@@ -51,6 +52,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         *,
         history: History | None = None,
         attempts: Table | None = None,
+        payloads: Table | None = None,
         _bridged: bool = False,
     ) -> None:
         # _bridged: the sync rules behind an async front (fencing.asyncio), the only way an
@@ -63,6 +65,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
                 f"history must be a fencing.History (around a history table), got {type(history).__name__}"
             )
         attempts = check_attempts_table(attempts)
+        payloads = check_payloads_table(payloads)
         #: what every part of the store shares: the runner, the dialect's plan, the checks,
         #: the statements on both clocks, the holds and the history's hook
         self._ctx = JobsContext(
@@ -73,6 +76,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             claim_guard=self._claim_guard(),
             freed_notice=self._freed_notice(),
             attempts=attempts,
+            payloads=payloads,
         )
         self.engine = engine
         self.table = table
@@ -81,6 +85,9 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         #: where :meth:`requeue` keeps a job's attempts base (:func:`fencing.attempts_table`);
         #: ``None``: this store does not requeue
         self.attempts = attempts
+        #: where each job's payload is kept (:func:`fencing.payloads_table`): ``enqueue(payload=)``
+        #: writes it, every claim hands it out as :attr:`Lease.payload`; ``None``: no payloads
+        self.payloads = payloads
 
     def _claim_guard(self) -> ClaimGuard | None:
         """What a claim of one job must also meet, in its WHERE (a subclass's rule: named
@@ -128,7 +135,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
 
     def create_table(self, *, conn: CallerConnection | None = None) -> None:
         """Create the jobs table if missing (idempotent); raise if an existing one differs.
-        The history and attempts tables too, if the store has them.
+        The history, attempts and payloads tables too, if the store has them.
 
         On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
         """
@@ -139,8 +146,9 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         ensure_jobs_table(conn, self.table)
         if self.history_config is not None:
             self.history_config.table.create(conn, checkfirst=True)
-        if self.attempts is not None:
-            self.attempts.create(conn, checkfirst=True)
+        for side in (self.attempts, self.payloads):
+            if side is not None:
+                side.create(conn, checkfirst=True)
 
     # -- the ownership history (fencing._store.history) -----------------------------------
 

@@ -20,6 +20,7 @@ from .._errors import ConfigurationError, FencesExhausted, InvalidArgumentType
 from .._runtime.execution import CallerConnection, Executor
 from .._runtime.refusals import never_current
 from .._sql.checks import FENCE_MAX, check_now, check_time, fence_can_match, show_value
+from .._sql.payloads import encode_payload, payload_of
 from .._sql.statements import Statements
 from .._sql.values import JobState, Lease, Refusal
 from .context import JobsContext
@@ -47,7 +48,12 @@ class LeaseOperations:
     _ctx: JobsContext
 
     def enqueue(
-        self, job_id: str, *, ready_at: float | None = None, conn: CallerConnection | None = None
+        self,
+        job_id: str,
+        *,
+        ready_at: float | None = None,
+        payload: Any = None,
+        conn: CallerConnection | None = None,
     ) -> bool:
         """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists.
 
@@ -60,6 +66,13 @@ class LeaseOperations:
         contract's row (``service.enqueue``): ready at once on any clock. A
         :meth:`delete`-d id comes back with its fence kept, so it never hands out an old
         token again.
+
+        ``payload``: the job's arguments, JSON (dicts with ``str`` keys, lists, ``str``,
+        ``int``, finite ``float``, ``bool``, ``None``), written in the same transaction into the
+        store's payloads table (:func:`fencing.payloads_table`) when the job is new, and handed
+        out by every claim as :attr:`Lease.payload`. A value that would not read back equal
+        (a tuple, a non-``str`` key, ``NaN``) is refused before anything is written;
+        :class:`ConfigurationError` if the store keeps no payloads.
         """
         ctx = self._ctx
         job_id = ctx.job_key("job_id", job_id)
@@ -68,9 +81,18 @@ class LeaseOperations:
             s, params = ctx.by_database, {"job_id": job_id}
         else:
             s, params = ctx.by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
-        enqueue = ctx.enqueue
-        single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
-        return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
+        if payload is None:
+            enqueue = ctx.enqueue
+            single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
+            return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
+        if ctx.payloads is None:
+            raise ConfigurationError(
+                "enqueue(payload=) needs a table for the payloads: JobStore(engine, table, "
+                "payloads=fencing.payloads_table(metadata)), created by store.create_table()"
+            )
+        params["payload"] = encode_payload(payload)
+        with_payload, single = ctx.enqueue_with_payload
+        return ctx.run_jobs(lambda x: with_payload(x, s, params), conn, job=job_id, single=single)
 
     def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
@@ -151,7 +173,7 @@ class LeaseOperations:
             def returning(x: Executor) -> Lease | None:
                 rows = x.rows(s.claim_returning, params)
                 if rows:
-                    lease = Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]))
+                    lease = Lease(job_id, owner, int(rows[0][0]), float(rows[0][1]), *payload_of(rows[0], 2))
                     outcome.leases("claim", [lease], clock)
                     return lease
                 _refuse_if_exhausted(x, s, job_id)
@@ -163,8 +185,8 @@ class LeaseOperations:
             if x.count(s.claim_counting, params) != 1:
                 _refuse_if_exhausted(x, s, job_id)
                 return None
-            fence, until = x.rows(s.lease_of, params)[0]
-            lease = Lease(job_id, owner, int(fence), float(until))
+            row = x.rows(s.claimed_lease, params)[0]
+            lease = Lease(job_id, owner, int(row[0]), float(row[1]), *payload_of(row, 2))
             outcome.leases("claim", [lease], clock)
             return lease
 
@@ -203,7 +225,11 @@ class LeaseOperations:
 
         single = ctx.plan.returning or clock.caller  # one UPDATE (then, if refused, a read)
         renewal = ctx.run_jobs(renewed, conn, job=guard.job_id, outcome=outcome, single=single)
-        return ctx.refused_one(refused[0]) if renewal is None else ctx.accepted("renew", renewal)
+        if renewal is None:
+            return ctx.refused_one(refused[0])
+        if lease.payload is not None:  # the job's arguments go on with its lease
+            renewal = Lease(renewal.job_id, renewal.owner, renewal.fence, renewal.until, lease.payload)
+        return ctx.accepted("renew", renewal)
 
     def _renewal(self, x: Executor, s: Statements, guard: Guard, clock: Clock) -> Lease | None:
         """Renew ``guard``'s lease on ``clock``: the new :class:`Lease`, or ``None`` if refused."""
@@ -327,20 +353,24 @@ class LeaseOperations:
 
     def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
-        is enqueued again continues above every fence it ever had. ``False`` if missing."""
+        is enqueued again continues above every fence it ever had; its payload goes, in the
+        same transaction. ``False`` if missing."""
         ctx = self._ctx
         job_id = ctx.job_key("job_id", job_id)
         params = {"job_id": job_id}
-        stmt = ctx.by_caller.delete
+        s = ctx.by_caller
         outcome = ctx.outcome()
+        payloads = ctx.payloads is not None
 
         def unit(x: Executor) -> bool:
-            if x.count(stmt, params) != 1:
+            if x.count(s.delete, params) != 1:
                 return False
+            if payloads:  # its arguments go with it
+                x.count(s.forget_payload, params)
             outcome.copy("delete", job_id, DATABASE)
             return True
 
-        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
+        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=not payloads)
         if deleted:
             ctx.metrics.ended("delete", job_id)
             logger.info("deleted job %r", job_id, extra={"path": "delete", "job_id": job_id})

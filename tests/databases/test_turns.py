@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import pytest
 from sqlalchemy import Engine, MetaData, create_engine, event, make_url
 
-from fencing import JobStore, Lease, jobs_table
+from fencing import JobStore, Lease, jobs_table, payloads_table
 from fencing.asyncio import AsyncJobStore
 from tests import backends
 from tests.turns_proxy import TurnsProxy
@@ -541,3 +541,60 @@ def test_a_pipelined_fenced_block_on_psycopgs_async_mode_commits_in_two_trips_or
             await engine.dispose()
 
     asyncio.run(main())
+
+
+# -- a store that keeps payloads: the claims hand them out in the same round trips ------------
+
+#: turns per call where every job carries a payload. PostgreSQL: each claim reads its jobs'
+#: payloads in its own statement (a subquery in the RETURNING), so a claim costs what it does
+#: without, and so does an enqueue (the job's upsert a CTE of the payload's); a delete is two
+#: statements in a transaction (BEGIN, the job, its payload, COMMIT). MariaDB: a claim
+#: by id reads its payload with its lease; a claim of the next jobs reads theirs in one more
+#: SELECT of its transaction
+PAYLOAD_OPS = ("enqueue", "claim", "claim_next", "claim_next(5)", "step", "step(5)", "renew", "delete")
+POSTGRESQL_PAYLOADS = {**{name: POSTGRESQL[name] for name in PAYLOAD_OPS}, "delete": 4}
+MARIADB_PAYLOADS = {
+    **{name: MARIADB[name] for name in PAYLOAD_OPS},
+    "enqueue": 4,
+    "claim_next": 4,
+    "claim_next(5)": 4,
+    "step": 5,
+    "step(5)": 5,
+    "delete": 3,
+}
+
+
+class PayloadOps(Ops):
+    """:class:`Ops` on a store that keeps payloads: every job is enqueued with one."""
+
+    def fresh(self, count: int) -> list[str]:
+        ids = [f"j{self.n + i:06d}" for i in range(count)]
+        self.n += count
+        for job in ids:
+            assert self.call(self.store.enqueue(job, ready_at=0.0, payload={"job": job, "n": [1, 2]}))
+        return ids
+
+    def each(self, name: str, calls: int) -> Iterator[Callable[[], Any]]:
+        if name != "enqueue":
+            yield from super().each(name, calls)
+            return
+        s = self.store
+        for job in [f"e{self.n + i:06d}" for i in range(calls)]:
+            yield lambda job=job: self.call(s.enqueue(job, payload={"job": job}))
+        self.n += calls
+
+
+def test_turns_of_a_store_that_keeps_payloads(target: str, proxy: TurnsProxy) -> None:
+    engine: Engine = create_engine(through(target, proxy))
+    try:
+        metadata = MetaData()
+        store = JobStore(engine, jobs_table(metadata, "turn_pl_jobs"), payloads=payloads_table(metadata))
+        store.create_table()
+        want = POSTGRESQL_PAYLOADS if engine.dialect.name == "postgresql" else MARIADB_PAYLOADS
+        found = turns_of(proxy, PayloadOps(store, lambda answer: answer), list(want))
+        # and the claims did hand out the payloads
+        [job] = PayloadOps(store, lambda answer: answer).fresh(1)
+        assert store.claim(job, "w", ttl=60.0).payload == {"job": job, "n": [1, 2]}
+    finally:
+        engine.dispose()
+    assert found == {name: float(n) for name, n in want.items()}, found

@@ -430,6 +430,45 @@ ROWS: list[Row] = [
         "attempts must be a sqlalchemy Table (fencing.attempts_table), got str",
     ),
     Row(
+        "JobStore.enqueue",
+        "a payload in a store without a payloads table",
+        'store.enqueue("new", payload={"a": 1})',
+        ConfigurationError,
+        "enqueue(payload=) needs a table for the payloads: JobStore(engine, table, "
+        "payloads=fencing.payloads_table(metadata)), created by store.create_table()",
+    ),
+    Row(
+        "JobStore.enqueue",
+        "a payload that would not read back equal (a tuple)",
+        'JobStore(engine, payloads=payloads_table(MetaData())).enqueue("new", payload={"at": (1, 2)})',
+        InvalidArgument,
+        "payload {'at': (1, 2)} would read back as {'at': [1, 2]}: pass lists, not tuples, and "
+        "dicts whose keys are str",
+    ),
+    Row(
+        "JobStore.enqueue",
+        "a payload that is not JSON (NaN)",
+        'JobStore(engine, payloads=payloads_table(MetaData())).enqueue("new", payload=[nan])',
+        InvalidArgumentType,
+        "payload must be JSON (dicts with str keys, lists, str, int, finite float, bool, None): "
+        "[nan] is not (Out of range float values are not JSON compliant: nan)",
+    ),
+    Row(
+        "JobStore",
+        "a table name where the payloads table goes",
+        'JobStore(engine, payloads="fencing_payloads")',
+        InvalidArgumentType,
+        "payloads must be a sqlalchemy Table (fencing.payloads_table), got str",
+    ),
+    Row(
+        "payloads_table",
+        "`None` where the MetaData goes",
+        "payloads_table(None)",
+        InvalidArgumentType,
+        "metadata must be a sqlalchemy MetaData, got NoneType",
+        setup="none",
+    ),
+    Row(
         "attempts_table",
         "`None` where the MetaData goes",
         "attempts_table(None)",
@@ -1435,6 +1474,7 @@ def namespace(tracker: Tracker, tmp: Path, **names: Any) -> dict[str, Any]:
         "idempotency_keys_table": fencing.idempotency_keys_table,
         "history_table": fencing.history_table,
         "attempts_table": fencing.attempts_table,
+        "payloads_table": fencing.payloads_table,
         "History": fencing.History,
         "HistoryEntry": fencing.HistoryEntry,
         "holder_at": fencing.holder_at,

@@ -9,7 +9,6 @@ says what it needs; bad input changes nothing.
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -32,7 +31,7 @@ from fencing import (
 )
 from fencing._sql.checks import FENCE_MAX
 from fencing._sql.schema import as_text
-from tests import asyncfront, backends
+from tests import asyncfront
 
 TTL = 30.0
 
@@ -50,30 +49,7 @@ def tables() -> dict[str, Any]:
 def store(request: pytest.FixtureRequest, engine: Engine, target: str) -> Iterator[Any]:
     """A store that requeues (its own jobs and attempts tables), recording its history; on
     each front (the async one's calls made from the test body, as conftest's store)."""
-    yield from on_its_front(request, engine, target, tables())
-
-
-def on_its_front(
-    request: pytest.FixtureRequest, engine: Engine, target: str, chosen: dict[str, Any]
-) -> Iterator[Any]:
-    """A store on ``chosen`` tables, sync or async as ``request.param`` says."""
-    if request.param == "sync":
-        s = JobStore(engine, **chosen)
-        s.create_table()
-        yield s
-        return
-    from fencing.asyncio import AsyncJobStore
-
-    loop = asyncio.new_event_loop()
-    async_engine = backends.async_engine_for(target)
-    try:
-        blocking = asyncfront.BlockingAsyncStore(AsyncJobStore(async_engine, **chosen), loop)
-        blocking.create_table()
-        request.node._fencing_loop = loop  # type: ignore[attr-defined]  # the body runs on it
-        yield blocking
-    finally:
-        asyncfront.dispose(async_engine, loop)
-        loop.close()
+    yield from asyncfront.store_on_front(request, engine, target, tables())
 
 
 def claim_until_poisoned(
@@ -401,7 +377,8 @@ def test_requeue_and_max_attempts_follow_the_model(store: JobStore) -> None:
 def unrecorded(request: pytest.FixtureRequest, engine: Engine, target: str) -> Iterator[Any]:
     """A requeueing store without a history: nothing else to write at the end, so the store may
     choose its shortest way to run a write (on PostgreSQL, one statement in autocommit)."""
-    yield from on_its_front(request, engine, target, {k: v for k, v in tables().items() if k != "history"})
+    chosen = {k: v for k, v in tables().items() if k != "history"}
+    yield from asyncfront.store_on_front(request, engine, target, chosen)
 
 
 #: a trigger that makes every insert into the attempts table fail, per dialect
