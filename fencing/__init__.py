@@ -33,6 +33,7 @@ from ._runtime.sqlite import configure as configure_sqlite
 from ._runtime.sqlite import create_engine as create_sqlite_engine
 from ._sql.attempts import attempts_table
 from ._sql.checks import DATABASE_CLOCK_MIN_TTL
+from ._sql.failures import Failure, failures_table
 from ._sql.payloads import payloads_table
 from ._sql.schema import as_text, jobs, jobs_table, metadata
 from ._sql.values import JobState, Lease
@@ -55,6 +56,7 @@ __all__ = [
     "DatabaseReadOnly",
     "DatabaseUnavailable",
     "Election",
+    "Failure",
     "FenceMarks",
     "FencesExhausted",
     "FencingError",
@@ -79,6 +81,7 @@ __all__ = [
     "attempts_table",
     "configure_sqlite",
     "create_sqlite_engine",
+    "failures_table",
     "fence_marks_table",
     "history_table",
     "holder_at",

@@ -39,6 +39,7 @@ from ._errors import ConfigurationError, InvalidArgumentType, LeaseLost, Outcome
 from ._runtime import bridge, holds
 from ._runtime.metrics import StoreMetrics
 from ._runtime.sqlite import create_async_engine as create_sqlite_engine
+from ._sql.failures import Failure
 from ._sql.schema import jobs
 from ._sql.values import JobState, Lease, Refusal
 from ._store.election import ElectionRules
@@ -115,6 +116,7 @@ class AsyncJobStore:
         history: History | None = None,
         attempts: Table | None = None,
         payloads: Table | None = None,
+        failures: Table | None = None,
         _sync: JobStore | None = None,
     ) -> None:
         if _sync is None:  # else the sync store it fronts is given (AsyncLocks' LockStore)
@@ -124,6 +126,7 @@ class AsyncJobStore:
                 history=history,
                 attempts=attempts,
                 payloads=payloads,
+                failures=failures,
                 _bridged=True,
             )
         #: the sync store it bridges to: its rules, run on the asyncio driver
@@ -134,6 +137,8 @@ class AsyncJobStore:
         self.attempts = attempts
         #: where each job's payload is kept (see :attr:`JobStore.payloads`)
         self.payloads = _sync.payloads
+        #: where each job's last failure is kept (see :attr:`JobStore.failures`)
+        self.failures = _sync.failures
 
     def __repr__(self) -> str:
         url = self.engine.url.render_as_string(hide_password=True)
@@ -305,6 +310,10 @@ class AsyncJobStore:
         """:meth:`fencing.JobStore.create_table` as a coroutine."""
         await run(self.sync_store.create_table, conn=caller_sync(conn))
 
+    async def failure(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> Failure | None:
+        """:meth:`fencing.JobStore.failure` as a coroutine."""
+        return await run(self.sync_store.failure, job_id, conn=caller_sync(conn))
+
     async def history(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> list[HistoryEntry]:
         """:meth:`fencing.JobStore.history` as a coroutine."""
         return await run(self.sync_store.history, job_id, conn=caller_sync(conn))
@@ -358,11 +367,14 @@ class AsyncJobStore:
         lease: Lease,
         *,
         delay: float | None = None,
+        failure: str | None = None,
         now: float | None = None,
         conn: AsyncCallerConnection | None = None,
     ) -> Literal[True] | Refusal:
         """:meth:`fencing.JobStore.release` as a coroutine."""
-        return await run(self.sync_store.release, lease, delay=delay, now=now, conn=caller_sync(conn))
+        return await run(
+            self.sync_store.release, lease, delay=delay, failure=failure, now=now, conn=caller_sync(conn)
+        )
 
     async def revoke(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> bool:
         """:meth:`fencing.JobStore.revoke` as a coroutine."""

@@ -160,12 +160,15 @@ class Statements:
         freed_notice: ColumnElement[Any] | None = None,
         attempts: Table | None = None,
         payloads: Table | None = None,
+        failures: Table | None = None,
     ) -> None:
         t = self.table = table
         #: where a requeue keeps a job's attempts base (:mod:`fencing._sql.attempts`), if anywhere
         self.attempts = attempts
         #: where each job's payload is kept (:mod:`fencing._sql.payloads`), if anywhere
         self.payloads = payloads
+        #: where each job's last failure is kept (:mod:`fencing._sql.failures`), if anywhere
+        self.failures = failures
         self.clock = clock
         self._claim_guard = claim_guard
         #: what a freed row sends on (a lock's waiters are woken), if anything
@@ -547,6 +550,35 @@ class Statements:
             ids = p.c.id.in_([_key(f"id_{i}") for i in range(count)])
             stmt = self._payloads_by_count[count] = select(as_text(p.c.id), p.c.payload).where(ids)
             return stmt
+
+    # -- failures (with a failures table) ------------------------------------------------------
+
+    def _failures_table(self) -> Table:
+        if self.failures is None:
+            raise AttributeError("a failure's statements need the store's failures table")
+        return self.failures
+
+    @cached_property
+    def forget_failure(self) -> Executable:
+        """A job's last failure out (before the next goes in, and when the job is deleted)."""
+        f = self._failures_table()
+        return f.delete().where(f.c.id == _key("job_id"))
+
+    @cached_property
+    def put_failure(self) -> Executable:
+        """The failure of the attempt at fence ``token``, at this clock's now."""
+        f = self._failures_table()
+        return f.insert().values(
+            id=_key("job_id"),
+            fence=bindparam("token"),
+            at=self._now,
+            failure=bindparam("failure", type_=Text()),
+        )
+
+    @cached_property
+    def failure_of(self) -> Executable:
+        f = self._failures_table()
+        return select(f.c.fence, f.c.at, f.c.failure).where(f.c.id == _key("job_id"))
 
     # -- a batch of completions in one statement (servers: one round trip, not one each) ---
 

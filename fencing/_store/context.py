@@ -211,6 +211,7 @@ class JobsContext(Context):
         freed_notice: ColumnElement[Any] | None = None,
         attempts: Table | None = None,
         payloads: Table | None = None,
+        failures: Table | None = None,
     ) -> None:
         super().__init__(engine, bridged=bridged)
         self.table = table
@@ -218,11 +219,14 @@ class JobsContext(Context):
         self.attempts = attempts
         #: where each job's payload is kept (:mod:`fencing._sql.payloads`), if anywhere
         self.payloads = payloads
+        #: where each job's last failure is kept (:mod:`fencing._sql.failures`), if anywhere
+        self.failures = failures
         rules: dict[str, Any] = {
             "claim_guard": claim_guard,
             "freed_notice": freed_notice,
             "attempts": attempts,
             "payloads": payloads,
+            "failures": failures,
         }
         self.by_caller = Statements(table, "caller", **rules)
         self.by_database = Statements(table, "database", **rules)
@@ -244,6 +248,21 @@ class JobsContext(Context):
         self.enqueue_with_payload = self.plan.enqueue_with_payload(self.errors)
 
     # -- arguments -------------------------------------------------------------------------
+
+    def require_failures(self, what: str) -> None:
+        """:class:`ConfigurationError` unless the store keeps failures (``what`` needs them)."""
+        if self.failures is None:
+            raise ConfigurationError(
+                f"{what} needs a table for the failures: JobStore(engine, table, "
+                "failures=fencing.failures_table(metadata)), created by store.create_table()"
+            )
+
+    def failure_text(self, failure: object) -> str:
+        """A failure's text: a ``str`` this database stores as it is."""
+        text = check_text("failure", failure)
+        if not self.plan.text_holds_nul and "\x00" in text:
+            raise InvalidArgument("failure contains NUL (U+0000), which PostgreSQL text cannot store")
+        return text
 
     def job_key(self, name: str, value: object) -> str:
         """A job id or owner: only a job id is bounded by the key column's bytes."""

@@ -15,10 +15,11 @@ from typing import Any
 from sqlalchemy import ColumnElement, Connection, Engine, Table
 
 from .._errors import InvalidArgumentType
-from .._runtime.execution import CallerConnection
+from .._runtime.execution import CallerConnection, Executor
 from .._runtime.metrics import StoreMetrics
 from .._sql.attempts import check_attempts_table
 from .._sql.checks import check_sync_engine
+from .._sql.failures import Failure, check_failures_table
 from .._sql.payloads import check_payloads_table
 from .._sql.schema import ensure_jobs_table, jobs
 from .._sql.statements import ClaimGuard
@@ -53,6 +54,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         history: History | None = None,
         attempts: Table | None = None,
         payloads: Table | None = None,
+        failures: Table | None = None,
         _bridged: bool = False,
     ) -> None:
         # _bridged: the sync rules behind an async front (fencing.asyncio), the only way an
@@ -66,6 +68,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             )
         attempts = check_attempts_table(attempts)
         payloads = check_payloads_table(payloads)
+        failures = check_failures_table(failures)
         #: what every part of the store shares: the runner, the dialect's plan, the checks,
         #: the statements on both clocks, the holds and the history's hook
         self._ctx = JobsContext(
@@ -77,6 +80,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             freed_notice=self._freed_notice(),
             attempts=attempts,
             payloads=payloads,
+            failures=failures,
         )
         self.engine = engine
         self.table = table
@@ -88,6 +92,9 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         #: where each job's payload is kept (:func:`fencing.payloads_table`): ``enqueue(payload=)``
         #: writes it, every claim hands it out as :attr:`Lease.payload`; ``None``: no payloads
         self.payloads = payloads
+        #: where each job's last failure is kept (:func:`fencing.failures_table`):
+        #: ``release(failure=)`` writes it, :meth:`failure` reads it; ``None``: none kept
+        self.failures = failures
 
     def _claim_guard(self) -> ClaimGuard | None:
         """What a claim of one job must also meet, in its WHERE (a subclass's rule: named
@@ -135,7 +142,7 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
 
     def create_table(self, *, conn: CallerConnection | None = None) -> None:
         """Create the jobs table if missing (idempotent); raise if an existing one differs.
-        The history, attempts and payloads tables too, if the store has them.
+        The history, attempts, payloads and failures tables too, if the store has them.
 
         On MariaDB/MySQL, DDL commits the caller's open transaction (the server does that).
         """
@@ -146,9 +153,26 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
         ensure_jobs_table(conn, self.table)
         if self.history_config is not None:
             self.history_config.table.create(conn, checkfirst=True)
-        for side in (self.attempts, self.payloads):
+        for side in (self.attempts, self.payloads, self.failures):
             if side is not None:
                 side.create(conn, checkfirst=True)
+
+    # -- a job's last failure (fencing._sql.failures) ------------------------------------
+
+    def failure(self, job_id: str, *, conn: CallerConnection | None = None) -> Failure | None:
+        """The last failure a worker handed ``job_id`` back with (``release(failure=)``), or
+        ``None`` if it never failed. :class:`ConfigurationError` if the store keeps no failures."""
+        ctx = self._ctx
+        ctx.require_failures("failure")
+        job_id = ctx.job_key("job_id", job_id)
+        stmt = ctx.by_caller.failure_of
+        params = {"job_id": job_id}
+
+        def unit(x: Executor) -> Failure | None:
+            rows = x.rows(stmt, params)
+            return Failure.from_row(job_id, rows[0]) if rows else None
+
+        return ctx.run_jobs(unit, conn, write=False, single=True)
 
     # -- the ownership history (fencing._store.history) -----------------------------------
 

@@ -270,6 +270,7 @@ class LeaseOperations:
         lease: Lease,
         *,
         delay: float | None = None,
+        failure: str | None = None,
         now: float | None = None,
         conn: CallerConnection | None = None,
     ) -> Literal[True] | Refusal:
@@ -278,17 +279,29 @@ class LeaseOperations:
         Without ``delay`` the job is claimable at once (``until = 0``); with it, not before
         ``now + delay`` (a retry with backoff). ``True``; or a (falsy)
         :class:`~fencing.Refusal` if the token is stale or done.
+
+        ``failure``: why this attempt failed (the exception's type, message and traceback),
+        kept as the job's last failure (:meth:`failure`) in the release's transaction, only if
+        the release is accepted. :class:`ConfigurationError` if the store keeps no failures
+        (``JobStore(engine, table, failures=fencing.failures_table(metadata))``).
         """
         ctx = self._ctx
         guard = ctx.lease(lease)
+        failed: dict[str, Any] = {}
+        if failure is not None:
+            ctx.require_failures("release(failure=)")
+            failed = {"failure": ctx.failure_text(failure)}
         if delay is None:
             # the history's instant: the caller's now, else the database's
             ctx.recorded_on(now)
             at = DATABASE if now is None else Clock(check_now(now))
             # release checks no clock; the reason read compares with 0
-            return self._guarded("release", ctx.by_caller, ctx.by_caller.release, guard, RELEASE, conn, at=at)
+            then = _failed(ctx.by_database if now is None else ctx.by_caller, {**at.binds(), **failed})
+            s = ctx.by_caller
+            return self._guarded("release", s, s.release, guard, RELEASE, conn, at=at, then=then)
         s, clock = ctx.clock(now, delay, name="delay")
-        return self._guarded("release", s, s.release_later, guard, clock, conn)
+        then = _failed(s, {**clock.binds(), **failed})
+        return self._guarded("release", s, s.release_later, guard, clock, conn, then=then)
 
     def _guarded(
         self,
@@ -300,12 +313,14 @@ class LeaseOperations:
         conn: CallerConnection | None,
         *,
         at: Clock | None = None,
+        then: Callable[[Executor, dict[str, Any]], None] | None = None,
         **more: Any,
     ) -> Literal[True] | Refusal:
         """Run the guarded write ``stmt`` of one lease on ``clock`` (``more``: its other bind
         parameters): accepted, or refused with its reason (read in the same transaction,
         logged and counted after it). ``at``: the history's clock, when it is not the
-        statement's."""
+        statement's; ``then``: what an accepted write also does in its transaction (given the
+        guard's bind parameters)."""
         ctx = self._ctx
         if not fence_can_match(guard.fence):
             return ctx.refused_one(never_current(path, *guard))
@@ -316,13 +331,16 @@ class LeaseOperations:
 
         def unit(x: Executor) -> bool:
             if x.count(stmt, params) == 1:
+                if then is not None:
+                    then(x, params)
                 outcome.tokens(path, [guard], recorded_at)
                 return True
             refused[:] = [ctx.why(x, s, path, guard, clock)]
             outcome.refusals(refused, recorded_at)
             return False
 
-        if ctx.run_jobs(unit, conn, job=guard.job_id, outcome=outcome, single=True):
+        single = then is None  # else more writes follow the first
+        if ctx.run_jobs(unit, conn, job=guard.job_id, outcome=outcome, single=single):
             return ctx.accepted(path, True, (guard.job_id, guard.fence))
         return ctx.refused_one(refused[0])
 
@@ -353,24 +371,26 @@ class LeaseOperations:
 
     def delete(self, job_id: str, *, conn: CallerConnection | None = None) -> bool:
         """Delete a job. Its row stays as a tombstone that keeps the fence, so an id that
-        is enqueued again continues above every fence it ever had; its payload goes, in the
-        same transaction. ``False`` if missing."""
+        is enqueued again continues above every fence it ever had; its payload and its last
+        failure go, in the same transaction. ``False`` if missing."""
         ctx = self._ctx
         job_id = ctx.job_key("job_id", job_id)
         params = {"job_id": job_id}
         s = ctx.by_caller
         outcome = ctx.outcome()
-        payloads = ctx.payloads is not None
+        # its arguments and its last failure go with it
+        gone = [s.forget_payload] if ctx.payloads is not None else []
+        gone += [s.forget_failure] if ctx.failures is not None else []
 
         def unit(x: Executor) -> bool:
             if x.count(s.delete, params) != 1:
                 return False
-            if payloads:  # its arguments go with it
-                x.count(s.forget_payload, params)
+            for stmt in gone:
+                x.count(stmt, params)
             outcome.copy("delete", job_id, DATABASE)
             return True
 
-        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=not payloads)
+        deleted = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=not gone)
         if deleted:
             ctx.metrics.ended("delete", job_id)
             logger.info("deleted job %r", job_id, extra={"path": "delete", "job_id": job_id})
@@ -463,3 +483,18 @@ def _refuse_if_exhausted(x: Executor, s: Statements, job_id: str) -> None:
             f"job {show_value(job_id)} has handed out its last fence ({FENCE_MAX}, 2**63-1): "
             "it can never be claimed or revoked again"
         )
+
+
+def _failed(s: Statements, binds: dict[str, Any]) -> Callable[[Executor, dict[str, Any]], None] | None:
+    """What an accepted release also does when it hands its job back with a ``failure`` (in
+    ``binds``, with the clock the failure's time is read on, ``s``'s): the job's last failure
+    replaced by this one. ``None`` without one."""
+    if "failure" not in binds:
+        return None
+
+    def failed(x: Executor, guard: dict[str, Any]) -> None:
+        params = {**guard, **binds}
+        x.count(s.forget_failure, params)
+        x.count(s.put_failure, params)
+
+    return failed

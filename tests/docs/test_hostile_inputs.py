@@ -461,6 +461,44 @@ ROWS: list[Row] = [
         "payloads must be a sqlalchemy Table (fencing.payloads_table), got str",
     ),
     Row(
+        "JobStore.release",
+        "a failure in a store without a failures table",
+        'store.release(lease, failure="boom", now=110.0)',
+        ConfigurationError,
+        "release(failure=) needs a table for the failures: JobStore(engine, table, "
+        "failures=fencing.failures_table(metadata)), created by store.create_table()",
+    ),
+    Row(
+        "JobStore.release",
+        "an exception where the failure's text goes",
+        'JobStore(engine, failures=failures_table(MetaData())).release(lease, failure=ValueError("x"))',
+        InvalidArgumentType,
+        "failure must be a str, got ValueError ValueError('x')",
+    ),
+    Row(
+        "JobStore.failure",
+        "a store without a failures table",
+        'store.failure("job")',
+        ConfigurationError,
+        "failure needs a table for the failures: JobStore(engine, table, "
+        "failures=fencing.failures_table(metadata)), created by store.create_table()",
+    ),
+    Row(
+        "JobStore",
+        "a table name where the failures table goes",
+        'JobStore(engine, failures="fencing_failures")',
+        InvalidArgumentType,
+        "failures must be a sqlalchemy Table (fencing.failures_table), got str",
+    ),
+    Row(
+        "failures_table",
+        "`None` where the MetaData goes",
+        "failures_table(None)",
+        InvalidArgumentType,
+        "metadata must be a sqlalchemy MetaData, got NoneType",
+        setup="none",
+    ),
+    Row(
         "payloads_table",
         "`None` where the MetaData goes",
         "payloads_table(None)",
@@ -1475,6 +1513,7 @@ def namespace(tracker: Tracker, tmp: Path, **names: Any) -> dict[str, Any]:
         "history_table": fencing.history_table,
         "attempts_table": fencing.attempts_table,
         "payloads_table": fencing.payloads_table,
+        "failures_table": fencing.failures_table,
         "History": fencing.History,
         "HistoryEntry": fencing.HistoryEntry,
         "holder_at": fencing.holder_at,
@@ -1894,6 +1933,7 @@ def test_every_public_function_has_a_row() -> None:
                 public.add(f"{cls.__name__}.{name}")
     # a value the library hands back, never one it takes
     public.discard("JobState")
+    public.discard("Failure")  # JobStore.failure hands it out
     public.discard("HistoryEntry")
     public.discard("HeldLock")  # Locks.hold hands it out
     public.discard("Refusal")  # a refused write's reason, as the log and the API give it

@@ -357,17 +357,20 @@ def test_the_locks_tables_migrate_as_generated_and_the_locks_work_on_them(
     assert differences(engine, app.metadata) == []
 
 
-def test_the_payloads_table_migrates_as_generated_and_jobs_carry_their_arguments_on_it(
+def test_the_payloads_and_failures_tables_migrate_as_generated_and_work(
     project: Project, engine: Engine
 ) -> None:
     """``payloads_table(metadata)`` in the application's MetaData: autogenerate creates it
     with stock types (a 4 GiB text on MariaDB), the next autogenerate is empty, and a job's
     payload travels from its enqueue to its claim on the migrated table."""
     models = Path.cwd() / f"{MODELS_MODULE}.py"
-    models.write_text(MODELS + "payloads = fencing.payloads_table(metadata)\n")
-    first = project.autogenerate("initial tables, and the payloads")
+    models.write_text(
+        MODELS + "payloads = fencing.payloads_table(metadata)\nfailures = fencing.failures_table(metadata)\n"
+    )
+    first = project.autogenerate("initial tables, the payloads and the failures")
     created = " ".join(upgrade_statements(first))
     assert "op.create_table('fencing_payloads'" in created
+    assert "op.create_table('fencing_failures'" in created
     assert "fencing." not in created  # stock SQLAlchemy types only
     project.upgrade()
     second = project.autogenerate("nothing to change")
@@ -375,10 +378,13 @@ def test_the_payloads_table_migrates_as_generated_and_jobs_carry_their_arguments
 
     app = App.tables()
     payloads_t = fencing.payloads_table(app.metadata)
+    failures_t = fencing.failures_table(app.metadata)
     assert differences(engine, app.metadata) == []
-    store = fencing.JobStore(engine, app.jobs, payloads=payloads_t)
+    store = fencing.JobStore(engine, app.jobs, payloads=payloads_t, failures=failures_t)
     store.create_table()  # the migrated tables pass the library's own check
     store.enqueue("invoice-7", payload={"amount": "12.50", "lines": [1, 2]})
     [lease] = store.claim_next("worker-a", ttl=30.0)
     assert lease.payload == {"amount": "12.50", "lines": [1, 2]}
+    assert store.release(lease, failure="Traceback ...\nValueError: no")
+    assert store.failure("invoice-7") is not None
     assert differences(engine, app.metadata) == []
