@@ -310,6 +310,10 @@ class AsyncJobStore:
         """:meth:`fencing.JobStore.create_table` as a coroutine."""
         await run(self.sync_store.create_table, conn=caller_sync(conn))
 
+    async def payload(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> Any:
+        """:meth:`fencing.JobStore.payload` as a coroutine."""
+        return await run(self.sync_store.payload, job_id, conn=caller_sync(conn))
+
     async def failure(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> Failure | None:
         """:meth:`fencing.JobStore.failure` as a coroutine."""
         return await run(self.sync_store.failure, job_id, conn=caller_sync(conn))

@@ -530,6 +530,11 @@ class Statements:
         return self.payloads
 
     @cached_property
+    def payload_of(self) -> Executable:
+        p = self._payloads_table()
+        return select(p.c.payload).where(p.c.id == _key("job_id"))
+
+    @cached_property
     def forget_payload(self) -> Executable:
         """A job's payload out (before a new one goes in, and when the job is deleted)."""
         p = self._payloads_table()

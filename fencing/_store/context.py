@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Literal, NoReturn, TypeVar
 
 from sqlalchemy import ColumnElement, Connection, Engine, Table
 from sqlalchemy.sql import Executable
@@ -249,12 +249,13 @@ class JobsContext(Context):
 
     # -- arguments -------------------------------------------------------------------------
 
-    def require_failures(self, what: str) -> None:
-        """:class:`ConfigurationError` unless the store keeps failures (``what`` needs them)."""
-        if self.failures is None:
+    def require(self, what: str, side: Literal["payloads", "failures"]) -> None:
+        """:class:`ConfigurationError` unless the store has its ``side`` table, which ``what``
+        needs (the message names the argument and the function that declares it)."""
+        if getattr(self, side) is None:
             raise ConfigurationError(
-                f"{what} needs a table for the failures: JobStore(engine, table, "
-                "failures=fencing.failures_table(metadata)), created by store.create_table()"
+                f"{what} needs a table for the {side}: JobStore(engine, table, "
+                f"{side}=fencing.{side}_table(metadata)), created by store.create_table()"
             )
 
     def failure_text(self, failure: object) -> str:

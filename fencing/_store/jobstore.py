@@ -20,7 +20,7 @@ from .._runtime.metrics import StoreMetrics
 from .._sql.attempts import check_attempts_table
 from .._sql.checks import check_sync_engine
 from .._sql.failures import Failure, check_failures_table
-from .._sql.payloads import check_payloads_table
+from .._sql.payloads import check_payloads_table, decode_payload
 from .._sql.schema import ensure_jobs_table, jobs
 from .._sql.statements import ClaimGuard
 from .batches import WorkerBatches
@@ -157,13 +157,28 @@ class JobStore(LeaseOperations, WorkerBatches, FencedBlocks):
             if side is not None:
                 side.create(conn, checkfirst=True)
 
-    # -- a job's last failure (fencing._sql.failures) ------------------------------------
+    # -- a job's payload and its last failure (fencing._sql.payloads, .failures) ---------
+
+    def payload(self, job_id: str, *, conn: CallerConnection | None = None) -> Any:
+        """The payload ``job_id`` was enqueued with (``enqueue(payload=)``), read without
+        claiming it; ``None`` for a job without one, or no such job. :class:`ConfigurationError`
+        if the store keeps no payloads."""
+        ctx = self._ctx
+        ctx.require("payload", "payloads")
+        params = {"job_id": ctx.job_key("job_id", job_id)}
+        stmt = ctx.by_caller.payload_of
+
+        def unit(x: Executor) -> Any:
+            rows = x.rows(stmt, params)
+            return decode_payload(rows[0][0]) if rows else None
+
+        return ctx.run_jobs(unit, conn, write=False, single=True)
 
     def failure(self, job_id: str, *, conn: CallerConnection | None = None) -> Failure | None:
         """The last failure a worker handed ``job_id`` back with (``release(failure=)``), or
         ``None`` if it never failed. :class:`ConfigurationError` if the store keeps no failures."""
         ctx = self._ctx
-        ctx.require_failures("failure")
+        ctx.require("failure", "failures")
         job_id = ctx.job_key("job_id", job_id)
         stmt = ctx.by_caller.failure_of
         params = {"job_id": job_id}

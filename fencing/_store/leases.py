@@ -85,11 +85,7 @@ class LeaseOperations:
             enqueue = ctx.enqueue
             single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
             return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
-        if ctx.payloads is None:
-            raise ConfigurationError(
-                "enqueue(payload=) needs a table for the payloads: JobStore(engine, table, "
-                "payloads=fencing.payloads_table(metadata)), created by store.create_table()"
-            )
+        ctx.require("enqueue(payload=)", "payloads")
         params["payload"] = encode_payload(payload)
         with_payload, single = ctx.enqueue_with_payload
         return ctx.run_jobs(lambda x: with_payload(x, s, params), conn, job=job_id, single=single)
@@ -289,7 +285,7 @@ class LeaseOperations:
         guard = ctx.lease(lease)
         failed: dict[str, Any] = {}
         if failure is not None:
-            ctx.require_failures("release(failure=)")
+            ctx.require("release(failure=)", "failures")
             failed = {"failure": ctx.failure_text(failure)}
         if delay is None:
             # the history's instant: the caller's now, else the database's

@@ -28,6 +28,8 @@ from .._errors import DatabaseMissing, FencingError, InvalidArgument, OutcomeUnk
 from .._runtime.sqlite import create_engine as create_sqlite_engine
 from .._sql.attempts import attempts_table
 from .._sql.dberrors import DB_ERRORS, database_errors, wrap_database_error
+from .._sql.failures import failures_table
+from .._sql.payloads import payloads_table
 from .._sql.schema import jobs, jobs_table
 from .._store.history import History, history_table
 from .._store.jobstore import JobStore
@@ -93,6 +95,17 @@ class Database:
     def attempts(self, name: str) -> Table | None:
         """The attempts table ``name`` beside the command's table, or ``None``."""
         return _attempts_beside(self.engine, self.table, name)
+
+    def beside(self, payloads: str, failures: str) -> JobStore:
+        """A store on the command's table with the payloads and failures tables of those
+        names, each only if it exists beside the command's table."""
+        schema = self.table.schema
+        return JobStore(
+            self.engine,
+            self.table,
+            payloads=payloads_table(MetaData(), payloads, schema=schema) if self.has(payloads) else None,
+            failures=failures_table(MetaData(), failures, schema=schema) if self.has(failures) else None,
+        )
 
     def recording(self, name: str) -> JobStore | None:
         """A store on the command's table that records the ownership history in table

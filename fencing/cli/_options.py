@@ -84,6 +84,25 @@ def add_history_table(parser: argparse.ArgumentParser, use: str) -> None:
     )
 
 
+def add_side_tables(parser: argparse.ArgumentParser) -> None:
+    """``--payloads-table`` and ``--failures-table``: where the workers' store keeps each
+    job's payload and its last failure, shown when they exist."""
+    parser.add_argument(
+        "--payloads-table",
+        default="fencing_payloads",
+        metavar="NAME",
+        help="the payloads table (fencing.payloads_table) (%(default)s): the job's payload, "
+        "shown when it exists",
+    )
+    parser.add_argument(
+        "--failures-table",
+        default="fencing_failures",
+        metavar="NAME",
+        help="the failures table (fencing.failures_table) (%(default)s): the job's last failure, "
+        "shown when it exists",
+    )
+
+
 def add_attempts_table(
     parser: argparse.ArgumentParser,
     use: str = "(%(default)s): when it exists, poisoned jobs count from their requeue",

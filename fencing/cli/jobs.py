@@ -5,6 +5,7 @@ database's clock."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from dataclasses import asdict
@@ -21,6 +22,7 @@ from ._options import (
     add_history_table,
     add_limit,
     add_max_attempts,
+    add_side_tables,
     at_least,
     finite,
     whole,
@@ -179,6 +181,7 @@ def add_show(commands: Commands) -> None:
     add_max_attempts(parser, "to tell poisoned jobs from ready ones")
     add_attempts_table(parser)
     add_history_table(parser, "(%(default)s), shown when it exists")
+    add_side_tables(parser)
 
 
 def show(args: argparse.Namespace, db: Database, out: Output) -> int:
@@ -187,9 +190,13 @@ def show(args: argparse.Namespace, db: Database, out: Output) -> int:
         raise Failed(f"no job {args.id!r} in table {db.table.name!r}")
     store = db.recording(args.history_table)
     history = None if store is None else store.history(job.job_id)
+    sides = db.beside(args.payloads_table, args.failures_table)
+    payload = None if sides.payloads is None else sides.payload(job.job_id)
+    failure = None if sides.failures is None else sides.failure(job.job_id)
     if out.json:
         recorded = None if history is None else [asdict(e) for e in history]
-        out.record(**job_record(job), history=recorded)
+        failed = None if failure is None else {"fence": failure.fence, "at": failure.at, "text": failure.text}
+        out.record(**job_record(job), history=recorded, payload=payload, failure=failed)
         return 0
     until = "-" if job.until == 0 else f"{instant(job.until)} ({when(job)})"
     rows = [
@@ -201,7 +208,13 @@ def show(args: argparse.Namespace, db: Database, out: Output) -> int:
         ["result", shown(job.result)],
         ["now", f"{instant(job.now)} (the database's clock)"],
     ]
+    if sides.payloads is not None:
+        said = "-" if payload is None else shown(json.dumps(payload, ensure_ascii=False))
+        rows.insert(-1, ["payload", said])
     out.lines(table(["", ""], rows)[1:])
+    if failure is not None:
+        text = [f"  {line}" for line in failure.text.splitlines()]
+        out.lines(["", f"last failure (fence {failure.fence}, at {instant(failure.at)})", *text])
     if history:
         out.lines(["", f"history ({args.history_table}, oldest first)", *history_lines(history)])
     return 0

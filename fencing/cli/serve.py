@@ -28,7 +28,15 @@ from .._store.history import History
 from .._store.jobstore import JobStore
 from .._store.locks import locks_table
 from ._database import Database, Failed, add_command
-from ._options import Commands, add_attempts_table, add_history_table, add_max_attempts, at_least, whole
+from ._options import (
+    Commands,
+    add_attempts_table,
+    add_history_table,
+    add_max_attempts,
+    add_side_tables,
+    at_least,
+    whole,
+)
 from ._output import Output
 
 if TYPE_CHECKING:
@@ -97,6 +105,7 @@ def add_serve(commands: Commands) -> None:
     add_max_attempts(parser, "what the workers pass to claim_next, and what the API's claims apply")
     add_history_table(parser, "shown (timelines, refusals) when it exists")
     add_attempts_table(parser)
+    add_side_tables(parser)
     parser.add_argument(
         "--locks-table", default="fencing_locks", metavar="NAME", help="the named locks' table (%(default)s)"
     )
@@ -118,12 +127,15 @@ def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
     )
     tokens = read_tokens(args.api_tokens) if args.api_tokens else None
     hosts = allowed_hosts(args.host, args.allowed_host or ())
+    sides = db.beside(args.payloads_table, args.failures_table)
     app = app_for(
         db.engine,
         db.table,
         history=None if history is None else history.table,
         locks=locks,
         attempts=db.attempts(args.attempts_table),
+        payloads=sides.payloads,
+        failures=sides.failures,
         interval=args.interval,
         max_attempts=args.max_attempts,
         tokens=tokens,
@@ -217,6 +229,8 @@ def app_for(
     locks: Table | None,
     interval: float,
     attempts: Table | None = None,
+    payloads: Table | None = None,
+    failures: Table | None = None,
     max_attempts: int | None,
     tokens: dict[str, Caller] | None,
     hosts: Sequence[str] = LOOPBACK,
@@ -225,6 +239,7 @@ def app_for(
 ) -> Starlette:
     """The app ``fencing serve`` runs: the dashboard at ``/``, the lease API at ``/api``
     (with ``attempts``, a requeued job's attempts count from its requeue in both; with
+    ``payloads`` and ``failures``, both show and take a job's payload and last failure; with
     ``history``, the API's changes are recorded there; ``max_attempts`` applies to its
     claims as to the dashboard's poisoned jobs), answering only the ``Host`` names ``hosts``."""
     from starlette.applications import Starlette
@@ -237,7 +252,9 @@ def app_for(
     if tokens is not None:
         # never prunes, as the dashboard's store: retention is the application's
         recorded = None if history is None else History(history, retention=None)
-        store = JobStore(engine, table, history=recorded, attempts=attempts)
+        store = JobStore(
+            engine, table, history=recorded, attempts=attempts, payloads=payloads, failures=failures
+        )
         api = lease_api(
             store,
             authorize=bearer_tokens(tokens),
@@ -254,6 +271,8 @@ def app_for(
         interval=interval,
         max_attempts=max_attempts,
         attempts=attempts,
+        payloads=payloads,
+        failures=failures,
     )
     routes.append(Mount("/", board))
     app = Starlette(routes=routes, lifespan=board.router.lifespan_context)

@@ -77,6 +77,7 @@ from .models import (
     CompleteOut,
     Enqueued,
     EnqueueOut,
+    FailureOut,
     JobOut,
     JobRead,
     LeaseOut,
@@ -246,7 +247,8 @@ class _Api:
         leases = await run_in_threadpool(
             self.store.claim_next, claim.owner, ttl=claim.ttl, limit=claim.limit, max_attempts=max_attempts
         )
-        return answer(ClaimOut(leases=[LeaseOut.of(x) for x in leases]))
+        payload = self.store.payloads is not None
+        return answer(ClaimOut(leases=[LeaseOut.of(x, payload=payload) for x in leases]))
 
     async def renew(self, request: Request, body: dict[str, Any], who: Caller) -> Response:
         renew = self.read(self.requests.renew, body, who, "renew")
@@ -292,8 +294,10 @@ class _Api:
         release = self.read(self.requests.release, body, who, "release")
         if isinstance(release, Response):
             return release
-        lease, delay = release.lease.token(), release.delay
-        released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay))
+        lease, delay, failure = release.lease.token(), release.delay, release.failure
+        if failure is not None and self.store.failures is None:
+            return self.not_kept("failure", "failures")
+        released = await run_in_threadpool(lambda: self.store.release(lease, delay=delay, failure=failure))
         if released:
             return answer(ReleaseOut(released=True, replayed=False, lease=LeaseOut.of(lease)))
         if released.reason != "released" or released.current_fence != lease.fence:
@@ -341,8 +345,12 @@ class _Api:
         enqueue = self.read(self.requests.enqueue, body, who, "enqueue")
         if isinstance(enqueue, Response):
             return enqueue
-        job_id, ready_at = enqueue.job_id, enqueue.ready_at
-        added = await run_in_threadpool(lambda: self.store.enqueue(job_id, ready_at=ready_at))
+        job_id, ready_at, payload = enqueue.job_id, enqueue.ready_at, enqueue.payload
+        if payload is not None and self.store.payloads is None:
+            return self.not_kept("payload", "payloads")
+        added = await run_in_threadpool(
+            lambda: self.store.enqueue(job_id, ready_at=ready_at, payload=payload)
+        )
         logger.info("enqueue of job %r by %s over HTTP: %s", job_id, who.name, "added" if added else "exists")
         job = await self.job(job_id)
         shown = None if job is None else JobOut.of(job)
@@ -355,7 +363,24 @@ class _Api:
         job = await self.job(job_id)
         if job is None:
             return problem(404, "NotFound", f"there is no job {job_id!r}", job_id=job_id)
-        return answer(JobRead(job=JobOut.of(job)))
+        kept: dict[str, Any] = {}  # what the store keeps beside the row: only those are answered
+        store = self.store
+        if store.payloads is not None:
+            kept["payload"] = await run_in_threadpool(store.payload, job_id)
+        if store.failures is not None:
+            failure = await run_in_threadpool(store.failure, job_id)
+            kept["failure"] = None if failure is None else FailureOut.of(failure)
+        return answer(JobRead(job=JobOut.of(job), **kept))
+
+    def not_kept(self, field: str, side: str) -> Response:
+        """The ``422`` of a request that sends ``field`` to an API whose store keeps no
+        ``side`` (nothing was read or changed)."""
+        return problem(
+            422,
+            "InvalidArgument",
+            f"{field}: this API's store keeps no {side} "
+            f"(JobStore(..., {side}=fencing.{side}_table(metadata))); nothing was changed",
+        )
 
     async def job(self, job_id: str) -> JobView | None:
         return await run_in_threadpool(self.overview.job, job_id)

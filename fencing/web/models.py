@@ -15,11 +15,12 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema, create_model
 from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from .._sql.checks import FENCE_MAX
+from .._sql.failures import Failure
 from .._sql.values import Lease
 from ..overview import JobView
 
@@ -87,12 +88,15 @@ class RequestBody(BaseModel):
 
 
 class LeaseIn(RequestBody):
-    """A lease as a claim or renewal answered it: ``until`` may come back and is not read."""
+    """A lease as a claim or renewal answered it: ``until`` and ``payload`` may come back and
+    are not read."""
 
     job_id: Text
     owner: Text
     fence: Fence
     until: Annotated[object, WithJsonSchema({"type": ["number", "null"]})] = None
+    #: a claim's answer carries its job's payload: it may come back, and is not read
+    payload: Annotated[object, WithJsonSchema({})] = None
 
     def token(self) -> Lease:
         """The lease as the store takes it (its deadline is the row's, never the client's)."""
@@ -130,19 +134,23 @@ class CompleteIn(RequestBody):
 
 
 class ReleaseIn(RequestBody):
-    """Give the lease back: claimable at once, or after ``delay`` seconds."""
+    """Give the lease back: claimable at once, or after ``delay`` seconds; ``failure``: why
+    this attempt failed, kept as the job's last failure (an API whose store keeps failures)."""
 
     owner_at = ("lease", "owner")
 
     lease: LeaseIn
     delay: Seconds | None = None
+    failure: Text | None = None
 
 
 class EnqueueIn(RequestBody):
-    """Register ``job_id``, claimable from ``ready_at`` (seconds since the epoch; ``null``: now)."""
+    """Register ``job_id``, claimable from ``ready_at`` (seconds since the epoch; ``null``: now),
+    with its arguments ``payload`` (any JSON; an API whose store keeps payloads)."""
 
     job_id: Text
     ready_at: float | None = None
+    payload: JsonValue = None
 
 
 class Requests(NamedTuple):
@@ -184,15 +192,26 @@ class Answer(BaseModel):
 
 class LeaseOut(Answer):
     """A lease: ``until`` is its deadline on the database's clock (``null`` when the answer
-    ends the lease: a completion or release)."""
+    ends the lease: a completion or release); a claim's carries its job's ``payload`` where
+    the store keeps payloads."""
 
     job_id: str
     owner: str
     fence: Fence
     until: float | None
+    payload: JsonValue = Field(default=None, description="the job's arguments (a claim, with payloads kept)")
 
     @classmethod
-    def of(cls, lease: Lease) -> LeaseOut:
+    def of(cls, lease: Lease, *, payload: bool = False) -> LeaseOut:
+        """``lease``'s answer; with ``payload``, its job's payload too."""
+        if payload:
+            return cls(
+                job_id=lease.job_id,
+                owner=lease.owner,
+                fence=lease.fence,
+                until=lease.until,
+                payload=lease.payload,
+            )
         return cls(job_id=lease.job_id, owner=lease.owner, fence=lease.fence, until=lease.until)
 
 
@@ -256,10 +275,26 @@ class Enqueued(EnqueueOut):
     enqueued: Literal[True]
 
 
+class FailureOut(BaseModel):
+    """A job's last failure: the attempt's ``fence``, when (``at``, the release's clock) and
+    what its worker said (``text``)."""
+
+    fence: int
+    at: float
+    text: str
+
+    @classmethod
+    def of(cls, failure: Failure) -> FailureOut:
+        return cls(fence=failure.fence, at=failure.at, text=failure.text)
+
+
 class JobRead(Answer):
-    """The job's row, read now."""
+    """The job's row, read now; with the job's ``payload`` and last ``failure`` where the
+    store keeps them (``null``: none)."""
 
     job: JobOut
+    payload: JsonValue = Field(default=None, description="the job's arguments (payloads kept)")
+    failure: FailureOut | None = Field(default=None, description="the job's last failure (failures kept)")
 
 
 class Problem(BaseModel):

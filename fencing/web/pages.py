@@ -60,6 +60,7 @@ from .._admin import change_job
 from .._errors import FencingError, InvalidArgument, InvalidArgumentType
 from .._format import age, instant, when
 from .._sql.checks import check_count, check_timeout
+from .._sql.failures import Failure
 from .._sql.schema import jobs
 from .._store.history import History
 from .._store.jobstore import JobStore
@@ -199,6 +200,8 @@ class _Dashboard:
         max_streams: int,
         max_attempts: int | None,
         attempts: Table | None,
+        payloads: Table | None,
+        failures: Table | None,
         wait: float | None,
         title: str,
     ) -> None:
@@ -210,7 +213,9 @@ class _Dashboard:
         recorded = None if history is None else History(history, retention=None)
         # the dashboard's own store, for the actions: it records them in the history and
         # never prunes it (retention=None: the application's store prunes)
-        self.store = JobStore(engine, table, history=recorded, attempts=attempts)
+        self.store = JobStore(
+            engine, table, history=recorded, attempts=attempts, payloads=payloads, failures=failures
+        )
         self.authorize = authorize
         #: who may read the pages and the feed (``None``: anyone who reaches the dashboard)
         self.readers = readers
@@ -352,6 +357,7 @@ class _Dashboard:
             entries = await run_in_threadpool(self.store.history, job_id)
             cut = len(entries) > HISTORY_SHOWN
             history = entries[-HISTORY_SHOWN:]
+        payload, failure = await run_in_threadpool(self.beside, job_id)
         actions = []
         if job is not None:
             live = job.state != "done"
@@ -366,9 +372,17 @@ class _Dashboard:
         root = request.scope.get("root_path", "")
         heading = Markup("Job ") + _shown(job_id)
         return self.fragment(request, "job.html", page="job", heading=heading, job=job, job_id=job_id,
-            history=history, history_cut=cut, job_actions=actions,
+            history=history, history_cut=cut, job_actions=actions, payload=payload, failure=failure,
             fragment_url=f"{root}/job?id={_q(job_id)}&fragment=1",
         )  # fmt: skip
+
+    def beside(self, job_id: str) -> tuple[str | None, Failure | None]:
+        """The job's payload (as indented JSON) and its last failure, where the store keeps
+        them (``None``: none, or not kept)."""
+        store = self.store
+        payload = None if store.payloads is None else store.payload(job_id)
+        shown = None if payload is None else json.dumps(payload, indent=2, ensure_ascii=False)
+        return shown, None if store.failures is None else store.failure(job_id)
 
     async def marks_page(self, request: Request) -> Response:
         ov = self.overview
@@ -517,6 +531,8 @@ def dashboard(
     max_streams: int = 100,
     max_attempts: int | None = None,
     attempts: Table | None = None,
+    payloads: Table | None = None,
+    failures: Table | None = None,
     wait: float | None = 10.0,
     title: str = "fencing",
 ) -> Starlette:
@@ -537,8 +553,10 @@ def dashboard(
     ``max_streams``: event streams open at once (``503`` past it); ``max_attempts``: what the
     workers pass to ``claim_next``, for the ``poisoned`` state; ``attempts``: the workers'
     store's attempts table (:func:`fencing.attempts_table`), which turns on the requeue of a
-    poisoned job and counts its attempts from its last requeue; ``wait``: the longest an
-    action waits for a job's row held by a worker's fenced block.
+    poisoned job and counts its attempts from its last requeue; ``payloads`` and ``failures``:
+    the workers' store's payloads and failures tables (:func:`fencing.payloads_table`,
+    :func:`fencing.failures_table`), whose job's payload and last failure a job's page shows;
+    ``wait``: the longest an action waits for a job's row held by a worker's fenced block.
     """
     if not isinstance(engine, Engine):
         raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
@@ -572,7 +590,8 @@ def dashboard(
     d = _Dashboard(
         engine, table, history=history, locks=locks, marks=marks, keys=keys, authorize=authorize,
         readers=readers, secret=secret, interval=interval, max_streams=max_streams,
-        max_attempts=max_attempts, attempts=attempts, wait=wait, title=title,
+        max_attempts=max_attempts, attempts=attempts, payloads=payloads, failures=failures, wait=wait,
+        title=title,
     )  # fmt: skip
     routes = [
         Route("/", d.guarded(d.overview_page), methods=["GET"]),

@@ -31,7 +31,16 @@ from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
 
 import fencing
 import fencing.cli.jobs
-from fencing import FenceMarks, History, JobStore, attempts_table, history_table, holder_at
+from fencing import (
+    FenceMarks,
+    History,
+    JobStore,
+    attempts_table,
+    failures_table,
+    history_table,
+    holder_at,
+    payloads_table,
+)
 from fencing._sql.schema import KEY_TYPE
 from fencing.cli import main
 from fencing.overview import Overview
@@ -282,6 +291,38 @@ def test_show_prints_the_ownership_history_when_the_table_exists(
         ("refused", "wörker-1", 1, "stale fence"),
     ]
     assert cli("show", job, "--history-table", "elsewhere", "--json").records[0]["history"] is None
+
+
+def test_show_prints_the_payload_and_the_last_failure_when_their_tables_exist(
+    cli: Any, queue: JobStore, engine: Engine
+) -> None:
+    job = ODD_IDS[1]
+    queue.enqueue(job)
+    plain = cli("show", job)
+    assert "payload" not in plain.out and "failure" not in plain.out  # no such tables: the job alone
+    assert cli("show", job, "--json").records[0]["payload"] is None
+    metadata = MetaData()
+    workers = JobStore(engine, payloads=payloads_table(metadata), failures=failures_table(metadata))
+    workers.create_table()
+    workers.enqueue("order-7", payload={"order": 7, "to": "wörker"})
+    [lease] = workers.claim_next("w", ttl=300)
+    assert lease.job_id == job  # the older job first: it has no payload
+    failure = "Traceback (most recent call last):\nValueError: no stock"
+    assert workers.release(lease, delay=60, failure=failure)
+    ran = cli("show", job)
+    assert ran.code == 0, ran.err
+    lines = ran.out.splitlines()
+    assert dict(line.split(None, 1) for line in lines[:7])["payload"] == "-"
+    at = lines.index("last failure (fence 1, at " + lines[lines.index("") + 1].split(", at ")[1])
+    assert lines[at + 1 :] == ["  Traceback (most recent call last):", "  ValueError: no stock"]
+    [record] = cli("show", job, "--json").records
+    assert record["failure"]["fence"] == 1 and record["failure"]["text"].endswith("ValueError: no stock")
+    shown = dict(line.split(None, 1) for line in cli("show", "order-7").out.splitlines() if line)
+    assert shown["payload"] == '{"order": 7, "to": "wörker"}'
+    [record] = cli("show", "order-7", "--json").records
+    assert (record["payload"], record["failure"]) == ({"order": 7, "to": "wörker"}, None)
+    elsewhere = cli("show", "order-7", "--payloads-table", "elsewhere", "--json").records[0]
+    assert elsewhere["payload"] is None
 
 
 def test_revoke_release_and_delete_are_recorded_in_the_history_when_the_table_exists(

@@ -454,6 +454,14 @@ ROWS: list[Row] = [
         "[nan] is not (Out of range float values are not JSON compliant: nan)",
     ),
     Row(
+        "JobStore.payload",
+        "a store without a payloads table",
+        'store.payload("job")',
+        ConfigurationError,
+        "payload needs a table for the payloads: JobStore(engine, table, "
+        "payloads=fencing.payloads_table(metadata)), created by store.create_table()",
+    ),
+    Row(
         "JobStore",
         "a table name where the payloads table goes",
         'JobStore(engine, payloads="fencing_payloads")',

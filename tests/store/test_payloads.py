@@ -167,6 +167,8 @@ def test_a_store_without_payloads_refuses_one_and_writes_nothing(engine: Engine)
     store.create_table()
     with pytest.raises(ConfigurationError, match=r"payloads=fencing.payloads_table\(metadata\)"):
         store.enqueue("j", ready_at=0, payload={"a": 1})
+    with pytest.raises(ConfigurationError, match=r"payload needs a table for the payloads"):
+        store.payload("j")
     assert store.state("j") is None
     # and its claims read no payload: every lease's is None
     store.enqueue("j", ready_at=0)
@@ -215,3 +217,13 @@ def test_every_json_value_comes_back_exactly(store: Any, payload: Any) -> None:
     got = store.claim(job_id, "w", ttl=TTL, now=100.0).payload
     assert got == payload
     assert json.dumps(got) == json.dumps(payload)  # the same types: 1 is not 1.0 is not True
+
+
+def test_a_payload_is_read_without_claiming_the_job(store: Any) -> None:
+    store.enqueue("j", ready_at=0, payload={"to": "ops@example.com"})
+    store.enqueue("bare", ready_at=0)
+    assert store.payload("j") == {"to": "ops@example.com"}
+    assert store.payload("bare") is None
+    assert store.payload("missing") is None
+    assert store.holder("j", now=100.0) is None  # still unclaimed
+    assert store.claim_next("w", ttl=TTL, now=100.0, limit=5)[0].payload == {"to": "ops@example.com"}

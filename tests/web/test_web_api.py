@@ -22,7 +22,7 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 
 from starlette.testclient import TestClient
 
-from fencing import History, JobStore, Lease, attempts_table, history_table
+from fencing import History, JobStore, Lease, attempts_table, failures_table, history_table, payloads_table
 from fencing.cli import main
 from fencing.overview import Overview
 from fencing.web import Caller, bearer_tokens, lease_api
@@ -792,3 +792,76 @@ def test_the_cli_the_api_and_the_feed_show_a_job_as_the_same_json(
         "until": from_api["until"],
         "result": None,
     }
+
+
+# -- a job's payload and its last failure, where the store keeps them ---------------------------
+
+
+@pytest.fixture
+def keeping(engine: Engine) -> Iterator[tuple[TestClient, JobStore]]:
+    """The API on a store that keeps payloads and failures."""
+    metadata = MetaData()
+    kept = JobStore(engine, payloads=payloads_table(metadata), failures=failures_table(metadata))
+    kept.create_table()
+    with TestClient(lease_api(kept, authorize=bearer_tokens({TOKEN: POOL}))) as c:
+        yield c, kept
+
+
+def test_a_jobs_payload_goes_in_with_its_enqueue_and_out_with_its_claim(
+    keeping: tuple[TestClient, JobStore],
+) -> None:
+    client, kept = keeping
+    payload = {"order": 7, "lines": [{"sku": "é-1", "qty": 2}], "gift": None}
+    assert post(client, "/enqueue", {"job_id": "o7", "payload": payload}).status_code == 201
+    assert post(client, "/enqueue", {"job_id": "bare"}).status_code == 201
+    leases = post(client, "/claim", {"owner": "go-1", "ttl": 30, "limit": 5}).json()["leases"]
+    assert {lease["job_id"]: lease["payload"] for lease in leases} == {"o7": payload, "bare": None}
+    assert kept.payload("o7") == payload
+    shown = client.get("/jobs/o7", headers=AUTH).json()
+    assert (shown["payload"], shown["failure"]) == (payload, None)
+
+
+def test_a_released_attempts_failure_is_kept_and_shown_with_the_job(
+    keeping: tuple[TestClient, JobStore],
+) -> None:
+    client, kept = keeping
+    kept.enqueue("j")
+    [lease] = post(client, "/claim", {"owner": "go-1", "ttl": 30}).json()["leases"]
+    text = "Traceback (most recent call last):\nKeyError: 'sku'"
+    released = post(client, "/release", {"lease": lease, "delay": 60, "failure": text})
+    assert released.status_code == 200, released.json()
+    failure = client.get("/jobs/j", headers=AUTH).json()["failure"]
+    assert (failure["fence"], failure["text"]) == (1, text)
+    assert isinstance(failure["at"], float)
+    # a stale worker's failure is refused with its release, and the kept one stays
+    late = post(client, "/release", {"lease": lease, "failure": "late"})
+    assert late.status_code == 409
+    assert client.get("/jobs/j", headers=AUTH).json()["failure"]["text"] == text
+
+
+def test_an_api_whose_store_keeps_neither_says_so_and_changes_nothing(
+    client: TestClient, store: JobStore
+) -> None:
+    refused = post(client, "/enqueue", {"job_id": "p", "payload": {"a": 1}})
+    assert refused.status_code == 422
+    assert "payload: this API's store keeps no payloads" in refused.json()["detail"]
+    assert store.state("p") is None
+    store.enqueue("j")
+    [lease] = post(client, "/claim", {"owner": "go-1", "ttl": 30}).json()["leases"]
+    assert "payload" not in lease  # the answer is as it was without payloads
+    kept = post(client, "/release", {"lease": lease, "failure": "boom"})
+    assert kept.status_code == 422
+    assert "failure: this API's store keeps no failures" in kept.json()["detail"]
+    assert store.holder("j") is not None  # still held: nothing changed
+    shown = client.get("/jobs/j", headers=AUTH).json()
+    assert "payload" not in shown and "failure" not in shown
+
+
+def test_a_payload_that_is_not_json_is_refused_with_nothing_written(
+    keeping: tuple[TestClient, JobStore],
+) -> None:
+    client, kept = keeping
+    raw = b'{"job_id": "nan", "payload": {"x": NaN}}'
+    refused = client.post("/enqueue", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    assert refused.status_code == 400  # not JSON: the body is refused before it is read
+    assert kept.state("nan") is None

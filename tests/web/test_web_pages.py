@@ -24,7 +24,15 @@ pytest.importorskip("starlette", reason="the web extra is not installed: pip ins
 
 from starlette.testclient import TestClient
 
-from fencing import History, InvalidArgument, InvalidArgumentType, JobStore, attempts_table
+from fencing import (
+    History,
+    InvalidArgument,
+    InvalidArgumentType,
+    JobStore,
+    attempts_table,
+    failures_table,
+    payloads_table,
+)
 from fencing.web import dashboard
 
 HOSTILE = ["<script>alert(1)</script>", "\"'><img src=x onerror=alert(1)>", "\u202eevil\u202c.txt", "a&b;c"]
@@ -114,6 +122,36 @@ def test_a_job_page_shows_its_timeline_with_the_refused_write(viewer: TestClient
     events = re.findall(r'<li class="event (\w+)">', html)
     assert events == ["claim", "revoke", "claim", "complete", "refused"]
     assert "complete refused: done" in html
+
+
+def test_a_job_page_shows_its_payload_and_its_last_failure_escaped(engine: Engine) -> None:
+    metadata = MetaData()
+    workers = JobStore(engine, payloads=payloads_table(metadata), failures=failures_table(metadata))
+    workers.create_table()
+    workers.enqueue("o1", payload={"to": HOSTILE[0], "n": 2})
+    workers.enqueue("plain")
+    [lease] = workers.claim_next("w", ttl=60)
+    assert workers.release(
+        lease, delay=60, failure=f"Traceback (most recent call last):\nValueError: {HOSTILE[1]}"
+    )
+    board = dashboard(engine, payloads=workers.payloads, failures=workers.failures)
+    with TestClient(board) as c:
+        html = page(c, "/job?id=o1")
+        assert "<script>alert" not in html and "<img src=x" not in html
+        payload = re.search(r'<pre id="job-payload">(.*?)</pre>', html, re.S)
+        assert payload is not None
+        assert (
+            html_module.unescape(payload.group(1)) == '{\n  "to": "<script>alert(1)</script>",\n  "n": 2\n}'
+        )
+        assert "Attempt with fence 1, handed back at" in html
+        failure = re.search(r'<pre id="job-failure">(.*?)</pre>', html, re.S)
+        assert failure is not None and "ValueError:" in html_module.unescape(failure.group(1))
+        bare = page(c, "/job?id=plain")
+        assert 'id="job-payload"' not in bare and "Last failure" not in bare
+    # a dashboard not given the tables shows neither
+    with TestClient(dashboard(engine)) as c:
+        html = page(c, "/job?id=o1")
+        assert 'id="job-payload"' not in html and "Last failure" not in html
 
 
 def test_without_authorize_there_are_no_actions_and_posts_are_refused(
