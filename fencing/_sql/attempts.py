@@ -27,8 +27,7 @@ from sqlalchemy import (
     or_,
 )
 
-from .._errors import InvalidArgument, InvalidArgumentType
-from .checks import FENCE_MAX, check_new_table
+from .checks import FENCE_MAX, check_new_table, check_side_table
 from .schema import KEY_COLUMN
 
 __all__ = ["attempts_table", "check_attempts_table", "exhausted", "within_attempts"]
@@ -54,19 +53,7 @@ def attempts_table(metadata: MetaData, name: str = "fencing_attempts", *, schema
 def check_attempts_table(attempts: object) -> Table | None:
     """``attempts`` as a store takes it: ``None`` (no requeue) or a table of
     :func:`attempts_table`'s shape, else the error that says what it is not."""
-    if attempts is None:
-        return None
-    if not isinstance(attempts, Table):
-        raise InvalidArgumentType(
-            f"attempts must be a sqlalchemy Table (fencing.attempts_table), got {type(attempts).__name__}"
-        )
-    missing = {"id", "base"} - set(attempts.c.keys())
-    if missing:
-        raise InvalidArgument(
-            f"table {attempts.name!r} is not an attempts table (no {', '.join(sorted(missing))}): "
-            "use fencing.attempts_table(metadata, name)"
-        )
-    return attempts
+    return check_side_table(attempts, argument="attempts", kind="an attempts table", columns={"id", "base"})
 
 
 def _requeued_within(jobs: Table, attempts: Table, max_fence: ColumnElement[int]) -> ColumnElement[bool]:

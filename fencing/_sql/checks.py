@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from sqlalchemy import Engine, MetaData
+from sqlalchemy import Engine, MetaData, Table
 
 from .._errors import InvalidArgument, InvalidArgumentType
 
@@ -185,6 +185,26 @@ def check_count(name: str, value: object) -> int:
 def fence_can_match(fence: int) -> bool:
     """Fences are handed out from 1 upward and stored as signed 64-bit integers."""
     return 1 <= fence <= FENCE_MAX
+
+
+def check_side_table(value: object, *, argument: str, kind: str, columns: set[str]) -> Table | None:
+    """``value`` as a store takes a table beside its jobs table (its ``argument``): ``None``
+    (none), or a ``Table`` with ``columns`` made by ``fencing.<argument>_table`` (``kind``:
+    "an attempts table"), else the error that says what it is not."""
+    if value is None:
+        return None
+    maker = f"fencing.{argument}_table"
+    if not isinstance(value, Table):
+        raise InvalidArgumentType(
+            f"{argument} must be a sqlalchemy Table ({maker}), got {type(value).__name__}"
+        )
+    missing = columns - set(value.c.keys())
+    if missing:
+        raise InvalidArgument(
+            f"table {value.name!r} is not {kind} (no {', '.join(sorted(missing))}): "
+            f"use {maker}(metadata, name)"
+        )
+    return value
 
 
 def check_new_table(metadata: object, name: object, schema: object) -> None:

@@ -15,8 +15,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import BigInteger, Column, Double, MetaData, Table
 from sqlalchemy.dialects import sqlite
 
-from .._errors import InvalidArgument, InvalidArgumentType
-from .checks import check_new_table
+from .checks import check_new_table, check_side_table
 from .schema import KEY_COLUMN, LONG_TEXT
 
 __all__ = ["Failure", "check_failures_table", "failures_table"]
@@ -61,16 +60,5 @@ def failures_table(metadata: MetaData, name: str = "fencing_failures", *, schema
 def check_failures_table(failures: object) -> Table | None:
     """``failures`` as a store takes it: ``None`` (no failures kept) or a table of
     :func:`failures_table`'s shape, else the error that says what it is not."""
-    if failures is None:
-        return None
-    if not isinstance(failures, Table):
-        raise InvalidArgumentType(
-            f"failures must be a sqlalchemy Table (fencing.failures_table), got {type(failures).__name__}"
-        )
-    missing = {"id", "fence", "at", "failure"} - set(failures.c.keys())
-    if missing:
-        raise InvalidArgument(
-            f"table {failures.name!r} is not a failures table (no {', '.join(sorted(missing))}): "
-            "use fencing.failures_table(metadata, name)"
-        )
-    return failures
+    columns = {"id", "fence", "at", "failure"}
+    return check_side_table(failures, argument="failures", kind="a failures table", columns=columns)

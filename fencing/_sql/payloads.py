@@ -21,7 +21,7 @@ from typing import Any
 from sqlalchemy import Column, MetaData, Table
 
 from .._errors import InvalidArgument, InvalidArgumentType
-from .checks import check_new_table, show_value
+from .checks import check_new_table, check_side_table, show_value
 from .schema import KEY_COLUMN, LONG_TEXT
 
 __all__ = ["check_payloads_table", "decode_payload", "encode_payload", "payload_of", "payloads_table"]
@@ -46,19 +46,7 @@ def payloads_table(metadata: MetaData, name: str = "fencing_payloads", *, schema
 def check_payloads_table(payloads: object) -> Table | None:
     """``payloads`` as a store takes it: ``None`` (no payloads) or a table of
     :func:`payloads_table`'s shape, else the error that says what it is not."""
-    if payloads is None:
-        return None
-    if not isinstance(payloads, Table):
-        raise InvalidArgumentType(
-            f"payloads must be a sqlalchemy Table (fencing.payloads_table), got {type(payloads).__name__}"
-        )
-    missing = {"id", "payload"} - set(payloads.c.keys())
-    if missing:
-        raise InvalidArgument(
-            f"table {payloads.name!r} is not a payloads table (no {', '.join(sorted(missing))}): "
-            "use fencing.payloads_table(metadata, name)"
-        )
-    return payloads
+    return check_side_table(payloads, argument="payloads", kind="a payloads table", columns={"id", "payload"})
 
 
 def encode_payload(payload: object) -> str:
