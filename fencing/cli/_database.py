@@ -96,15 +96,16 @@ class Database:
         """The attempts table ``name`` beside the command's table, or ``None``."""
         return _attempts_beside(self.engine, self.table, name)
 
-    def beside(self, payloads: str, failures: str) -> JobStore:
+    def beside(self, payloads: str, failures: str | None = None) -> JobStore:
         """A store on the command's table with the payloads and failures tables of those
         names, each only if it exists beside the command's table."""
         schema = self.table.schema
+        kept = failures is not None and self.has(failures)
         return JobStore(
             self.engine,
             self.table,
             payloads=payloads_table(MetaData(), payloads, schema=schema) if self.has(payloads) else None,
-            failures=failures_table(MetaData(), failures, schema=schema) if self.has(failures) else None,
+            failures=failures_table(MetaData(), failures, schema=schema) if failures and kept else None,
         )
 
     def recording(self, name: str) -> JobStore | None:

@@ -4,6 +4,7 @@ probability) and the options several commands share, each added with its help te
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Callable
 from typing import TypeAlias
@@ -49,6 +50,19 @@ def probability(text: str) -> float:
     if not 0.0 <= value <= 1.0:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text!r}")
     return value
+
+
+def json_value(text: str) -> object:
+    """A JSON document (``--payload``): what it says, or why it is not JSON."""
+    try:
+        return json.loads(text, parse_constant=_not_json)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON ({exc}): {text[:80]!r}") from None
+
+
+def _not_json(constant: str) -> object:
+    """``NaN`` and ``Infinity``, which Python's reader takes and JSON does not."""
+    raise ValueError(f"{constant} is not a JSON value")
 
 
 def finite(text: str) -> float:

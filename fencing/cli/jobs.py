@@ -25,6 +25,7 @@ from ._options import (
     add_side_tables,
     at_least,
     finite,
+    json_value,
     whole,
 )
 from ._output import Output, cell, history_lines, job_record, shown, table
@@ -81,19 +82,42 @@ def add_enqueue(commands: Commands) -> None:
     ready.add_argument(
         "--ready-at", type=finite, metavar="EPOCH", help="not claimable before this time (seconds since 1970)"
     )
+    parser.add_argument(
+        "--payload",
+        type=json_value,
+        metavar="JSON",
+        help="each new job's arguments (JobStore.enqueue(payload=)), kept in the payloads table",
+    )
+    parser.add_argument(
+        "--payloads-table",
+        default="fencing_payloads",
+        metavar="NAME",
+        help="the payloads table (fencing.payloads_table) (%(default)s), which --payload needs",
+    )
 
 
 def enqueue(args: argparse.Namespace, db: Database, out: Output) -> int:
     ids = _stdin_ids() if args.ids in ([], ["-"]) else list(args.ids)
     ready_at = args.ready_at
+    store, payload = db.store, args.payload
+    if payload is not None:
+        store = db.beside(args.payloads_table)
+        if store.payloads is None:
+            raise Failed(
+                f"--payload needs the payloads table {args.payloads_table!r} beside {db.table.name!r}: "
+                "the workers' store creates it (JobStore(..., payloads=fencing.payloads_table(metadata))"
+                ".create_table())"
+            )
     if args.delay is not None:
         ready_at = db.overview.now() + args.delay
     answers: list[bool] = []
     try:
         for start in range(0, len(ids), ENQUEUE_CHUNK):
             chunk = ids[start : start + ENQUEUE_CHUNK]
-            with transaction(db.store) as conn:  # on SQLite, the write lock taken first
-                done = [db.store.enqueue(job_id, ready_at=ready_at, conn=conn) for job_id in chunk]
+            with transaction(store) as conn:  # on SQLite, the write lock taken first
+                done = [
+                    store.enqueue(job_id, ready_at=ready_at, payload=payload, conn=conn) for job_id in chunk
+                ]
             answers += done  # committed
     except FencingError as exc:
         new = sum(answers)

@@ -195,6 +195,26 @@ def test_enqueue_reads_ids_from_stdin_one_per_line(
     assert queue.state("ok") is None  # read whole before anything was enqueued
 
 
+def test_enqueue_with_a_payload_needs_the_payloads_table_and_json(
+    cli: Any, queue: JobStore, engine: Engine
+) -> None:
+    missing = cli("enqueue", "p1", "--payload", '{"order": 1}')
+    assert missing.code == 1 and "--payload needs the payloads table 'fencing_payloads'" in missing.err
+    assert queue.state("p1") is None  # nothing enqueued
+    workers = JobStore(engine, payloads=payloads_table(MetaData()))
+    workers.create_table()
+    for bad in ("{order: 1}", "[1, NaN]", "Infinity"):
+        refused = cli("enqueue", "p1", "--payload", bad)
+        assert refused.code == 2 and "argument --payload: not JSON" in refused.err, bad
+    assert queue.state("p1") is None
+    ran = cli("enqueue", "p1", "p2", "--payload", '{"order": 1, "to": "wörker"}')
+    assert ran.code == 0 and ran.out == "enqueued 2 new jobs\n"
+    assert workers.payload("p2") == {"order": 1, "to": "wörker"}
+    again = cli("enqueue", "p1", "--payload", '{"order": 2}')
+    assert again.code == 0 and "1 already existed, unchanged" in again.out
+    assert workers.payload("p1") == {"order": 1, "to": "wörker"}  # an existing job keeps its own
+
+
 def test_enqueue_defers_with_delay_or_ready_at(cli: Any, queue: JobStore, engine: Engine) -> None:
     assert cli("enqueue", "--delay", "3600", "later").code == 0
     assert cli("enqueue", "--ready-at", str(db_now(engine) + 7200), "much-later").code == 0
