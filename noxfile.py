@@ -94,7 +94,9 @@ def _pytest(session: nox.Session, sqlalchemy: str, db: str) -> list[str]:
     if sqlalchemy == "lowest" and db != "sqlite":
         marks.insert(0, "dialect")
     select = ["-m", " and ".join(marks)] if marks else []
-    return ["pytest", "-n", "auto", "--db", db, *select, *session.posargs]
+    # in CI, the slowest tests are named in the log: where the run's minutes go
+    slowest = ["--durations=15"] if os.environ.get("CI") else []
+    return ["pytest", "-n", "auto", "--db", db, *select, *slowest, *session.posargs]
 
 
 @nox.session
