@@ -312,8 +312,8 @@ class Statements:
     @cached_property
     def claimed_lease(self) -> Executable:
         """Read back a claim (without RETURNING): :attr:`lease_of`, and the job's payload
-        when the store keeps payloads."""
-        return select(self.table.c.fence, self.table.c.until, *self._payload_of_row).where(self._job)
+        when the store keeps payloads, read as of now (:meth:`_payload_of`)."""
+        return select(self.table.c.fence, self.table.c.until, *self._payload_of(latest=True)).where(self._job)
 
     @cached_property
     def renew_counting(self) -> Executable:
@@ -516,12 +516,22 @@ class Statements:
     def _payload_of_row(self) -> tuple[ColumnElement[Any], ...]:
         """What a claim returns after each row's id, fence and until: the row's payload, read
         by primary key in the claim's own statement; nothing without a payloads table."""
+        return self._payload_of(latest=False)
+
+    def _payload_of(self, *, latest: bool) -> tuple[ColumnElement[Any], ...]:
+        """The claimed row's payload as a subquery of the claim's statement. ``latest``: a
+        locking read (``LOCK IN SHARE MODE``), for a statement after the claim's ``UPDATE``
+        on MariaDB/MySQL, where a plain read in a caller's transaction sees the snapshot of its
+        first read: a job enqueued since, which the claim's locking read does take, would
+        come without its payload."""
         p = self.payloads
         if p is None:
             return ()
         payload = (
             select(p.c.payload).where(qualified(p.c.id) == qualified(self.table.c.id)).correlate(self.table)
         )
+        if latest:
+            payload = payload.with_for_update(read=True)
         return (payload.scalar_subquery().label("payload"),)
 
     def _payloads_table(self) -> Table:
@@ -553,7 +563,9 @@ class Statements:
         except KeyError:
             p = self._payloads_table()
             ids = p.c.id.in_([_key(f"id_{i}") for i in range(count)])
-            stmt = self._payloads_by_count[count] = select(as_text(p.c.id), p.c.payload).where(ids)
+            # a locking read: the payloads as of now, not a caller's snapshot (_payload_of)
+            read = select(as_text(p.c.id), p.c.payload).where(ids).with_for_update(read=True)
+            stmt = self._payloads_by_count[count] = read
             return stmt
 
     # -- failures (with a failures table) ------------------------------------------------------

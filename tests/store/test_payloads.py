@@ -228,3 +228,27 @@ def test_a_payload_is_read_without_claiming_the_job(store: Any) -> None:
     assert store.holder("j", now=100.0) is None  # still unclaimed
     leases = store.claim_next("w", ttl=TTL, now=100.0, limit=5)  # (in the database's order)
     assert {lease.job_id: lease.payload for lease in leases} == {"j": {"to": "ops@example.com"}, "bare": None}
+
+
+@pytest.mark.parametrize("how", ["claim_next", "claim"])
+def test_a_claim_in_an_older_transaction_gets_the_payload_of_a_job_enqueued_since(
+    engine: Engine, how: str
+) -> None:
+    # on MariaDB a plain read in a transaction sees the snapshot of its first read, while the
+    # claim's locking read takes the newest rows: the payload must be read as of now too, or
+    # a job enqueued since the caller's first read would come without its payload
+    if engine.dialect.name == "sqlite":
+        pytest.skip("SQLite refuses a write in a transaction whose read snapshot is stale")
+    store = JobStore(engine, **tables())
+    store.create_table()
+    store.enqueue("old", ready_at=0, payload={"v": "old"})
+    with engine.connect() as conn:
+        tx = conn.begin()
+        assert store.payload("old", conn=conn) == {"v": "old"}  # the transaction's first read
+        store.enqueue("new", ready_at=0, payload={"v": "new"})  # committed after it
+        if how == "claim_next":
+            leases = store.claim_next("w", ttl=TTL, now=100.0, limit=5, conn=conn)
+        else:
+            leases = [store.claim("new", "w", ttl=TTL, now=100.0, conn=conn)]
+        tx.commit()
+    assert {lease.job_id: lease.payload for lease in leases if lease.job_id == "new"} == {"new": {"v": "new"}}
