@@ -58,7 +58,7 @@ def encode_payload(payload: object) -> str:
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidArgumentType(
             f"payload must be JSON (dicts with str keys, lists, str, int, finite float, bool, None): "
-            f"{show_value(payload)} is not ({exc})"
+            f"{show_value(payload)} is not ({_why_not_json(exc)})"
         ) from None
     try:
         text.encode("utf-8")
@@ -73,6 +73,16 @@ def encode_payload(payload: object) -> str:
             "tuples, and dicts whose keys are str"
         )
     return text
+
+
+def _why_not_json(exc: BaseException) -> str:
+    """Why ``json.dumps`` refused a value, in words that do not change with Python's version."""
+    said = str(exc)
+    if isinstance(exc, RecursionError) or "Circular reference" in said:
+        return "it contains itself, or is nested too deep"
+    if isinstance(exc, ValueError) and "float" in said:
+        return "NaN and the infinities are not JSON"
+    return said  # "Object of type set is not JSON serializable", an int too long to write
 
 
 def decode_payload(text: str | None) -> Any:

@@ -451,7 +451,7 @@ ROWS: list[Row] = [
         'JobStore(engine, payloads=payloads_table(MetaData())).enqueue("new", payload=[nan])',
         InvalidArgumentType,
         "payload must be JSON (dicts with str keys, lists, str, int, finite float, bool, None): "
-        "[nan] is not (Out of range float values are not JSON compliant: nan)",
+        "[nan] is not (NaN and the infinities are not JSON)",
     ),
     Row(
         "JobStore.payload",
