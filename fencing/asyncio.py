@@ -196,8 +196,14 @@ class AsyncJobStore:
         now: float | None = None,
         limit: int = 1,
         max_attempts: int | None = None,
+        wait: float = 0.0,
         conn: AsyncCallerConnection | None = None,
     ) -> list[Lease]:
+        if wait != 0.0:  # the waiting claim's rules, carried out in this task (the loop never blocks)
+            rules = self.sync_store._claim_next_rules(
+                owner, ttl=ttl, now=now, limit=limit, max_attempts=max_attempts, wait=wait, conn=conn
+            )
+            return await adrive(rules)
         return await run(
             self.sync_store.claim_next,
             owner,

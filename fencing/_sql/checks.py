@@ -237,6 +237,16 @@ def check_sync_engine(value: object, *, instead: str) -> None:
     raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(value).__name__}{hint}")
 
 
+def check_wait(value: object) -> float:
+    """How long a claim may wait for work (seconds): a finite number >= 0 (0: not at all)."""
+    if value is None:
+        raise InvalidArgumentType("wait must be a number of seconds >= 0 (0: do not wait), got None")
+    seconds = _number("wait", value)
+    if seconds < 0:
+        raise InvalidArgument(f"wait must be >= 0 seconds (0: do not wait), got {_show(value)}")
+    return seconds
+
+
 def check_timeout(value: object, *, name: str = "timeout") -> float | None:
     """How long to wait (seconds): a finite number >= 0, or ``None`` (no bound)."""
     if value is None:

@@ -452,6 +452,14 @@ class Statements:
         return self._claim_picked(self._pick)
 
     @cached_property
+    def due_in(self) -> Executable:
+        """How long until the next job not done comes due: its ``until`` (a deferred job's
+        time, a lease's end, a retry's) less now, read from the ready index's first entry; at
+        most 0 when one is due now (ready, or skipped by a claim: poisoned, or being claimed)."""
+        t = self.table
+        return select(t.c.until - self._now).where(t.c.done == _ZERO).order_by(t.c.until).limit(1)
+
+    @cached_property
     def poisoned(self) -> Executable:
         """Jobs claimed max_fence times or more and not held: retries exhausted."""
         t = self.table

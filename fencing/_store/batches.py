@@ -19,20 +19,23 @@ from typing import Any, Literal, NamedTuple
 
 from sqlalchemy.sql import Executable
 
-from .._errors import DatabaseError, InvalidArgumentType
+from .._errors import DatabaseError, InvalidArgument, InvalidArgumentType
 from .._runtime import events
 from .._runtime.execution import CallerConnection, Executor
 from .._runtime.refusals import judge, never_current
-from .._sql.checks import FENCE_MAX, check_count, check_until, fence_can_match
+from .._sql.checks import FENCE_MAX, check_count, check_until, check_wait, fence_can_match
 from .._sql.payloads import decode_payload, payload_of
 from .._sql.statements import COMPLETE_CHUNK, Statements, batch_size
 from .._sql.values import JobState, Lease, Refusal
+from . import bell
 from .context import JobsContext
 from .dialects import ARRAYS, EACH, LOCKING
 from .history import Outcome
 from .ops import Clock, Guard
+from .steps import Rules, Send, Wait, drive
+from .waiting import Backoff
 
-__all__ = ["COMPLETE_CHUNK_CHARS", "WorkerBatches"]
+__all__ = ["COMPLETE_CHUNK_CHARS", "WAIT_POLL", "WorkerBatches"]
 
 #: job_id, owner, fence, result: one checked item of complete_many
 _Completion = tuple[str, str, int, "str | None"]
@@ -41,6 +44,9 @@ _Completion = tuple[str, str, int, "str | None"]
 _StoredBy = Callable[[Statements, Clock, list[_Completion], list[int]], Callable[[Executor], set[int]]]
 #: result characters per batch statement: a statement stays far below MariaDB's packet limit
 COMPLETE_CHUNK_CHARS = 1 << 20
+#: the longest pause between two looks of a claim that waits for work (seconds): what a job
+#: another process makes ready may wait to be seen
+WAIT_POLL = 0.5
 
 
 class _Claim(NamedTuple):
@@ -70,6 +76,7 @@ class WorkerBatches:
         now: float | None = None,
         limit: int = 1,
         max_attempts: int | None = None,
+        wait: float = 0.0,
         conn: CallerConnection | None = None,
     ) -> list[Lease]:
         """Claim up to ``limit`` ready jobs in one transaction; their leases (maybe none).
@@ -84,10 +91,28 @@ class WorkerBatches:
         is the database's. On PostgreSQL and MariaDB workers skip rows another worker is
         claiming (``FOR UPDATE SKIP LOCKED``); on SQLite ``BEGIN IMMEDIATE`` serializes
         claims.
+
+        ``wait``: when nothing is ready, wait up to this many seconds for a job to become
+        ready, and claim it then (``[]`` if none did). A job made ready by this process (an
+        enqueue, a release, a revoke or a requeue in a transaction of a store's own) wakes
+        the waiter at once; a deferred job, or a lease that runs out, at its time; anything
+        else (another process's enqueue, one in your own transaction) is seen at the next
+        look, the looks backing off from 10 ms to :data:`WAIT_POLL` seconds apart. No
+        connection is held while it waits. It waits on the database's clock and in a
+        transaction of the store's own: with ``now=`` or ``conn=`` it is refused.
         """
+        if wait != 0.0:
+            return drive(self._claim_next_rules(owner, ttl=ttl, now=now, limit=limit,
+                                                max_attempts=max_attempts, wait=wait, conn=conn))  # fmt: skip
+        claim = self._claim(owner, ttl, now, limit, max_attempts)
+        return self._claim_now(claim, max_attempts, conn)
+
+    def _claim_now(
+        self, claim: _Claim, max_attempts: int | None, conn: CallerConnection | None
+    ) -> list[Lease]:
+        """:meth:`claim_next` once, its arguments checked (``claim``)."""
         ctx = self._ctx
         outcome = ctx.outcome()
-        claim = self._claim(owner, ttl, now, limit, max_attempts)
         unit = self._claim_next_unit(claim, outcome)
         started = time.perf_counter()
         # one UPDATE ... RETURNING (a batch's after the claim order is set: one round trip
@@ -97,6 +122,63 @@ class WorkerBatches:
         )
         self._claimed(leases, max_attempts, started)
         return leases
+
+    def _claim_next_rules(
+        self,
+        owner: object,
+        *,
+        ttl: object,
+        now: object,
+        limit: object,
+        max_attempts: int | None,
+        wait: object,
+        conn: object,
+    ) -> Rules[list[Lease]]:
+        """The rules of a claim that waits for work (:meth:`claim_next` with ``wait``), for
+        both fronts: claim; if nothing came, look when the next job comes due, wait for this
+        process's bell (:mod:`.bell`) until then or the next look of the backoff, and claim
+        again, until the time is up."""
+        seconds = check_wait(wait)
+        if now is not None:
+            raise InvalidArgument(
+                "wait= waits on the database's clock: claim with now=None, or without wait="
+            )
+        if conn is not None:
+            raise InvalidArgument(
+                "wait= cannot wait in your transaction (conn=): it would hold it open; "
+                "claim in it without wait=, or wait in a transaction of the store's own"
+            )
+        claim = self._claim(owner, ttl, None, limit, max_attempts)
+        ctx = self._ctx
+        s = ctx.by_database
+        backoff = Backoff(seconds, WAIT_POLL)
+
+        def give_back(late: list[Lease]) -> None:  # taken for a task cancelled meanwhile
+            for lease in late:
+                self.release(lease)  # type: ignore[attr-defined]  # (the store's own)
+
+        def due_in() -> float | None:
+            row = ctx.runner.read_row(s.due_in, {})
+            return None if row is None else float(row[0])
+
+        key = yield Send(ctx.bell_key, local=True)
+        listener = yield Send(lambda: bell.listen(key), local=True, undo=lambda late: late.close())
+        try:
+            while True:
+                leases = yield Send(
+                    lambda: self._claim_now(claim, max_attempts, None), local=True, undo=give_back
+                )
+                if leases:
+                    return leases  # type: ignore[no-any-return]
+                pause = backoff.pause()
+                if pause is None:
+                    return []
+                due = yield Send(due_in, local=True)
+                if due is not None and due > 0:  # the next job's time, if it comes first
+                    pause = min(pause, due + ctx.plan.clock_resolution)
+                yield Wait(time.monotonic() + pause, wake=listener)
+        finally:
+            listener.close()
 
     def _claimed(self, leases: list[Lease], max_attempts: int | None, started: float) -> None:
         """Count and time a claim of workers that began at ``started`` (``perf_counter``)."""

@@ -44,6 +44,7 @@ from .._sql.checks import (
 from .._sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchemy_error, wrap_database_error
 from .._sql.statements import ClaimGuard, Statements
 from .._sql.values import Lease, Refusal
+from . import bell
 from .background import Background
 from .dialects import DialectPlan, plan_for
 from .history import NO_OUTCOME, PRUNE_BATCH, History, Outcome, Recorder
@@ -264,6 +265,16 @@ class JobsContext(Context):
         if not self.plan.text_holds_nul and "\x00" in text:
             raise InvalidArgument("failure contains NUL (U+0000), which PostgreSQL text cannot store")
         return text
+
+    def ring(self) -> None:
+        """Wake this process's claims waiting for a job of this table (:mod:`.bell`): one of
+        this store's own transactions has just made one ready."""
+        bell.ring(holds.store_key(self.engine, self.table))
+
+    def bell_key(self) -> holds.Key:
+        """Where this table's waiting claims meet, once the database said who it is."""
+        identity.resolve(self.engine)
+        return holds.store_key(self.engine, self.table)
 
     def job_key(self, name: str, value: object) -> str:
         """A job id or owner: only a job id is bounded by the key column's bytes."""

@@ -84,11 +84,15 @@ class LeaseOperations:
         if payload is None:
             enqueue = ctx.enqueue
             single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
-            return ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
-        ctx.require("enqueue(payload=)", "payloads")
-        params["payload"] = encode_payload(payload)
-        with_payload, single = ctx.enqueue_with_payload
-        return ctx.run_jobs(lambda x: with_payload(x, s, params), conn, job=job_id, single=single)
+            added = ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
+        else:
+            ctx.require("enqueue(payload=)", "payloads")
+            params["payload"] = encode_payload(payload)
+            with_payload, single = ctx.enqueue_with_payload
+            added = ctx.run_jobs(lambda x: with_payload(x, s, params), conn, job=job_id, single=single)
+        if added and conn is None:
+            ctx.ring()  # committed: this process's waiting claims look now
+        return added
 
     def state(self, job_id: str, *, conn: CallerConnection | None = None) -> JobState | None:
         """The stored row, read from the database now, or ``None``."""
@@ -294,10 +298,14 @@ class LeaseOperations:
             # release checks no clock; the reason read compares with 0
             then = _failed(ctx.by_database if now is None else ctx.by_caller, {**at.binds(), **failed})
             s = ctx.by_caller
-            return self._guarded("release", s, s.release, guard, RELEASE, conn, at=at, then=then)
-        s, clock = ctx.clock(now, delay, name="delay")
-        then = _failed(s, {**clock.binds(), **failed})
-        return self._guarded("release", s, s.release_later, guard, clock, conn, then=then)
+            released = self._guarded("release", s, s.release, guard, RELEASE, conn, at=at, then=then)
+        else:
+            s, clock = ctx.clock(now, delay, name="delay")
+            then = _failed(s, {**clock.binds(), **failed})
+            released = self._guarded("release", s, s.release_later, guard, clock, conn, then=then)
+        if released and conn is None:
+            ctx.ring()  # ready now, or due at its delay: this process's waiting claims look
+        return released
 
     def _guarded(
         self,
@@ -360,6 +368,8 @@ class LeaseOperations:
             return False
 
         revoked = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome, single=True)
+        if revoked and conn is None:
+            ctx.ring()
         if revoked:
             ctx.metrics.ended("revoke", job_id)
             logger.info("revoked the lease on job %r", job_id, extra={"path": "revoke", "job_id": job_id})
@@ -423,6 +433,8 @@ class LeaseOperations:
 
         # three writes (the job, then its base out and in): one transaction, never ``single``
         requeued = ctx.run_jobs(unit, conn, job=job_id, outcome=outcome)
+        if requeued and conn is None:
+            ctx.ring()
         if requeued:
             ctx.metrics.ended("requeue", job_id)
             logger.info("requeued job %r", job_id, extra={"path": "requeue", "job_id": job_id})

@@ -462,6 +462,21 @@ ROWS: list[Row] = [
         "payloads=fencing.payloads_table(metadata)), created by store.create_table()",
     ),
     Row(
+        "JobStore.claim_next",
+        "a negative wait",
+        'store.claim_next("w", ttl=30.0, wait=-1)',
+        InvalidArgument,
+        "wait must be >= 0 seconds (0: do not wait), got -1",
+    ),
+    Row(
+        "JobStore.claim_next",
+        "a wait in the caller's transaction",
+        'store.claim_next("w", ttl=30.0, wait=5.0, conn="session")',
+        InvalidArgument,
+        "wait= cannot wait in your transaction (conn=): it would hold it open; claim in it without "
+        "wait=, or wait in a transaction of the store's own",
+    ),
+    Row(
         "JobStore",
         "a table name where the payloads table goes",
         'JobStore(engine, payloads="fencing_payloads")',

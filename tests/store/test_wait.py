@@ -1,0 +1,158 @@
+"""A claim that waits for work: ``claim_next(..., wait=seconds)``.
+
+Each test runs on the database under test. A waiting claim returns at once when a job is
+ready; when none is, it waits without holding a connection, and is woken by a job this
+process makes ready (an enqueue, a release, from any thread or task), or at the time the
+next deferred job comes due; after ``wait`` seconds it returns ``[]``. The backoff between
+its looks is made minutes long here, so a test that returns in seconds proves the wake-up,
+not a look that happened to come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, MetaData
+
+from fencing import InvalidArgument, InvalidArgumentType, JobStore, jobs_table
+from fencing._store import batches, bell, waiting
+from fencing.asyncio import AsyncJobStore
+from tests import backends
+
+TTL = 30.0
+
+
+@pytest.fixture
+def slow_looks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting claim's looks minutes apart: only a wake-up ends its wait early."""
+    monkeypatch.setattr(waiting, "FIRST_PAUSE", 300.0)
+    monkeypatch.setattr(batches, "WAIT_POLL", 300.0)
+
+
+def test_a_ready_job_is_claimed_at_once(store: Any) -> None:
+    store.enqueue("j")
+    started = time.monotonic()
+    [lease] = store.claim_next("w", ttl=TTL, wait=30.0)
+    assert lease.job_id == "j" and lease.fence == 1
+    assert time.monotonic() - started < 20.0  # not the wait: there was a job
+
+
+def test_nothing_ready_waits_the_whole_wait_then_answers_empty(store: Any) -> None:
+    started = time.monotonic()
+    assert store.claim_next("w", ttl=TTL, wait=0.3) == []
+    assert time.monotonic() - started >= 0.3
+
+
+def test_a_deferred_job_wakes_its_waiter_at_its_time(store: Any, slow_looks: None) -> None:
+    due = time.time() + 1.0  # on this machine's clock, the database's too (same host)
+    store.enqueue("later", ready_at=due)
+    started = time.monotonic()
+    [lease] = store.claim_next("w", ttl=TTL, wait=30.0)
+    assert lease.job_id == "later"
+    assert time.time() >= due - 0.05  # not before its time
+    assert time.monotonic() - started < 20.0  # at its time, not at the next look (300 s)
+
+
+def test_an_enqueue_of_another_thread_wakes_the_waiter(engine: Engine, slow_looks: None) -> None:
+    table = jobs_table(MetaData(), "wait_jobs")
+    waiter, enqueuer = JobStore(engine, table), JobStore(engine, table)
+    waiter.create_table()
+    looked = threading.Event()
+    claim_now = waiter._claim_now
+
+    def counted(*args: Any) -> Any:
+        answer = claim_now(*args)
+        looked.set()  # its first look found nothing: it waits now
+        return answer
+
+    waiter._claim_now = counted  # type: ignore[method-assign]
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.claim_next("w", ttl=TTL, wait=60.0)))
+    started = time.monotonic()
+    thread.start()
+    assert looked.wait(20.0)
+    assert enqueuer.enqueue("woken")
+    thread.join(30.0)
+    assert not thread.is_alive()
+    assert [lease.job_id for lease in got[0]] == ["woken"]
+    assert time.monotonic() - started < 30.0  # woken, not timed out (60 s) nor a look (300 s)
+    assert not any(bell._BELLS[waiter._ctx.bell_key()]._listeners)  # its subscription is gone
+
+
+def test_a_waiter_holds_no_connection_while_it_waits(engine: Engine, slow_looks: None) -> None:
+    table = jobs_table(MetaData(), "idle_jobs")
+    store = JobStore(engine, table)
+    store.create_table()
+    thread = threading.Thread(target=lambda: store.claim_next("w", ttl=TTL, wait=1.0))
+    thread.start()
+    time.sleep(0.5)  # (its first look is long done)
+    assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    thread.join(30.0)
+
+
+def test_an_async_waiter_is_woken_by_a_task_and_by_a_thread(
+    engine: Engine, target: str, slow_looks: None
+) -> None:
+    table = jobs_table(MetaData(), "async_wait_jobs")
+    JobStore(engine, table).create_table()
+
+    async def main() -> list[str]:
+        async_engine = backends.async_engine_for(target)
+        store = AsyncJobStore(async_engine, table)
+        try:
+            waiting_claim = asyncio.create_task(store.claim_next("w", ttl=TTL, wait=60.0))
+            await asyncio.sleep(0.5)
+            await store.enqueue("by-a-task")
+            first = await asyncio.wait_for(waiting_claim, 30.0)
+            # rung from another thread: the waiter's event is set on its own loop
+            second_claim = asyncio.create_task(store.claim_next("w", ttl=TTL, wait=60.0))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(JobStore(engine, table).enqueue, "by-a-thread")
+            second = await asyncio.wait_for(second_claim, 30.0)
+            # a cancelled waiter leaves nothing behind: no subscription, no lease
+            cancelled = asyncio.create_task(store.claim_next("w", ttl=TTL, wait=60.0))
+            await asyncio.sleep(0.3)
+            cancelled.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await cancelled
+            return [lease.job_id for lease in first + second]
+        finally:
+            await async_engine.dispose()
+
+    started = time.monotonic()
+    assert asyncio.run(main()) == ["by-a-task", "by-a-thread"]
+    assert time.monotonic() - started < 60.0  # woken twice, not timed out
+
+
+@pytest.mark.parametrize(
+    ("wait", "more", "error", "says"),
+    [
+        pytest.param(
+            -1.0, {}, InvalidArgument, "wait must be >= 0 seconds (0: do not wait), got -1.0", id="negative"
+        ),
+        pytest.param(None, {}, InvalidArgumentType, "wait must be a number of seconds", id="none"),
+        pytest.param(float("inf"), {}, InvalidArgument, "wait must be a finite number", id="infinite"),
+        pytest.param("5", {}, InvalidArgumentType, "wait must be a real number", id="text"),
+        pytest.param(5.0, {"now": 100.0}, InvalidArgument, "wait= waits on the database's clock", id="now"),
+    ],
+)
+def test_bad_waits_are_refused_and_nothing_is_claimed(
+    store: Any, wait: Any, more: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    store.enqueue("j", ready_at=0)
+    with pytest.raises(error, match="wait") as caught:
+        store.claim_next("w", ttl=TTL, wait=wait, **more)
+    assert says in str(caught.value)
+    assert store.holder("j", now=100.0) is None
+
+
+def test_a_wait_in_the_callers_transaction_is_refused(store: Any, engine: Engine) -> None:
+    store.enqueue("j", ready_at=0)
+    refused = pytest.raises(InvalidArgument, match=r"wait= cannot wait in your transaction \(conn=\)")
+    with engine.connect() as conn, conn.begin(), refused:
+        store.claim_next("w", ttl=TTL, wait=5.0, conn=conn)
+    assert store.holder("j", now=100.0) is None
