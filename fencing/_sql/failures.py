@@ -12,11 +12,10 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from sqlalchemy import BigInteger, Column, Double, MetaData, Table
-from sqlalchemy.dialects import sqlite
+from sqlalchemy import BigInteger, Column, MetaData, Table
 
 from .checks import check_new_table, check_side_table
-from .schema import KEY_COLUMN, LONG_TEXT
+from .schema import KEY_COLUMN, LONG_TEXT, SECONDS
 
 __all__ = ["Failure", "check_failures_table", "failures_table"]
 
@@ -49,7 +48,7 @@ def failures_table(metadata: MetaData, name: str = "fencing_failures", *, schema
         metadata,
         Column("id", KEY_COLUMN, primary_key=True, nullable=False),
         Column("fence", BigInteger, nullable=False),
-        Column("at", Double().with_variant(sqlite.REAL(), "sqlite"), nullable=False),
+        Column("at", SECONDS, nullable=False),
         Column("failure", LONG_TEXT, nullable=False),
         schema=schema,
         mysql_charset="utf8mb4",

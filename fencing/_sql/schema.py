@@ -48,6 +48,7 @@ __all__ = [
     "KEY_COLUMN",
     "KEY_TYPE",
     "LONG_TEXT",
+    "SECONDS",
     "Utf8Key",
     "as_text",
     "ensure_jobs_table",
@@ -69,7 +70,9 @@ _OWNER = Text().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 LONG_TEXT = Text().with_variant(
     mysql.LONGTEXT(charset="utf8mb4", collation="utf8mb4_bin"), "mysql", "mariadb"
 )
-_UNTIL: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
+#: an instant in seconds since 1970 (a lease's end, a failure's time): a double everywhere,
+#: REAL as the contract declares it on SQLite
+SECONDS: types.TypeEngine[float] = Double().with_variant(sqlite.REAL(), "sqlite")
 _FENCE = BigInteger().with_variant(sqlite.INTEGER(), "sqlite")
 
 
@@ -127,7 +130,7 @@ def _jobs_table(metadata: MetaData, name: str, schema: str | None, *, id_nullabl
         metadata,
         Column("id", KEY_COLUMN, primary_key=True, nullable=id_nullable),
         Column("owner", _OWNER, nullable=True),
-        Column("until", _UNTIL, nullable=False, server_default=text("0")),
+        Column("until", SECONDS, nullable=False, server_default=text("0")),
         Column("fence", _FENCE, nullable=False, server_default=text("0")),
         Column("result", LONG_TEXT, nullable=True),
         Column("done", Integer, nullable=False, server_default=text("0")),

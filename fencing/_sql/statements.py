@@ -114,7 +114,9 @@ class qualified(FunctionElement[Any]):
 
 @compiles(qualified)
 def _qualified(element: qualified, compiler: SQLCompiler, **kw: Any) -> str:
-    return compiler.process(element.clauses, **{**kw, "include_table": True})
+    [column] = element.clauses
+    preparer = compiler.preparer  # (SQLAlchemy's public quoting: no compiler keyword relied on)
+    return f"{preparer.format_table(column.table)}.{preparer.quote(column.name)}"
 
 
 #: the text of the error a fenced block's end statement raises when the lease is not current
@@ -209,7 +211,6 @@ class Statements:
             within_attempts(t, attempts, self._max_fence, fence=unindexed(t.c.fence)),
         )
         self._by_count: dict[int, tuple[Executable, Executable]] = {}
-        self._payloads_by_count: dict[int, Executable] = {}
         self._batches: dict[tuple[str, int], Executable] = {}
 
     # -- registering a job --------------------------------------------------------------------
@@ -566,15 +567,14 @@ class Statements:
     def payloads_of(self, count: int) -> Executable:
         """For databases without ``UPDATE ... RETURNING``: the payloads of ``count`` claimed
         ids (binds ``id_0`` ...), read in the claim's transaction; built once per count."""
-        try:
-            return self._payloads_by_count[count]
-        except KeyError:
+
+        def build() -> Executable:
             p = self._payloads_table()
             ids = p.c.id.in_([_key(f"id_{i}") for i in range(count)])
             # a locking read: the payloads as of now, not a caller's snapshot (_payload_of)
-            read = select(as_text(p.c.id), p.c.payload).where(ids).with_for_update(read=True)
-            stmt = self._payloads_by_count[count] = read
-            return stmt
+            return select(as_text(p.c.id), p.c.payload).where(ids).with_for_update(read=True)
+
+        return self._batch("payloads_of", count, build)
 
     # -- failures (with a failures table) ------------------------------------------------------
 

@@ -25,7 +25,7 @@ from .._runtime import bridge
 from .._runtime.holds import Key
 from .wakeups import Listener, _TaskListener, _ThreadListener
 
-__all__ = ["listen", "ring"]
+__all__ = ["ever_waited", "listen", "ring"]
 
 
 class _Bell:
@@ -77,6 +77,11 @@ def listen(key: Key) -> Listener:
         if bell is None:
             bell = _BELLS[key] = _Bell()
     return bell.subscribe()
+
+
+def ever_waited() -> bool:
+    """Whether a claim of this process has ever waited (a bell exists to ring)."""
+    return bool(_BELLS)
 
 
 def ring(key: Key) -> None:

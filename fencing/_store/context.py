@@ -79,11 +79,8 @@ class Context:
     def key(self, name: str, value: object, *, limited: bool = True) -> str:
         """A key (job id, owner, resource) this backend stores exactly (else an error, never
         a truncation). ``limited``: the key column's byte limit applies to it."""
-        text = check_text(name, value)
-        plan = self.plan
-        if not plan.text_holds_nul and "\x00" in text:
-            raise InvalidArgument(f"{name} contains NUL (U+0000), which PostgreSQL text cannot store")
-        limit = plan.max_key_bytes if limited else None
+        text = self.storable(name, check_text(name, value))
+        limit = self.plan.max_key_bytes if limited else None
         if limit is not None and len(text) * 4 > limit and len(text.encode("utf-8")) > limit:
             raise InvalidArgument(
                 f"{name} is {len(text.encode('utf-8'))} bytes in UTF-8; "
@@ -93,9 +90,13 @@ class Context:
 
     def result(self, result: object) -> str | None:
         checked = check_result(result)
-        if checked is not None and not self.plan.text_holds_nul and "\x00" in checked:
-            raise InvalidArgument("result contains NUL (U+0000), which PostgreSQL text cannot store")
-        return checked
+        return None if checked is None else self.storable("result", checked)
+
+    def storable(self, name: str, text: str) -> str:
+        """``text`` (called ``name``), if this database's text column can hold it as it is."""
+        if not self.plan.text_holds_nul and "\x00" in text:
+            raise InvalidArgument(f"{name} contains NUL (U+0000), which PostgreSQL text cannot store")
+        return text
 
     # -- running units of work -------------------------------------------------------------
 
@@ -259,17 +260,12 @@ class JobsContext(Context):
                 f"{side}=fencing.{side}_table(metadata)), created by store.create_table()"
             )
 
-    def failure_text(self, failure: object) -> str:
-        """A failure's text: a ``str`` this database stores as it is."""
-        text = check_text("failure", failure)
-        if not self.plan.text_holds_nul and "\x00" in text:
-            raise InvalidArgument("failure contains NUL (U+0000), which PostgreSQL text cannot store")
-        return text
-
     def ring(self) -> None:
         """Wake this process's claims waiting for a job of this table (:mod:`.bell`): one of
-        this store's own transactions has just made one ready."""
-        bell.ring(holds.store_key(self.engine, self.table))
+        this store's own transactions has just made one ready. Nothing to look up in a
+        process where no claim has ever waited."""
+        if bell.ever_waited():
+            bell.ring(holds.store_key(self.engine, self.table))
 
     def bell_key(self) -> holds.Key:
         """Where this table's waiting claims meet, once the database said who it is."""

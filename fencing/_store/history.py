@@ -50,7 +50,7 @@ from .._runtime.execution import Executor
 from .._runtime.refusals import Refusal
 from .._sql.checks import check_new_table, check_time
 from .._sql.history import FIELDS, PRUNE_BATCH, HistoryStatements
-from .._sql.schema import _FENCE, _OWNER, _UNTIL, KEY_COLUMN
+from .._sql.schema import _FENCE, _OWNER, KEY_COLUMN, SECONDS
 from .._sql.values import Lease
 from .ops import Clock
 
@@ -83,7 +83,7 @@ def history_table(metadata: MetaData, name: str = "fencing_history", *, schema: 
         Column("event", String(16), nullable=False),
         Column("owner", _OWNER, nullable=True),
         Column("fence", _FENCE, nullable=True),
-        Column("until", _UNTIL, nullable=True),
+        Column("until", SECONDS, nullable=True),
         Column("at", Double, nullable=False),
         Column("path", String(16), nullable=True),
         Column("reason", String(16), nullable=True),

@@ -19,7 +19,7 @@ from sqlalchemy.sql import Executable
 from .._errors import ConfigurationError, FencesExhausted, InvalidArgumentType
 from .._runtime.execution import CallerConnection, Executor
 from .._runtime.refusals import never_current
-from .._sql.checks import FENCE_MAX, check_now, check_time, fence_can_match, show_value
+from .._sql.checks import FENCE_MAX, check_now, check_text, check_time, fence_can_match, show_value
 from .._sql.payloads import encode_payload, payload_of
 from .._sql.statements import Statements
 from .._sql.values import JobState, Lease, Refusal
@@ -290,7 +290,7 @@ class LeaseOperations:
         failed: dict[str, Any] = {}
         if failure is not None:
             ctx.require("release(failure=)", "failures")
-            failed = {"failure": ctx.failure_text(failure)}
+            failed = {"failure": ctx.storable("failure", check_text("failure", failure))}
         if delay is None:
             # the history's instant: the caller's now, else the database's
             ctx.recorded_on(now)

@@ -30,7 +30,7 @@ from sqlalchemy import Column, ColumnElement, Connection, Index, MetaData, Table
 from .._dialects import of
 from .._runtime.execution import Executor
 from .._sql.checks import check_new_table
-from .._sql.schema import _OWNER, _UNTIL, KEY_COLUMN
+from .._sql.schema import _OWNER, KEY_COLUMN, SECONDS
 from .._sql.statements import ClaimGuard
 from .._sql.waiters import TICKET, QueueStatements, WaiterStatements, queue_guard
 from .context import Context
@@ -50,7 +50,7 @@ def lock_waiters_table(metadata: MetaData, name: str, *, schema: str | None = No
         Column("ticket", TICKET, primary_key=True, autoincrement=True),
         Column("name", KEY_COLUMN, nullable=False),
         Column("owner", _OWNER, nullable=False),
-        Column("until", _UNTIL, nullable=False),
+        Column("until", SECONDS, nullable=False),
         Index(f"ix_{name}_queue", "name", "ticket"),
         schema=schema,
         mysql_charset="utf8mb4",

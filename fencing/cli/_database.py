@@ -100,12 +100,14 @@ class Database:
         """A store on the command's table with the payloads and failures tables of those
         names, each only if it exists beside the command's table."""
         schema = self.table.schema
-        kept = failures is not None and self.has(failures)
+        kept = None
+        if failures is not None and self.has(failures):
+            kept = failures_table(MetaData(), failures, schema=schema)
         return JobStore(
             self.engine,
             self.table,
             payloads=payloads_table(MetaData(), payloads, schema=schema) if self.has(payloads) else None,
-            failures=failures_table(MetaData(), failures, schema=schema) if failures and kept else None,
+            failures=kept,
         )
 
     def recording(self, name: str) -> JobStore | None:
