@@ -90,25 +90,30 @@ def batched(store: fencing.JobStore, rounds: int) -> float:
 
 
 def explain(engine: sa.Engine, store: fencing.JobStore) -> None:
+    """The plans of the statements a payload touches: the claim (its RETURNING reads the
+    payloads), or on MariaDB the payloads' SELECT and a claim by id's read-back; and the read
+    a waiting claim makes between its looks (when the next job comes due)."""
     s = store._ctx.by_database  # the statements the store runs (a benchmark may look inside)
-    # the claim itself reads the payloads (RETURNING), or one more SELECT of its transaction does
-    stmt = s.claim_next_returning if store._ctx.plan.returning else s.payloads_of(2)
+    if store._ctx.plan.returning:
+        named = {"claim_next": s.claim_next_returning}
+    else:
+        named = {"payloads of 2 claimed": s.payloads_of(2), "claim's read-back": s.claimed_lease}
+    named["due_in (a waiting claim)"] = s.due_in
+    prefix = "EXPLAIN QUERY PLAN " if engine.dialect.name == "sqlite" else "EXPLAIN "
+    params = {"holder": "w", "limit": 1, "max_fence": 2**63 - 1, "ttl": 600.0, "job_id": "job-00000001"}
+    params.update({"id_0": "job-00000001", "id_1": "job-00000002"})
     with engine.connect() as conn:
-        compiled = stmt.compile(dialect=engine.dialect)
-        prefix = {"sqlite": "EXPLAIN QUERY PLAN ", "postgresql": "EXPLAIN "}.get(
-            engine.dialect.name, "EXPLAIN "
-        )
-        params = {"holder": "w", "limit": 1, "max_fence": 2**63 - 1, "ttl": 600.0}
-        params.update({"id_0": "job-00000001", "id_1": "job-00000002"})
-        bound: Any = compiled.construct_params(params)
-        if compiled.positional:
-            bound = tuple(bound[name] for name in compiled.positiontup or ())
-        with conn.begin():  # an EXPLAIN of an UPDATE runs nothing; rolled back all the same
-            rows = conn.exec_driver_sql(prefix + str(compiled), bound).all()
-            conn.rollback()
-        print(f"  plan ({engine.dialect.name}):")
-        for row in rows:
-            print("    " + " | ".join(str(c) for c in row))
+        for name, stmt in named.items():
+            compiled = stmt.compile(dialect=engine.dialect)
+            bound: Any = compiled.construct_params(params)
+            if compiled.positional:
+                bound = tuple(bound[key] for key in compiled.positiontup or ())
+            with conn.begin():  # an EXPLAIN of an UPDATE runs nothing; rolled back all the same
+                rows = conn.exec_driver_sql(prefix + str(compiled), bound).all()
+                conn.rollback()
+            print(f"  plan of {name} ({engine.dialect.name}):")
+            for row in rows:
+                print("    " + " | ".join(str(c) for c in row))
 
 
 def measure(backend: str, args: argparse.Namespace, directory: str) -> dict[str, list[float]]:
