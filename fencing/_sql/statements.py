@@ -49,6 +49,7 @@ from sqlalchemy.sql.functions import FunctionElement
 
 from .._dialects import of
 from .attempts import exhausted, within_attempts
+from .channels import channel_of, listening_notice
 from .checks import FENCE_MAX
 from .clock import database_now
 from .schema import KEY_TYPE, as_text
@@ -242,10 +243,17 @@ class Statements:
         return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
 
     @cached_property
-    def enqueue_with_payload_postgresql(self) -> Executable:
-        """PostgreSQL: the job's upsert as a data-modifying CTE, and its payload written only
-        for a row it inserted or revived (replacing any payload left under the id), in one
-        statement that returns the id if the job was enqueued."""
+    def enqueue_announcing_postgresql(self) -> Executable:
+        """:attr:`enqueue_postgresql` that also wakes the claims of other processes waiting
+        for work, if any listens (:func:`fencing._sql.channels.listening_notice`), and
+        returns whether one did."""
+        return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id), self._announcement)
+
+    @cached_property
+    def _announcement(self) -> ColumnElement[Any]:
+        return listening_notice(channel_of(self.table))
+
+    def _enqueue_with_payload(self, *returning: ColumnElement[Any]) -> Executable:
         p = self._payloads_table()
         upsert_job = self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
         assert isinstance(upsert_job, Insert)
@@ -254,8 +262,21 @@ class Statements:
             ["id", "payload"], select(job.c.id, bindparam("payload", type_=Text()))
         )
         upsert = new.on_conflict_do_update(index_elements=[p.c.id], set_={"payload": new.excluded.payload})
-        stmt: Executable = upsert.returning(as_text(p.c.id))
+        stmt: Executable = upsert.returning(as_text(p.c.id), *returning)
         return stmt
+
+    @cached_property
+    def enqueue_with_payload_postgresql(self) -> Executable:
+        """PostgreSQL: the job's upsert as a data-modifying CTE, and its payload written only
+        for a row it inserted or revived (replacing any payload left under the id), in one
+        statement that returns the id if the job was enqueued."""
+        return self._enqueue_with_payload()
+
+    @cached_property
+    def enqueue_with_payload_announcing_postgresql(self) -> Executable:
+        """:attr:`enqueue_with_payload_postgresql` that also wakes other processes' waiting
+        claims, as :attr:`enqueue_announcing_postgresql` does."""
+        return self._enqueue_with_payload(self._announcement)
 
     @cached_property
     def enqueue_plain(self) -> Executable:

@@ -36,6 +36,7 @@ from .statements import ClaimGuard
 
 __all__ = ["TICKET", "QueueStatements", "WaiterStatements", "freed_notice", "queue_guard"]
 
+
 #: tickets: a 64-bit counter on the servers, SQLite's rowid there (AUTOINCREMENT is not needed:
 #: a ticket is compared only with live ones, and the highest is never reused while it lives)
 TICKET = BigInteger().with_variant(Integer(), "sqlite")

@@ -12,6 +12,7 @@ joined ``UPDATE`` per chunk on MariaDB/MySQL.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -23,11 +24,12 @@ from .._errors import DatabaseError, InvalidArgument, InvalidArgumentType
 from .._runtime import events
 from .._runtime.execution import CallerConnection, Executor
 from .._runtime.refusals import judge, never_current
+from .._sql.channels import channel_of
 from .._sql.checks import FENCE_MAX, check_count, check_until, check_wait, fence_can_match
 from .._sql.payloads import decode_payload, payload_of
 from .._sql.statements import COMPLETE_CHUNK, Statements, batch_size
 from .._sql.values import JobState, Lease, Refusal
-from . import bell
+from . import bell, wakeups
 from .context import JobsContext
 from .dialects import ARRAYS, EACH, LOCKING
 from .history import Outcome
@@ -36,6 +38,8 @@ from .steps import Rules, Send, Wait, drive
 from .waiting import Backoff
 
 __all__ = ["COMPLETE_CHUNK_CHARS", "WAIT_POLL", "WorkerBatches"]
+
+logger = logging.getLogger("fencing.store")
 
 #: job_id, owner, fence, result: one checked item of complete_many
 _Completion = tuple[str, str, int, "str | None"]
@@ -95,10 +99,14 @@ class WorkerBatches:
         ``wait``: when nothing is ready, wait up to this many seconds for a job to become
         ready, and claim it then (``[]`` if none did). A job made ready by this process (an
         enqueue, a release, a revoke or a requeue in a transaction of a store's own) wakes
-        the waiter at once; a deferred job, or a lease that runs out, at its time; anything
-        else (another process's enqueue, one in your own transaction) is seen at the next
-        look, the looks backing off from 10 ms to :data:`WAIT_POLL` seconds apart. No
-        connection is held while it waits. It waits on the database's clock and in a
+        the waiter at once; on PostgreSQL so does an enqueue of any process, at its commit
+        (``LISTEN``/``NOTIFY``, with psycopg 3.2+, asyncpg or psycopg's async mode; one
+        listening connection per process and engine, outside the engine's pool); a deferred
+        job, or a lease that runs out, at its time; anything else (a release by another
+        process, an enqueue on MariaDB or by another process on SQLite, PostgreSQL behind
+        PgBouncer in transaction mode) is seen at the next look, the looks backing off from
+        10 ms to :data:`WAIT_POLL` seconds apart. No pooled connection is held while it
+        waits. It waits on the database's clock and in a
         transaction of the store's own: with ``now=`` or ``conn=`` it is refused.
         """
         if wait != 0.0:
@@ -162,23 +170,36 @@ class WorkerBatches:
             return None if row is None else float(row[0])
 
         key = yield Send(ctx.bell_key, local=True)
-        listener = yield Send(lambda: bell.listen(key), local=True, undo=lambda late: late.close())
+        leases = yield Send(lambda: self._claim_now(claim, max_attempts, None), local=True, undo=give_back)
+        if leases:  # a busy worker claims without listening (no one notifies it meanwhile)
+            return leases  # type: ignore[no-any-return]
+        channel = channel_of(ctx.table)
+
+        def subscribe() -> bell.Subscription:  # and claim again, for a job made ready meanwhile
+            return bell.listen(key, wakeups.listen(ctx.engine, channel, ""))
+
+        listener = yield Send(subscribe, local=True, undo=lambda late: late.close())
         try:
             while True:
                 leases = yield Send(
                     lambda: self._claim_now(claim, max_attempts, None), local=True, undo=give_back
                 )
                 if leases:
-                    return leases  # type: ignore[no-any-return]
+                    break
                 pause = backoff.pause()
                 if pause is None:
-                    return []
+                    break
                 due = yield Send(due_in, local=True)
                 if due is not None and due > 0:  # the next job's time, if it comes first
                     pause = min(pause, due + ctx.plan.clock_resolution)
                 yield Wait(time.monotonic() + pause, wake=listener)
-        finally:
-            listener.close()
+        except GeneratorExit:
+            raise
+        except BaseException:
+            yield from _stop_listening(listener)
+            raise
+        yield from _stop_listening(listener)
+        return leases  # type: ignore[no-any-return]
 
     def _claimed(self, leases: list[Lease], max_attempts: int | None, started: float) -> None:
         """Count and time a claim of workers that began at ``started`` (``perf_counter``)."""
@@ -500,6 +521,15 @@ class WorkerBatches:
         params = {"max_fence": check_count("max_attempts", max_attempts), **clock.binds()}
         stmt = s.poisoned
         return ctx.run_jobs(lambda x: [JobState.from_row(r) for r in x.rows(stmt, params)], conn, write=False)
+
+
+def _stop_listening(listener: bell.Subscription) -> Rules[None]:
+    """Leave the bell and the listening connection (on the async front, inside asyncio's
+    bridge); a failure costs nothing but a log line (the connection is closed later)."""
+    try:
+        yield Send(listener.close, local=True)
+    except Exception:  # close() passes its own failures over; a cancelled task's lands here
+        logger.debug("could not stop listening for jobs", exc_info=True)
 
 
 def _refusal(

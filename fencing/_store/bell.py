@@ -1,17 +1,24 @@
-"""Waking a waiting claim the moment this process makes a job ready.
+"""Waking a waiting claim the moment a job is made ready: by this process at once, by
+another through the database's notifications where it has them.
 
 A claim that waits for work (``claim_next(..., wait=seconds)``) and finds none ready looks
 again with backoff, at most :data:`fencing._store.batches.WAIT_POLL` seconds apart, and at
 the instant the next deferred job (or the next lease to run out) comes due. Between looks it
 listens to its jobs table's *bell* in this process: every store of this process that makes a
 job of that table ready in a transaction of its own (an enqueue, a release without delay, a
-revoke, a requeue) rings it after the commit, and each waiter looks at once. So a worker
-woken by an enqueue of the same process starts within a claim's time; a job enqueued by
-another process, or in a caller's own transaction, is seen at the next look.
+revoke, a requeue) rings it after the commit, and each waiter looks at once.
 
-What it costs an enqueue: one dictionary lookup when nobody waits, a set's walk when someone
-does. A bell is keyed by the database's identity and the table (as the fenced blocks' holds
-are, :mod:`fencing._runtime.holds`), so two engines on one database share it.
+On PostgreSQL (with a driver that hears notifications, :func:`fencing._store.wakeups.listen`)
+the same waiter also listens on the table's channel through its process's one listening
+connection, and an enqueue of any process (in a transaction of its own or the caller's, at its
+commit) notifies it (:mod:`.announcer` says when an enqueue does). Anything else (another
+database, an enqueue that did not notify, a release by another process) is seen at the next
+look.
+
+What it costs an enqueue: one dictionary lookup when nobody waits in this process, a set's
+walk when someone does. A bell is keyed by the database's identity and the table (as the
+fenced blocks' holds are, :mod:`fencing._runtime.holds`), so two engines on one database share
+it.
 """
 
 from __future__ import annotations
@@ -19,64 +26,93 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-import weakref
+from typing import Any
 
 from .._runtime import bridge
 from .._runtime.holds import Key
 from .wakeups import Listener, _TaskListener, _ThreadListener
 
-__all__ = ["ever_waited", "listen", "ring"]
+__all__ = ["Subscription", "ever_waited", "listen", "ring"]
+
+
+class Subscription:
+    """One waiting claim's ear: its listener (its own, or its process's listening
+    connection's), which the bell of its table also rings. :meth:`wait` (a thread) and
+    :meth:`wait_async` (a task) as :class:`~fencing._store.wakeups.Listener`'s; :meth:`close`
+    leaves both (idempotent)."""
+
+    def __init__(self, bell: _Bell, listener: Listener) -> None:
+        self._bell = bell
+        self.listener = listener
+        #: where its event is set from another thread: the waiting task's loop, if a task waits
+        self.loop = asyncio.get_running_loop() if bridge.in_bridge() else None
+
+    def wait(self, seconds: float) -> bool:
+        return self.listener.wait(seconds)
+
+    async def wait_async(self, seconds: float) -> bool:
+        return await self.listener.wait_async(seconds)
+
+    def rung(self) -> None:
+        if self.loop is None:
+            self.listener._freed()
+            return
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there any more
+            self.loop.call_soon_threadsafe(self.listener._freed)
+
+    def close(self) -> None:
+        self._bell.leave(self)
+        self.listener.close()
 
 
 class _Bell:
-    """The waiting claims of one jobs table in this process. Held weakly: a waiter dropped
-    without :meth:`Listener.close` waits no more."""
+    """The waiting claims of one jobs table in this process."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._listeners: weakref.WeakSet[Listener] = weakref.WeakSet()
+        self._waiting: set[Subscription] = set()
 
-    def subscribe(self) -> Listener:
-        listener: Listener = _LoopListener(self) if bridge.in_bridge() else _ThreadListener(self, "", "")
+    def join(self, listener: Listener) -> Subscription:
+        subscription = Subscription(self, listener)
         with self._lock:
-            self._listeners.add(listener)
-        return listener
+            self._waiting.add(subscription)
+        return subscription
 
-    def unsubscribe(self, listener: Listener) -> None:
+    def leave(self, subscription: Subscription) -> None:
         with self._lock:
-            self._listeners.discard(listener)
+            self._waiting.discard(subscription)
 
     def ring(self) -> None:
         with self._lock:
-            found = list(self._listeners)
-        for listener in found:
-            listener._freed()
+            found = list(self._waiting)
+        for subscription in found:
+            subscription.rung()
 
 
-class _LoopListener(_TaskListener):
-    """A waiting task's subscription, rung from any thread: the event is set on its loop."""
+class _OwnListener:
+    """What a waiter that hears no notifications listens with: its own event only."""
 
-    def __init__(self, bell: _Bell) -> None:
-        super().__init__(bell, "", "")
-        self._loop = asyncio.get_running_loop()
-
-    def _freed(self) -> None:
-        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there any more
-            self._loop.call_soon_threadsafe(self._event.set)
+    def unsubscribe(self, listener: Any) -> None:
+        pass
 
 
 _lock = threading.Lock()
 _BELLS: dict[Key, _Bell] = {}
+_OWN = _OwnListener()
 
 
-def listen(key: Key) -> Listener:
-    """A subscription to the bell of ``key`` (a database and a jobs table): a thread's, or
-    on the async front (inside asyncio's bridge) a task's on the running loop."""
+def listen(key: Key, heard: Listener | None = None) -> Subscription:
+    """A subscription to the bell of ``key`` (a database and a jobs table): through
+    ``heard`` (a listener of the process's listening connection) if given, else a
+    listener of its own (a thread's, or on the async front, inside asyncio's bridge, a
+    task's on the running loop)."""
     with _lock:
         bell = _BELLS.get(key)
         if bell is None:
             bell = _BELLS[key] = _Bell()
-    return bell.subscribe()
+    if heard is None:
+        heard = _TaskListener(_OWN, "", "") if bridge.in_bridge() else _ThreadListener(_OWN, "", "")
+    return bell.join(heard)
 
 
 def ever_waited() -> bool:

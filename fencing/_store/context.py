@@ -45,6 +45,7 @@ from .._sql.dberrors import DB_ERRORS, is_duplicate_key, is_transient, sqlalchem
 from .._sql.statements import ClaimGuard, Statements
 from .._sql.values import Lease, Refusal
 from . import bell
+from .announcer import Announcer
 from .background import Background
 from .dialects import DialectPlan, plan_for
 from .history import NO_OUTCOME, PRUNE_BATCH, History, Outcome, Recorder
@@ -244,10 +245,12 @@ class JobsContext(Context):
         #: transactions of the store's own (:meth:`record_late`)
         self.late = Background(self.write_late, "history write")
         self._late: collections.deque[tuple[Refusal, Clock]] = collections.deque()
+        #: whether an enqueue tells other processes' waiting claims (PostgreSQL)
+        self.announcer = Announcer()
         #: the dialect's insert of a new job (the plan's upsert)
-        self.enqueue = self.plan.enqueue(self.errors)
+        self.enqueue = self.plan.enqueue(self.errors, self.announcer)
         #: the same with the job's payload, and whether that is one statement
-        self.enqueue_with_payload = self.plan.enqueue_with_payload(self.errors)
+        self.enqueue_with_payload = self.plan.enqueue_with_payload(self.errors, self.announcer)
 
     # -- arguments -------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from .._dialects.base import ARRAYS, COUNTED, DUPLICATE_KEY, EACH, LOCKING, RETU
 from .._runtime.execution import Executor
 from .._sql.dberrors import is_duplicate_key
 from .._sql.statements import Statements
+from .announcer import Announcer
 
 __all__ = ["ARRAYS", "COUNTED", "DUPLICATE_KEY", "EACH", "LOCKING", "RETURNED", "DialectPlan", "plan_for"]
 
@@ -50,15 +51,22 @@ class DialectPlan:
         self.clock_resolution = database.clock_resolution
 
     def enqueue(
-        self, errors: tuple[type[BaseException], ...]
+        self, errors: tuple[type[BaseException], ...], announcer: Announcer
     ) -> Callable[[Executor, Statements, dict[str, Any]], bool]:
         """The insert of a new job, as this database upserts: ``True`` if inserted, ``False``
         if it exists (a deleted job's tombstone comes back). ``errors``: what a database call
-        raises here."""
+        raises here; ``announcer``: whether it tells other processes' waiting claims
+        (PostgreSQL's NOTIFY, :mod:`.announcer`)."""
         if self.upsert == COUNTED:
             return lambda x, s, p: x.count(s.enqueue_sqlite, p) == 1
         if self.upsert == RETURNED:
-            return lambda x, s, p: len(x.rows(s.enqueue_postgresql, p)) == 1
+
+            def returned(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
+                if announcer.asks():
+                    return announcer.heard(x.rows(s.enqueue_announcing_postgresql, p))
+                return len(x.rows(s.enqueue_postgresql, p)) == 1
+
+            return returned
 
         def plain(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
             try:
@@ -73,7 +81,7 @@ class DialectPlan:
         return plain
 
     def enqueue_with_payload(
-        self, errors: tuple[type[BaseException], ...]
+        self, errors: tuple[type[BaseException], ...], announcer: Announcer
     ) -> tuple[Callable[[Executor, Statements, dict[str, Any]], bool], bool]:
         """The insert of a new job with its payload (bind ``payload``: its JSON text), and
         whether that is one statement: on PostgreSQL the job's upsert and the payload's write
@@ -81,8 +89,14 @@ class DialectPlan:
         inserted as :meth:`enqueue` does, then any payload left under its id goes and the new
         one goes in, in the same transaction."""
         if self.upsert == RETURNED:
-            return (lambda x, s, p: len(x.rows(s.enqueue_with_payload_postgresql, p)) == 1), True
-        enqueue = self.enqueue(errors)
+
+            def returned(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
+                if announcer.asks():
+                    return announcer.heard(x.rows(s.enqueue_with_payload_announcing_postgresql, p))
+                return len(x.rows(s.enqueue_with_payload_postgresql, p)) == 1
+
+            return returned, True
+        enqueue = self.enqueue(errors, announcer)
 
         def then_payload(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
             if not enqueue(x, s, p):

@@ -1,4 +1,5 @@
-"""Waking a lock's waiters the moment it is freed (PostgreSQL's ``LISTEN``/``NOTIFY``).
+"""Waking a lock's waiters the moment it is freed, and a claim's the moment a job is enqueued
+(PostgreSQL's ``LISTEN``/``NOTIFY``; the jobs' side: :mod:`.bell`).
 
 A waiter paces its looks at a held lock with backoff (:mod:`.waiting`): cheap, but a lock
 released just after a look sits free until the next one, up to ``poll`` seconds. On
@@ -17,7 +18,9 @@ listening connection per engine and process, whatever the number of waiters: eac
 subscribes to it (:class:`Listener`) for its lock's name. That connection is not taken from
 the engine's pool, so waiters never take the connection a holder's heartbeat needs to renew,
 nor wait for one: it comes from a pool of its own, ``engine.pool.recreate()`` (the engine's
-own creator, connect arguments and pool events). With the sync driver, psycopg 3.2 or later
+own creator, connect arguments and pool events), and it is named
+:data:`fencing._sql.channels.LISTENING` (``application_name``), which is how an enqueue in any
+process knows that someone listens (:mod:`.announcer`). With the sync driver, psycopg 3.2 or later
 (``notifies(timeout=)``), a daemon thread listens, and closes the connection once no one has
 waited for :data:`LINGER` seconds; on the async front (asyncpg, psycopg's async mode) the
 connection belongs to the event loop, and the last waiting task to leave closes it. Another
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import threading
@@ -41,14 +43,13 @@ from sqlalchemy import ColumnElement, Engine, Table
 from .._dialects import of
 from .._dialects.base import LOOP
 from .._runtime import forks
+from .._sql.channels import LISTENING, channel_of
 from .._sql.waiters import freed_notice
 
 __all__ = ["LINGER", "Listener", "Notifier", "channel_of", "listen"]
 
 logger = logging.getLogger("fencing.locks")
 
-#: PostgreSQL's longest identifier (NAMEDATALEN - 1 bytes): a channel name's limit
-_CHANNEL_MAX = 63
 #: how long the sync listener keeps its connection after its last waiter left (seconds): a
 #: run of waits, one after the other, shares one connection
 LINGER = 1.0
@@ -57,15 +58,6 @@ LINGER = 1.0
 _TICK = 0.1
 #: the pause before a failed listening connection is opened again (seconds)
 _RETRY = 1.0
-
-
-def channel_of(locks: Table) -> str:
-    """The notification channel of a locks table: ``fencing:<schema.table>``, or the name's
-    digest where that is longer than PostgreSQL allows a channel name."""
-    channel = f"fencing:{locks.fullname}"
-    if len(channel.encode()) <= _CHANNEL_MAX:
-        return channel
-    return "fencing:" + hashlib.sha256(locks.fullname.encode()).hexdigest()[:40]
 
 
 class Notifier:
@@ -97,6 +89,10 @@ def listen(engine: Engine, channel: str, name: str) -> Listener | None:
     except Exception:
         logger.debug("could not listen for a lock's release; waiting by backoff", exc_info=True)
         return None
+
+
+#: names the listening connection, so an enqueue of any process sees that someone listens
+_NAMED = f"SET application_name = '{LISTENING}'"
 
 
 def _quoted(channel: str) -> str:
@@ -260,6 +256,7 @@ class _ThreadHub:
                         if not driver.autocommit:
                             driver.rollback()
                             driver.autocommit = True
+                        driver.execute(_NAMED)  # what an enqueue looks for before it notifies
                     for channel in sorted(wanted - listening):
                         driver.execute(f"LISTEN {_quoted(channel)}")
                         listening.add(channel)
@@ -350,15 +347,15 @@ class _LoopHub:
         self._conn = self._pool.connect()  # inside the bridge: the async driver is awaited
         self._listening = set()
         self._broken = False
+        from .._runtime.private_sqlalchemy import await_only
+
         driver = self._conn.driver_connection
         if hasattr(driver, "add_termination_listener"):  # asyncpg
             driver.add_termination_listener(self._ended)
-        else:
-            from .._runtime.private_sqlalchemy import await_only
-
-            if not driver.autocommit:
-                await_only(driver.rollback())
-                await_only(driver.set_autocommit(True))
+        elif not driver.autocommit:
+            await_only(driver.rollback())
+            await_only(driver.set_autocommit(True))
+        await_only(driver.execute(_NAMED))  # what an enqueue looks for before it notifies
 
     def _listen(self, channel: str) -> None:
         from .._runtime.private_sqlalchemy import await_only

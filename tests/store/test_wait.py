@@ -11,15 +11,20 @@ not a look that happened to come.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData
+from sqlalchemy import Engine, MetaData, func, select, text
 
 from fencing import InvalidArgument, InvalidArgumentType, JobStore, jobs_table
+from fencing._sql.channels import LISTENING, listening_notice
 from fencing._store import batches, bell, waiting
+from fencing._store.announcer import FRESH, Announcer
 from fencing.asyncio import AsyncJobStore
 from tests import backends
 
@@ -80,7 +85,7 @@ def test_an_enqueue_of_another_thread_wakes_the_waiter(engine: Engine, slow_look
     assert not thread.is_alive()
     assert [lease.job_id for lease in got[0]] == ["woken"]
     assert time.monotonic() - started < 30.0  # woken, not timed out (60 s) nor a look (300 s)
-    assert not any(bell._BELLS[waiter._ctx.bell_key()]._listeners)  # its subscription is gone
+    assert not bell._BELLS[waiter._ctx.bell_key()]._waiting  # its subscription is gone
 
 
 def test_a_waiter_holds_no_connection_while_it_waits(engine: Engine, slow_looks: None) -> None:
@@ -156,3 +161,117 @@ def test_a_wait_in_the_callers_transaction_is_refused(store: Any, engine: Engine
     with engine.connect() as conn, conn.begin(), refused:
         store.claim_next("w", ttl=TTL, wait=5.0, conn=conn)
     assert store.holder("j", now=100.0) is None
+
+
+_ENQUEUE_ELSEWHERE = """
+import sys
+from sqlalchemy import MetaData, create_engine
+from fencing import JobStore, jobs_table
+engine = create_engine(sys.argv[1])
+store = JobStore(engine, jobs_table(MetaData(), sys.argv[2]))
+assert store.enqueue(sys.argv[3])
+"""
+
+
+def _enqueue_in_another_process(engine: Engine, table: str, job_id: str) -> None:
+    url = engine.url.render_as_string(hide_password=False)
+    subprocess.run([sys.executable, "-c", _ENQUEUE_ELSEWHERE, url, table, job_id], check=True, timeout=60)
+
+
+@pytest.mark.backend("postgresql")
+def test_an_enqueue_of_another_process_wakes_a_waiter_on_postgresql(
+    engine: Engine, target: str, slow_looks: None
+) -> None:
+    table = jobs_table(MetaData(), "notified_jobs")
+    waiter = JobStore(engine, table)
+    waiter.create_table()
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.claim_next("w", ttl=TTL, wait=60.0)))
+    started = time.monotonic()
+    thread.start()
+    time.sleep(0.5)  # its looks are done: it listens
+    _enqueue_in_another_process(engine, "notified_jobs", "from-afar")
+    thread.join(30.0)
+    assert not thread.is_alive()
+    assert [lease.job_id for lease in got[0]] == ["from-afar"]
+    assert time.monotonic() - started < 30.0  # notified: the next look was minutes away
+
+    async def main() -> list[str]:  # and a task, through the loop's own listening connection
+        async_engine = backends.async_engine_for(target)
+        store = AsyncJobStore(async_engine, table)
+        try:
+            waiting_claim = asyncio.create_task(store.claim_next("w", ttl=TTL, wait=60.0))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(_enqueue_in_another_process, engine, "notified_jobs", "to-a-task")
+            return [lease.job_id for lease in await asyncio.wait_for(waiting_claim, 30.0)]
+        finally:
+            await async_engine.dispose()
+
+    started = time.monotonic()
+    assert asyncio.run(main()) == ["to-a-task"]
+    assert time.monotonic() - started < 30.0
+
+
+@pytest.mark.backend("postgresql")
+def test_an_enqueue_in_the_callers_transaction_wakes_a_waiter_at_its_commit(
+    engine: Engine, slow_looks: None
+) -> None:
+    table = jobs_table(MetaData(), "committed_jobs")
+    store = JobStore(engine, table)
+    store.create_table()
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(store.claim_next("w", ttl=TTL, wait=60.0)))
+    thread.start()
+    time.sleep(0.5)
+    with engine.connect() as conn, conn.begin():
+        assert store.enqueue("with-my-order", conn=conn)
+        time.sleep(0.5)  # not before the commit: the job is not there yet
+        assert not got
+    thread.join(30.0)
+    assert [lease.job_id for lease in got[0]] == ["with-my-order"]
+
+
+@pytest.mark.backend("postgresql")
+def test_an_enqueue_notifies_only_while_someone_listens(engine: Engine) -> None:
+    # the look: a session of that name in pg_stat_activity, or no notification (a name of
+    # this test's own: other tests' listeners are about on this server)
+    name = f"fencing test {uuid.uuid4().hex[:12]}"
+    look = select(listening_notice("fencing:probe", name))
+    with engine.connect() as conn:
+        assert conn.execute(look).scalar() is None
+        conn.rollback()  # (pg_stat_activity is read once per transaction)
+        with engine.connect() as listener:
+            listener.exec_driver_sql(f"SET application_name = '{name}'")
+            listener.commit()
+            assert conn.execute(look).scalar() is True
+    # a waiting claim's listening connection bears the name the enqueue looks for
+    table = jobs_table(MetaData(), "announced_jobs")
+    store = JobStore(engine, table)
+    store.create_table()
+    mine = (
+        select(func.count())
+        .select_from(text("pg_stat_activity"))
+        .where(text("application_name = :name").bindparams(name=LISTENING), text("pid <> pg_backend_pid()"))
+    )
+    thread = threading.Thread(target=lambda: store.claim_next("w", ttl=TTL, wait=1.5))
+    thread.start()
+    time.sleep(0.5)  # it listens now
+    with engine.connect() as conn:
+        assert conn.execute(mine).scalar_one() >= 1
+        [(_, announced)] = conn.execute(
+            store._ctx.by_database.enqueue_announcing_postgresql, {"job_id": "b"}
+        ).all()
+        assert announced is True
+        conn.rollback()
+    thread.join(30.0)
+
+
+def test_an_enqueue_that_found_no_listener_spares_the_next_ones_the_look() -> None:
+    announcer = Announcer()
+    assert announcer.asks()
+    assert announcer.heard([("a", None)]) and not announcer.asks()
+    assert not announcer.heard([])  # the job existed: nothing learned
+    assert not announcer.asks()
+    time.sleep(FRESH)
+    assert announcer.asks()
+    assert announcer.heard([("b", True)]) and announcer.asks()  # someone listens: every enqueue notifies

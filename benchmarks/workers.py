@@ -1,0 +1,201 @@
+"""Pickup latency: from an enqueue to the moment an idle worker has the job's lease.
+
+What is measured
+----------------
+One idle worker waits for work (``claim_next(..., wait=...)``); one enqueuer enqueues
+``--jobs`` jobs one at a time, each ``--gap`` seconds (default 0.1) after the worker took the
+one before, so the worker is idle and waiting when it comes (the shape of Graphile Worker's
+``perfTest/latencyTest.js``; with no gap the worker's own claim after its last job finds most
+jobs, whatever wakes it). A job's latency runs from just before its
+``enqueue()`` is called (its round trip and commit included) to the instant the worker's
+claim returned its lease (where a worker would call the job's function), both read on
+``time.monotonic()``, one clock for every process of this machine. p50, p99 and max per mode:
+
+``same process``
+    the worker is a thread of the enqueuer's process: woken by the process's bell.
+``other process``
+    the worker is a process of its own: on PostgreSQL woken by ``NOTIFY`` (the enqueue
+    notifies because someone listens); elsewhere found by its looks (backoff from 10 ms to
+    ``WAIT_POLL``, 0.5 s).
+``other process, polling``
+    PostgreSQL without notifications (as behind PgBouncer in transaction mode): the looks alone.
+
+``--notify-cost`` measures instead what the notification costs an enqueue: 8 threads
+enqueueing into PostgreSQL as the store did before notifications (never asking), with nobody
+listening (the enqueue that asks finds nobody; the next ones within 0.1 s ask nothing), and
+with a worker waiting (every enqueue notifies), as jobs/s and as ratios to the first.
+
+Run::
+
+    python benchmarks/workers.py --backends sqlite postgresql mariadb --jobs 1000
+    python benchmarks/workers.py --notify-cost
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import fencing
+from fencing._store import announcer
+
+URLS = {
+    "postgresql": os.environ.get("FENCING_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test"),
+    "mariadb": os.environ.get("FENCING_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test"),
+}
+TABLE = "bench_pickup_jobs"
+
+
+def engine_for(backend: str, directory: str) -> sa.Engine:
+    if backend == "sqlite":
+        return fencing.create_sqlite_engine(os.path.join(directory, "pickup.db"), durability="normal")
+    return sa.create_engine(URLS[backend])
+
+
+def store_for(engine: sa.Engine) -> fencing.JobStore:
+    return fencing.JobStore(engine, fencing.jobs_table(sa.MetaData(), TABLE))
+
+
+def fresh(backend: str, directory: str) -> None:
+    engine = engine_for(backend, directory)
+    table = fencing.jobs_table(sa.MetaData(), TABLE)
+    table.drop(engine, checkfirst=True)
+    fencing.JobStore(engine, table).create_table()
+    engine.dispose()
+
+
+def work(backend: str, directory: str, jobs: int, taken: Any, ready: Any) -> None:
+    """The worker: claim, say when, complete; ``jobs`` times."""
+    engine = engine_for(backend, directory)
+    store = store_for(engine)
+    ready.set()
+    done = 0
+    while done < jobs:
+        for lease in store.claim_next("worker", ttl=30.0, wait=30.0):
+            at = time.monotonic()
+            taken.put((lease.job_id, at))
+            store.complete(lease, "ok")
+            done += 1
+    engine.dispose()
+
+
+def measure(backend: str, directory: str, jobs: int, mode: str, gap: float) -> list[float]:
+    fresh(backend, directory)
+    engine = engine_for(backend, directory)
+    store = store_for(engine)
+    asks = announcer.Announcer.asks
+    if mode == "polling":  # this process's enqueues never notify
+        announcer.Announcer.asks = lambda self: False  # type: ignore[method-assign]
+    if mode == "same process":
+        import queue
+
+        taken: Any = queue.Queue()
+        ready: Any = threading.Event()
+        worker: Any = threading.Thread(
+            target=work, args=(backend, directory, jobs, taken, ready), daemon=True
+        )
+    else:
+        context = multiprocessing.get_context("spawn")
+        taken, ready = context.Queue(), context.Event()
+        worker = context.Process(target=work, args=(backend, directory, jobs, taken, ready))
+    worker.start()
+    ready.wait(60)
+    time.sleep(1.0)  # it waits now
+    latencies = []
+    for i in range(jobs):
+        time.sleep(gap)
+        job_id = f"job-{i}"
+        started = time.monotonic()
+        store.enqueue(job_id)
+        got, at = taken.get(timeout=60)
+        assert got == job_id, (got, job_id)
+        latencies.append(at - started)
+    worker.join(60)
+    engine.dispose()
+    announcer.Announcer.asks = asks  # type: ignore[method-assign]
+    return latencies
+
+
+def summary(latencies: list[float]) -> str:
+    ms = sorted(x * 1000 for x in latencies)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    return f"p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms   max {ms[-1]:7.2f} ms"
+
+
+def notify_cost(seconds: float) -> None:
+    engine = sa.create_engine(URLS["postgresql"], pool_size=10)
+    table = fencing.jobs_table(sa.MetaData(), TABLE)
+    table.drop(engine, checkfirst=True)
+    store = fencing.JobStore(engine, table)
+    store.create_table()
+
+    def rate() -> float:
+        stop = time.monotonic() + seconds
+        counts = [0] * 8
+
+        def enqueue(n: int) -> None:
+            while time.monotonic() < stop:
+                store.enqueue(uuid.uuid4().hex)
+                counts[n] += 1
+
+        threads = [threading.Thread(target=enqueue, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return sum(counts) / seconds
+
+    listening = fencing.JobStore(engine, fencing.jobs_table(sa.MetaData(), "bench_nobody_enqueues"))
+    listening.create_table()
+    asks = announcer.Announcer.asks
+    for _ in range(3):
+        announcer.Announcer.asks = lambda self: False  # type: ignore[method-assign]
+        never = rate()  # the enqueue without notifications: the store before them
+        announcer.Announcer.asks = asks  # type: ignore[method-assign]
+        nobody = rate()
+        waiter = threading.Thread(target=lambda: listening.claim_next("w", ttl=30.0, wait=seconds + 1.0))
+        waiter.start()
+        time.sleep(0.3)
+        someone = rate()
+        waiter.join()
+        print(f"8 threads enqueueing, jobs/s: never notifying {never:6.0f}   nobody listens {nobody:6.0f} "
+              f"({nobody / never:.2f})   someone listens {someone:6.0f} ({someone / never:.2f})")  # fmt: skip
+    table.drop(engine)
+    listening._ctx.table.drop(engine)
+    engine.dispose()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql", "mariadb"])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--gap", type=float, default=0.1)
+    parser.add_argument("--notify-cost", action="store_true")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    if args.notify_cost:
+        notify_cost(args.seconds)
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        for backend in args.backends:
+            modes = ["same process", "other process"] + (["polling"] if backend == "postgresql" else [])
+            for mode in modes:
+                latencies = measure(backend, directory, args.jobs, mode, args.gap)
+                print(f"{backend:10} {mode:16} {args.jobs} jobs   {summary(latencies)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
