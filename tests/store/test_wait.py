@@ -178,18 +178,24 @@ def _enqueue_in_another_process(engine: Engine, table: str, job_id: str) -> None
     subprocess.run([sys.executable, "-c", _ENQUEUE_ELSEWHERE, url, table, job_id], check=True, timeout=60)
 
 
+def _waiting_claim(store: JobStore) -> tuple[threading.Thread, list[Any]]:
+    """A thread whose claim waits (a minute) in ``store``'s new table, and what it got;
+    returns once its looks are done and it listens."""
+    store.create_table()
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(store.claim_next("w", ttl=TTL, wait=60.0)))
+    thread.start()
+    time.sleep(0.5)
+    return thread, got
+
+
 @pytest.mark.backend("postgresql")
 def test_an_enqueue_of_another_process_wakes_a_waiter_on_postgresql(
     engine: Engine, target: str, slow_looks: None
 ) -> None:
     table = jobs_table(MetaData(), "notified_jobs")
-    waiter = JobStore(engine, table)
-    waiter.create_table()
-    got: list[Any] = []
-    thread = threading.Thread(target=lambda: got.append(waiter.claim_next("w", ttl=TTL, wait=60.0)))
     started = time.monotonic()
-    thread.start()
-    time.sleep(0.5)  # its looks are done: it listens
+    thread, got = _waiting_claim(JobStore(engine, table))
     _enqueue_in_another_process(engine, "notified_jobs", "from-afar")
     thread.join(30.0)
     assert not thread.is_alive()
@@ -216,13 +222,8 @@ def test_an_enqueue_of_another_process_wakes_a_waiter_on_postgresql(
 def test_an_enqueue_in_the_callers_transaction_wakes_a_waiter_at_its_commit(
     engine: Engine, slow_looks: None
 ) -> None:
-    table = jobs_table(MetaData(), "committed_jobs")
-    store = JobStore(engine, table)
-    store.create_table()
-    got: list[Any] = []
-    thread = threading.Thread(target=lambda: got.append(store.claim_next("w", ttl=TTL, wait=60.0)))
-    thread.start()
-    time.sleep(0.5)
+    store = JobStore(engine, jobs_table(MetaData(), "committed_jobs"))
+    thread, got = _waiting_claim(store)
     with engine.connect() as conn, conn.begin():
         assert store.enqueue("with-my-order", conn=conn)
         time.sleep(0.5)  # not before the commit: the job is not there yet
