@@ -15,7 +15,8 @@ claim returned its lease (where a worker would call the job's function), both re
     the worker is a thread of the enqueuer's process: woken by the process's bell.
 ``other process``
     the worker is a process of its own: on PostgreSQL woken by ``NOTIFY`` (the enqueue
-    notifies because someone listens); elsewhere found by its looks (backoff from 10 ms to
+    notifies because someone listens), on SQLite by its process's watch of the file (``PRAGMA
+    data_version``, every 2 ms); on MariaDB found by its looks (backoff from 10 ms to
     ``WAIT_POLL``, 0.5 s).
 ``other process, polling``
     PostgreSQL without notifications (as behind PgBouncer in transaction mode): the looks alone.

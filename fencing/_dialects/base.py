@@ -31,9 +31,10 @@ EACH, ARRAYS, LOCKING = "each", "returning", "locking"
 #: duplicate-key error that undoes only the statement (MariaDB/MySQL)
 COUNTED, RETURNED, DUPLICATE_KEY = "counted", "returned", "duplicate key"
 
-#: where a waiter hears of a freed lock (:meth:`Database.wakeups`): a thread's listening
-#: connection, the event loop's, or nowhere (it paces itself by backoff)
-THREAD, LOOP = "thread", "loop"
+#: where a waiter hears of a freed lock or a new job (:meth:`Database.wakeups`): a thread's
+#: listening connection, the event loop's, a thread that watches the database file for other
+#: connections' commits, or nowhere (it paces itself by backoff)
+THREAD, LOOP, WATCHED = "thread", "loop", "watched"
 
 
 #: the durability settings read, by name, lowercased (SQLite's numbers as their names)
@@ -163,8 +164,8 @@ class Database:
     notifies: ClassVar[bool] = False
 
     def wakeups(self, driver: str, *, is_async: bool) -> str | None:
-        """Where a waiter on ``driver`` hears of a freed lock (:data:`THREAD`, :data:`LOOP`),
-        or ``None``: it paces itself by backoff alone."""
+        """Where a waiter on ``driver`` hears of a freed lock or a new job (:data:`THREAD`,
+        :data:`LOOP`, :data:`WATCHED`), or ``None``: it paces itself by backoff alone."""
         return None
 
     # -- errors ----------------------------------------------------------------------------

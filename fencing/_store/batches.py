@@ -102,11 +102,13 @@ class WorkerBatches:
         the waiter at once; on PostgreSQL so does an enqueue of any process, at its commit
         (``LISTEN``/``NOTIFY``, with psycopg 3.2+, asyncpg or psycopg's async mode; one
         listening connection per process and engine, outside the engine's pool); a deferred
-        job, or a lease that runs out, at its time; anything else (a release by another
-        process, an enqueue on MariaDB or by another process on SQLite, PostgreSQL behind
-        PgBouncer in transaction mode) is seen at the next look, the looks backing off from
-        10 ms to :data:`WAIT_POLL` seconds apart. No pooled connection is held while it
-        waits. It waits on the database's clock and in a
+        job, or a lease that runs out, at its time. On SQLite (a file) any other connection's
+        commit wakes it within milliseconds (a thread per process reads ``PRAGMA
+        data_version``), and it reads whether a job is due before it takes the write lock to
+        claim. Anything else (a release by another process on PostgreSQL, any other process on
+        MariaDB, PostgreSQL behind PgBouncer in transaction mode) is seen at the next look, the
+        looks backing off from 10 ms to :data:`WAIT_POLL` seconds apart. No pooled connection
+        is held while it waits. It waits on the database's clock and in a
         transaction of the store's own: with ``now=`` or ``conn=`` it is refused.
         """
         if wait != 0.0:
@@ -179,20 +181,27 @@ class WorkerBatches:
             return bell.listen(key, wakeups.listen(ctx.engine, channel, ""))
 
         listener = yield Send(subscribe, local=True, undo=lambda late: late.close())
+        # SQLite: a claim takes the database's write lock, and every other connection's commit
+        # wakes the waiter (the file's watcher): it reads whether a job is due before it claims
+        look_first = ctx.plan.locks_whole_database
         try:
+            due: float | None = 0.0
             while True:
-                leases = yield Send(
-                    lambda: self._claim_now(claim, max_attempts, None), local=True, undo=give_back
-                )
-                if leases:
-                    break
+                if due is not None and due <= 0:
+                    leases = yield Send(
+                        lambda: self._claim_now(claim, max_attempts, None), local=True, undo=give_back
+                    )
+                    if leases:
+                        break
                 pause = backoff.pause()
                 if pause is None:
+                    leases = []
                     break
                 due = yield Send(due_in, local=True)
                 if due is not None and due > 0:  # the next job's time, if it comes first
                     pause = min(pause, due + ctx.plan.clock_resolution)
                 yield Wait(time.monotonic() + pause, wake=listener)
+                due = (yield Send(due_in, local=True)) if look_first else 0.0
         except GeneratorExit:
             raise
         except BaseException:

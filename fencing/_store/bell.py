@@ -11,9 +11,10 @@ revoke, a requeue) rings it after the commit, and each waiter looks at once.
 On PostgreSQL (with a driver that hears notifications, :func:`fencing._store.wakeups.listen`)
 the same waiter also listens on the table's channel through its process's one listening
 connection, and an enqueue of any process (in a transaction of its own or the caller's, at its
-commit) notifies it (:mod:`.announcer` says when an enqueue does). Anything else (another
-database, an enqueue that did not notify, a release by another process) is seen at the next
-look.
+commit) notifies it (:mod:`.announcer` says when an enqueue does). On SQLite every commit of
+another connection to the file wakes it (:class:`fencing._store.wakeups._FileWatch`), and it
+reads whether a job is due before it claims. Anything else (MariaDB, a release by another
+process on PostgreSQL) is seen at the next look.
 
 What it costs an enqueue: one dictionary lookup when nobody waits in this process, a set's
 walk when someone does. A bell is keyed by the database's identity and the table (as the

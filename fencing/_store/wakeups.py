@@ -33,16 +33,18 @@ import asyncio
 import contextlib
 import logging
 import os
+import sqlite3
 import threading
 import time
+import urllib.parse
 import weakref
 from typing import Any
 
 from sqlalchemy import ColumnElement, Engine, Table
 
 from .._dialects import of
-from .._dialects.base import LOOP
-from .._runtime import forks
+from .._dialects.base import LOOP, WATCHED
+from .._runtime import bridge, forks
 from .._sql.channels import LISTENING, channel_of
 from .._sql.waiters import freed_notice
 
@@ -58,6 +60,9 @@ LINGER = 1.0
 _TICK = 0.1
 #: the pause before a failed listening connection is opened again (seconds)
 _RETRY = 1.0
+#: how often a SQLite file's watcher reads ``PRAGMA data_version`` while someone waits
+#: (seconds): what a job another process enqueues may wait to be seen; a read costs 8 µs
+WATCH_EVERY = 0.002
 
 
 class Notifier:
@@ -74,15 +79,22 @@ class Notifier:
 def listen(engine: Engine, channel: str, name: str) -> Listener | None:
     """A subscription to this process's listening connection of ``engine`` (opened if
     needed) for ``name``'s release on ``channel``, or ``None`` where notifications cannot be
-    had (not PostgreSQL, a driver without them): the waiter then paces itself by backoff
-    alone. On the async front it is called inside asyncio's bridge, on the loop the waiting
-    task runs on. It never takes a connection of the engine's pool."""
+    had (a driver without them, MariaDB, an in-memory SQLite database): the waiter then paces
+    itself by backoff alone. On SQLite the subscription is to the database file's watcher
+    instead (:class:`_FileWatch`), which wakes every waiter of the file at any other
+    connection's commit. On the async front it is called inside asyncio's bridge, on the loop
+    the waiting task runs on. It never takes a connection of the engine's pool."""
     dialect = engine.dialect
     where = of(dialect).wakeups(dialect.driver, is_async=bool(getattr(dialect, "is_async", False)))
     if where is None:
         return None
     engine = forks.root(engine)  # an engine.execution_options() copy shares its parent's pool
     try:
+        if where == WATCHED:
+            path = engine.url.database
+            if not path or path == ":memory:" or path.startswith("file:"):
+                return None  # one connection of one process, or a URI of its own making
+            return _file_watch(os.path.realpath(path)).subscribe(channel, name)
         if where == LOOP:
             return _loop_hub(engine).subscribe(channel, name)
         return _thread_hub(engine).subscribe(channel, name)
@@ -161,6 +173,18 @@ class _TaskListener(Listener):
         self._event.set()
 
 
+class _LoopListener(_TaskListener):
+    """A waiting task's subscription, woken from any thread: its event is set on its loop."""
+
+    def __init__(self, hub: Any, channel: str, name: str) -> None:
+        super().__init__(hub, channel, name)
+        self._loop = asyncio.get_running_loop()
+
+    def _freed(self) -> None:
+        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there any more
+            self._loop.call_soon_threadsafe(self._event.set)
+
+
 class _Waiters:
     """The subscriptions of one listening connection, by channel and lock name. Held
     weakly: a listener dropped without :meth:`Listener.close` is no waiter any more."""
@@ -189,33 +213,70 @@ class _Waiters:
     def of(self, channel: str, name: str) -> list[Listener]:
         return list(self._by_channel.get(channel, {}).get(name, ()))
 
+    def all(self) -> list[Listener]:
+        return [
+            listener for names in self._by_channel.values() for group in names.values() for listener in group
+        ]
 
-class _ThreadHub:
-    """The sync driver's listening connection of one engine in this process: a daemon
-    thread opens it when the first waiter subscribes, hands each notification to the
-    waiters of its lock, and closes it :data:`LINGER` seconds after the last one left."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = weakref.ref(engine)  # the hub lives in a registry keyed by the engine
+class _Daemon:
+    """What a daemon thread that wakes waiters keeps: its waiters, and its thread, started
+    by the first to subscribe and ended :data:`LINGER` seconds after the last one left."""
+
+    _name = "fencing-listener"
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._waiters = _Waiters()
         self._thread: threading.Thread | None = None
-        #: the open connections (one, but for a moment when a new thread starts as the old
-        #: one closes its own): here, not only in a thread, so a forked child keeps them
-        self._open: set[Any] = set()
+
+    def _listener(self, channel: str, name: str) -> Listener:
+        return _ThreadListener(self, channel, name)
 
     def subscribe(self, channel: str, name: str) -> Listener:
-        listener = _ThreadListener(self, channel, name)
+        listener = self._listener(channel, name)
         with self._lock:
             self._waiters.add(listener)
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="fencing-lock-listener", daemon=True)
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
         return listener
 
     def unsubscribe(self, listener: Listener) -> None:
         with self._lock:
             self._waiters.remove(listener)
+
+    def _wanted(self, idle_since: float | None) -> tuple[set[str], float | None] | None:
+        """The channels someone listens on now, and since when no one has (``None`` if
+        someone does); ``None`` instead once the thread is to end (it forgets itself, so a
+        waiter subscribing from now on starts another)."""
+        with self._lock:
+            wanted = self._waiters.channels()
+            if wanted:
+                return wanted, None
+            idle_since = idle_since or time.monotonic()
+            if time.monotonic() - idle_since >= LINGER:
+                self._thread = None
+                return None
+            return wanted, idle_since
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class _ThreadHub(_Daemon):
+    """The sync driver's listening connection of one engine in this process: a daemon
+    thread opens it when the first waiter subscribes, hands each notification to the
+    waiters of its lock, and closes it :data:`LINGER` seconds after the last one left."""
+
+    _name = "fencing-lock-listener"
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__()
+        self._engine = weakref.ref(engine)  # the hub lives in a registry keyed by the engine
+        #: the open connections (one, but for a moment when a new thread starts as the old
+        #: one closes its own): here, not only in a thread, so a forked child keeps them
+        self._open: set[Any] = set()
 
     def _heard(self, channel: str, name: str) -> None:
         with self._lock:
@@ -230,15 +291,10 @@ class _ThreadHub:
         idle_since: float | None = None
         try:
             while True:
-                with self._lock:
-                    wanted = self._waiters.channels()
-                    if wanted:
-                        idle_since = None
-                    else:
-                        idle_since = idle_since or time.monotonic()
-                        if time.monotonic() - idle_since >= LINGER:
-                            self._thread = None  # a waiter subscribing from now on starts another
-                            return
+                found = self._wanted(idle_since)
+                if found is None:
+                    return
+                wanted, idle_since = found
                 try:
                     if conn is None:
                         engine = self._engine()
@@ -404,6 +460,58 @@ class _LoopHub:
         self._broken = False
 
 
+class _FileWatch(_Daemon):
+    """SQLite: a daemon thread that reads ``PRAGMA data_version`` on a connection of its own
+    every :data:`WATCH_EVERY` seconds while someone of this process waits on the database
+    file, and wakes them all when it changes (another connection, of this process or another,
+    committed a change). The waiters look for themselves what changed (a claim reads before
+    it takes the write lock, :mod:`.batches`). The thread and its connection end
+    :data:`LINGER` seconds after the last waiter left; a failing read is retried after
+    :data:`_RETRY`, the waiters pacing themselves by backoff meanwhile."""
+
+    _name = "fencing-sqlite-watch"
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self._path = path
+
+    def _listener(self, channel: str, name: str) -> Listener:
+        return (
+            _LoopListener(self, channel, name) if bridge.in_bridge() else _ThreadListener(self, channel, name)
+        )
+
+    def _run(self) -> None:
+        conn: sqlite3.Connection | None = None
+        seen: object = None
+        idle_since: float | None = None
+        try:
+            while (found := self._wanted(idle_since)) is not None:
+                idle_since = found[1]
+                try:
+                    if conn is None:
+                        uri = f"file:{urllib.parse.quote(self._path)}?mode=rw"
+                        conn = sqlite3.connect(uri, uri=True, timeout=_RETRY, check_same_thread=False)
+                        seen = conn.execute("PRAGMA data_version").fetchone()[0]
+                    version = conn.execute("PRAGMA data_version").fetchone()[0]
+                    if version != seen:
+                        seen = version
+                        with self._lock:
+                            waiting = self._waiters.all()
+                        for listener in waiting:
+                            listener._freed()
+                except Exception:
+                    logger.debug("could not watch a SQLite file; waiting by backoff", exc_info=True)
+                    if conn is not None:
+                        conn.close()
+                    conn = None
+                    time.sleep(_RETRY)
+                time.sleep(WATCH_EVERY)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+
 _registry = threading.Lock()
 _THREAD_HUBS: weakref.WeakKeyDictionary[Engine, _ThreadHub] = weakref.WeakKeyDictionary()
 _LOOP_HUBS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Engine, _LoopHub]] = (
@@ -414,12 +522,18 @@ _LOOP_HUBS: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Engine, _Lo
 _INHERITED: list[object] = []
 
 
+#: SQLite files' watches, by path
+_WATCHES: dict[str, _FileWatch] = {}
+
+
+def _file_watch(path: str) -> _FileWatch:
+    with _registry:
+        return _WATCHES.get(path) or _WATCHES.setdefault(path, _FileWatch(path))
+
+
 def _thread_hub(engine: Engine) -> _ThreadHub:
     with _registry:
-        hub = _THREAD_HUBS.get(engine)
-        if hub is None:
-            hub = _THREAD_HUBS[engine] = _ThreadHub(engine)
-        return hub
+        return _THREAD_HUBS.get(engine) or _THREAD_HUBS.setdefault(engine, _ThreadHub(engine))
 
 
 def _loop_hub(engine: Engine) -> _LoopHub:
@@ -441,6 +555,8 @@ def _after_fork_in_child() -> None:
     _INHERITED.extend(hub for hubs in _LOOP_HUBS.values() for hub in hubs.values())
     _THREAD_HUBS.clear()
     _LOOP_HUBS.clear()
+    _INHERITED.extend(_WATCHES.values())
+    _WATCHES.clear()
 
 
 if hasattr(os, "register_at_fork"):

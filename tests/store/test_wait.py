@@ -166,8 +166,10 @@ def test_a_wait_in_the_callers_transaction_is_refused(store: Any, engine: Engine
 _ENQUEUE_ELSEWHERE = """
 import sys
 from sqlalchemy import MetaData, create_engine
-from fencing import JobStore, jobs_table
+from fencing import JobStore, configure_sqlite, jobs_table
 engine = create_engine(sys.argv[1])
+if engine.dialect.name == "sqlite":
+    configure_sqlite(engine)
 store = JobStore(engine, jobs_table(MetaData(), sys.argv[2]))
 assert store.enqueue(sys.argv[3])
 """
@@ -189,10 +191,8 @@ def _waiting_claim(store: JobStore) -> tuple[threading.Thread, list[Any]]:
     return thread, got
 
 
-@pytest.mark.backend("postgresql")
-def test_an_enqueue_of_another_process_wakes_a_waiter_on_postgresql(
-    engine: Engine, target: str, slow_looks: None
-) -> None:
+@pytest.mark.backend("postgresql", "sqlite")
+def test_an_enqueue_of_another_process_wakes_a_waiter(engine: Engine, target: str, slow_looks: None) -> None:
     table = jobs_table(MetaData(), "notified_jobs")
     started = time.monotonic()
     thread, got = _waiting_claim(JobStore(engine, table))
@@ -276,3 +276,34 @@ def test_an_enqueue_that_found_no_listener_spares_the_next_ones_the_look() -> No
     time.sleep(FRESH)
     assert announcer.asks()
     assert announcer.heard([("b", True)]) and announcer.asks()  # someone listens: every enqueue notifies
+
+
+@pytest.mark.backend("sqlite")
+def test_other_commits_to_the_file_wake_a_sqlite_waiter_but_it_claims_only_what_is_due(
+    engine: Engine, slow_looks: None
+) -> None:
+    store = JobStore(engine, jobs_table(MetaData(), "watched_jobs"))
+    other = JobStore(engine, jobs_table(MetaData(), "other_jobs"))
+    other.create_table()
+    claims = []
+    claim_now = store._claim_now
+
+    def counted(*args: Any) -> Any:
+        claims.append(time.monotonic())
+        return claim_now(*args)
+
+    store._claim_now = counted  # type: ignore[method-assign]
+    thread, got = _waiting_claim(store)
+    looked = len(claims)  # the first claim, and the one after it began to listen
+    for i in range(20):  # commits to the same file, none of them a job of its table
+        other.enqueue(f"elsewhere-{i}")
+        time.sleep(0.02)
+    assert len(claims) == looked  # woken each time (the file changed), it read, and did not claim
+    other.enqueue("deferred", ready_at=time.time() + 3600)
+    store.enqueue("mine", ready_at=time.time() + 3600)  # its table, but not due
+    time.sleep(0.2)
+    assert len(claims) == looked
+    _enqueue_in_another_process(engine, "watched_jobs", "due")
+    thread.join(30.0)
+    assert [lease.job_id for lease in got[0]] == ["due"]
+    assert len(claims) == looked + 1
