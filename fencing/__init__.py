@@ -43,6 +43,7 @@ from ._store.history import History, HistoryEntry, history_table, holder_at
 from ._store.jobstore import JobStore
 from ._store.locks import HeldLock, Locks, locks_table
 from ._store.marks import FenceMarks, fence_marks_table, idempotency_keys_table
+from ._store.worker import Job, Worker
 
 __all__ = [
     "DATABASE_CLOCK_MIN_TTL",
@@ -66,6 +67,7 @@ __all__ = [
     "HistoryEntry",
     "InvalidArgument",
     "InvalidArgumentType",
+    "Job",
     "JobState",
     "JobStore",
     "Lease",
@@ -77,6 +79,7 @@ __all__ = [
     "Refusal",
     "SchemaMismatch",
     "TableMissing",
+    "Worker",
     "as_text",
     "attempts_table",
     "configure_sqlite",

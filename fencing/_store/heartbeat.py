@@ -67,6 +67,10 @@ class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
     refused because this very lease completed the job (read back from the store's
     ``state``) ends the heartbeat quietly (``held`` is ``False``, ``lost`` is not set).
     Calling :meth:`stop` first saves that read. Stopping does not shorten the lease.
+
+    ``claimed_at``: for a lease just claimed with this ``ttl``, ``time.monotonic()`` read
+    before the claim was sent: the local deadline counts from there and :meth:`start` sends no
+    renewal (the worker runtime's way: one round trip per job).
     """
 
     _thread: threading.Thread | None = None  # once started

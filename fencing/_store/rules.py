@@ -25,6 +25,7 @@ from .._errors import (
     ConfigurationError,
     DatabaseError,
     FencingError,
+    InvalidArgument,
     InvalidArgumentType,
     LeaseLost,
 )
@@ -110,6 +111,7 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
         on_lost: Callable[[Self], object] | None = None,
         release_on_exit: bool = False,
         release_on_error: bool = True,
+        claimed_at: float | None = None,
     ) -> None:
         for method in ("renew", "release"):
             if not callable(getattr(store, method, None)):
@@ -145,6 +147,17 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             self._margin = 2 * resolution
         else:
             self._margin = UNKNOWN_CLOCK_MARGIN
+        if claimed_at is not None and (
+            isinstance(claimed_at, bool)
+            or not isinstance(claimed_at, (int, float))
+            or not -math.inf < claimed_at <= time.monotonic()
+        ):
+            raise InvalidArgument(
+                f"claimed_at must be time.monotonic() read before the claim, got {claimed_at!r:.80}"
+            )
+        #: the lease was just claimed with this ttl, ``time.monotonic()`` read before the claim
+        #: was sent: the deadline counts from there, and start() sends no renewal
+        self._claimed_at = claimed_at
         self._on_lost = on_lost
         self._release_on_exit = release_on_exit
         self._release_on_error = release_on_error
@@ -288,16 +301,19 @@ class LeaseReckoning(Generic[K, E], abc.ABC):
             if self._started:
                 raise RuntimeError(f"a {type(self).__name__} can only be started once")
             self._started = True
-        sent = time.monotonic()
-        with self._renewing() as blocked:
-            # a block of another thread (or task) may hold the row: this first renewal waits for it
-            del blocked
-            renewed = yield self._send_renewal(self._lease, self._now())
-        if not renewed:
-            self._lose(f"the first renewal was refused ({_why(renewed)})", None, renewed)
-            self._log_lost()
-            raise self._lost_error()
-        self._accept(renewed, sent)
+        if self._claimed_at is not None:  # as good as a renewal sent at that instant
+            self._accept(self._lease, self._claimed_at)
+        else:
+            sent = time.monotonic()
+            with self._renewing() as blocked:
+                # a block of another thread (or task) may hold the row: this first renewal waits for it
+                del blocked
+                renewed = yield self._send_renewal(self._lease, self._now())
+            if not renewed:
+                self._lose(f"the first renewal was refused ({_why(renewed)})", None, renewed)
+                self._log_lost()
+                raise self._lost_error()
+            self._accept(renewed, sent)
         if self._key is not None:
             holds.keep(self._key, job_id, self)
 

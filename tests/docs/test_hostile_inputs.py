@@ -701,7 +701,47 @@ ROWS: list[Row] = [
         "candidate must be a str, got int 7",
         sync_only=True,
     ),
+    # -- Worker ------------------------------------------------------------------------------------
+    Row(
+        "Worker",
+        "no slots",
+        "Worker(store, print, concurrency=0)",
+        InvalidArgument,
+        "concurrency must be between 1 and 2**63-1, got 0",
+        sync_only=True,
+    ),
+    Row(
+        "Worker",
+        "a ttl of zero",
+        "Worker(store, print, ttl=0)",
+        InvalidArgument,
+        "ttl must be a finite number of seconds > 0, got 0",
+        sync_only=True,
+    ),
+    Row(
+        "Worker",
+        "a text where the function goes",
+        'Worker(store, "tasks:send")',
+        InvalidArgumentType,
+        "function must be callable, got str 'tasks:send'",
+        sync_only=True,
+    ),
+    Row(
+        "Worker",
+        "a negative retry delay",
+        "Worker(store, print, retry_delay=-1)",
+        InvalidArgument,
+        "retry_delay must be a finite number of seconds >= 0, got -1",
+        sync_only=True,
+    ),
     # -- Heartbeat ---------------------------------------------------------------------------------
+    Row(
+        "Heartbeat",
+        "a claim instant in the future",
+        "Heartbeat(store, lease, 10, claimed_at=10**10)",
+        InvalidArgument,
+        "claimed_at must be time.monotonic() read before the claim, got 10000000000",
+    ),
     Row(
         "Heartbeat",
         "`None` where the store goes",
@@ -1525,6 +1565,7 @@ def namespace(tracker: Tracker, tmp: Path, **names: Any) -> dict[str, Any]:
         "Heartbeat": tracker.wrap(Heartbeat),
         "Locks": tracker.wrap(Locks),
         "Election": Election,
+        "Worker": fencing.Worker,
         "locks_table": fencing.locks_table,
         "create_sqlite_engine": tracker.wrap(fencing.create_sqlite_engine),
         "create_engine": tracker.wrap(sqlalchemy.create_engine),
@@ -1959,6 +2000,7 @@ def test_every_public_function_has_a_row() -> None:
     public.discard("Failure")  # JobStore.failure hands it out
     public.discard("HistoryEntry")
     public.discard("HeldLock")  # Locks.hold hands it out
+    public.discard("Job")  # the worker hands it to the function
     public.discard("Refusal")  # a refused write's reason, as the log and the API give it
     covered = {row.function for row in ROWS}
     assert public - covered == set()

@@ -1,0 +1,317 @@
+"""The worker runtime (:class:`fencing.Worker`): each test on the database under test.
+
+A worker runs the function once per job with its payload, stores what it returned fenced,
+retries a failure with backoff and keeps its reason, leaves a job poisoned at
+``max_attempts``, never stores the result of a function whose lease was lost, lets a
+function complete the job in its own transaction, runs ``concurrency`` jobs at once, and on
+stop lets running jobs finish within ``drain`` then hands the rest back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Column, Engine, Integer, MetaData, String, Table, event, select
+
+from fencing import (
+    InvalidArgument,
+    InvalidArgumentType,
+    Job,
+    JobStore,
+    LeaseLost,
+    Worker,
+    failures_table,
+    jobs_table,
+    payloads_table,
+)
+from fencing._store import worker as worker_module
+
+TTL = 3.0
+
+
+@pytest.fixture
+def store(engine: Engine, request: pytest.FixtureRequest) -> JobStore:
+    metadata = MetaData()
+    name = "wk_" + request.node.name.split("[")[0][-20:]
+    store = JobStore(
+        engine,
+        jobs_table(metadata, name),
+        payloads=payloads_table(metadata, name + "_p"),
+        failures=failures_table(metadata, name + "_f"),
+    )
+    store.create_table()
+    return store
+
+
+@pytest.fixture(autouse=True)
+def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(worker_module, "IDLE_WAIT", 0.2)  # a stopped worker's idle slots end soon
+
+
+def _running(worker: Worker) -> Iterator[threading.Thread]:
+    thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
+    thread.start()
+    return iter([thread])
+
+
+def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    ends = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < ends, "timed out"
+        time.sleep(0.01)
+
+
+def _run_until(worker: Worker, condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    [thread] = _running(worker)
+    try:
+        _until(condition, timeout)
+    finally:
+        worker.stop()
+        thread.join(30.0)
+    assert not thread.is_alive()
+
+
+def test_each_job_runs_once_with_its_payload_and_its_result_is_stored(store: JobStore) -> None:
+    seen: list[tuple[str, Any, int]] = []
+
+    def function(job: Job) -> Any:
+        seen.append((job.job_id, job.payload, job.attempt))
+        return {"total": job.payload["n"] * 2} if job.job_id != "text" else "as it is"
+
+    for i in range(5):
+        store.enqueue(f"order-{i}", payload={"n": i})
+    store.enqueue("text", payload={"n": 0})
+    worker = Worker(store, function, concurrency=2, ttl=TTL)
+    _run_until(
+        worker, lambda: all(store.state(f"order-{i}").done for i in range(5)) and store.state("text").done
+    )
+    assert sorted(seen) == sorted([(f"order-{i}", {"n": i}, 1) for i in range(5)] + [("text", {"n": 0}, 1)])
+    assert json.loads(store.state("order-3").result) == {"total": 6}
+    assert store.state("text").result == "as it is"
+
+
+def test_a_failure_is_retried_with_backoff_and_its_reason_kept_then_poisoned(store: JobStore) -> None:
+    attempts: list[float] = []
+
+    def function(job: Job) -> None:
+        attempts.append(time.monotonic())
+        raise ValueError(f"card declined (attempt {job.attempt})")
+
+    store.enqueue("pay")
+    worker = Worker(store, function, ttl=TTL, max_attempts=3, retry_delay=0.2, max_retry_delay=0.3)
+    _run_until(worker, lambda: len(attempts) == 3 and not worker.running and store.holder("pay") is None)
+    time.sleep(0.8)  # poisoned: no fourth attempt however long it waits
+    assert len(attempts) == 3
+    gaps = [b - a for a, b in itertools.pairwise(attempts)]
+    assert gaps[0] >= 0.1 and gaps[1] >= 0.15  # the delays: 0.1-0.2 s, then 0.15-0.3 s (equal jitter)
+    failure = store.failure("pay")
+    assert failure is not None and failure.fence == 3
+    assert "ValueError: card declined (attempt 3)" in failure.text
+    assert "Traceback (most recent call last)" in failure.text and "in function" in failure.text
+    assert [lease.job_id for lease in store.poisoned(max_attempts=3)] == ["pay"]
+    assert not store.state("pay").done
+
+
+def test_a_result_that_is_not_json_fails_the_job_and_says_why(store: JobStore) -> None:
+    store.enqueue("odd")
+    worker = Worker(store, lambda job: {"x": float("nan")}, ttl=TTL, max_attempts=1)
+    _run_until(worker, lambda: store.failure("odd") is not None)
+    failure = store.failure("odd")
+    assert failure is not None and "NaN" in failure.text and not store.state("odd").done
+
+
+def test_a_function_whose_lease_is_lost_sees_it_and_its_result_is_not_stored(store: JobStore) -> None:
+    started, saw_loss = threading.Event(), threading.Event()
+
+    def function(job: Job) -> str:
+        started.set()
+        if job.lost.wait(20.0):
+            saw_loss.set()
+        with pytest.raises(LeaseLost):
+            job.check()
+        return "stale"
+
+    store.enqueue("slow")
+    worker = Worker(store, function, ttl=TTL)
+    [thread] = _running(worker)
+    try:
+        assert started.wait(20.0)
+        assert store.revoke("slow")  # an operator takes the job away: the next renewal is refused
+        lease = store.claim("slow", "someone-else", ttl=30.0)
+        assert lease is not None
+        assert saw_loss.wait(20.0)
+        _until(lambda: not worker.running)
+        assert store.complete(lease, "fresh")
+    finally:
+        worker.stop()
+        thread.join(30.0)
+    assert store.state("slow").result == "fresh"
+
+
+def test_a_function_may_complete_its_job_in_its_own_transaction(store: JobStore, engine: Engine) -> None:
+    orders = Table("wk_orders", MetaData(), Column("id", String(40), primary_key=True), Column("n", Integer))
+    orders.create(engine, checkfirst=True)
+    try:
+
+        def function(job: Job) -> None:
+            with job.completing({"stored": True}) as conn:
+                conn.execute(orders.insert().values(id=job.job_id, n=job.payload))
+
+        store.enqueue("o-1", payload=7)
+        worker = Worker(store, function, ttl=TTL)
+        _run_until(worker, lambda: store.state("o-1").done)
+        assert json.loads(store.state("o-1").result) == {"stored": True}
+        with engine.connect() as conn:
+            assert conn.execute(select(orders.c.n)).all() == [(7,)]
+    finally:
+        orders.drop(engine)
+
+
+def test_concurrency_runs_that_many_jobs_at_once(store: JobStore) -> None:
+    together = threading.Barrier(3, timeout=20.0)
+
+    def function(job: Job) -> str:
+        together.wait()  # only three jobs running at once get past this
+        return "ok"
+
+    for i in range(6):
+        store.enqueue(f"j{i}")
+    worker = Worker(store, function, concurrency=3, ttl=TTL)
+    _run_until(worker, lambda: all(store.state(f"j{i}").done for i in range(6)))
+    assert not together.broken
+
+
+def test_stop_lets_a_running_job_finish_within_drain(store: JobStore) -> None:
+    started, go_on = threading.Event(), threading.Event()
+
+    def function(job: Job) -> str:
+        started.set()
+        go_on.wait(20.0)
+        return "finished"
+
+    store.enqueue("long")
+    store.enqueue("later", ready_at=time.time() + 3600)
+    worker = Worker(store, function, ttl=TTL, drain=20.0)
+    [thread] = _running(worker)
+    assert started.wait(20.0)
+    worker.stop()
+    time.sleep(TTL)  # past one ttl: the heartbeat keeps the lease while it drains
+    assert store.holder("long") is not None
+    go_on.set()
+    thread.join(30.0)
+    assert not thread.is_alive()
+    assert store.state("long").result == "finished"
+
+
+def test_a_job_still_running_at_the_drain_deadline_is_handed_back(store: JobStore) -> None:
+    started, released = threading.Event(), threading.Event()
+
+    def function(job: Job) -> str:
+        started.set()
+        if job.lost.wait(30.0):
+            released.set()
+        return "too late"
+
+    store.enqueue("stuck")
+    worker = Worker(store, function, ttl=TTL, drain=0.5)
+    [thread] = _running(worker)
+    assert started.wait(20.0)
+    stopped = time.monotonic()
+    worker.stop()
+    _until(lambda: store.holder("stuck") is None)
+    assert time.monotonic() - stopped < 0.5 + TTL / 3 + 2.0  # the deadline plus one heartbeat
+    assert released.wait(20.0)
+    thread.join(30.0)
+    lease = store.claim("stuck", "next-worker", ttl=30.0)  # at once: handed back, not expired
+    assert lease is not None and lease.fence == 2
+    assert store.complete(lease, "done by the next")
+    assert store.state("stuck").result == "done by the next"
+
+
+def test_stop_now_hands_back_at_once(store: JobStore) -> None:
+    started = threading.Event()
+
+    def function(job: Job) -> None:
+        started.set()
+        job.lost.wait(30.0)
+
+    store.enqueue("now")
+    worker = Worker(store, function, ttl=TTL, drain=60.0)
+    [thread] = _running(worker)
+    assert started.wait(20.0)
+    worker.stop(now=True)
+    thread.join(10.0)
+    assert not thread.is_alive() and store.holder("now") is None
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error", "says"),
+    [
+        ({"concurrency": 0}, InvalidArgument, "concurrency"),
+        ({"concurrency": 1.5}, InvalidArgumentType, "concurrency"),
+        ({"ttl": 0}, InvalidArgument, "ttl must be a finite number of seconds > 0, got 0"),
+        ({"ttl": "30"}, InvalidArgumentType, "ttl must be a number of seconds, got str '30'"),
+        ({"max_attempts": 0}, InvalidArgument, "max_attempts"),
+        ({"retry_delay": -1}, InvalidArgument, "retry_delay must be a finite number of seconds >= 0"),
+        ({"drain": float("inf")}, InvalidArgument, "drain must be a finite number of seconds >= 0"),
+        ({"owner": 5}, InvalidArgumentType, "owner"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_runs(
+    store: JobStore, arguments: dict[str, Any], error: type[Exception], says: str
+) -> None:
+    store.enqueue("untouched")
+    with pytest.raises(error, match=says):
+        Worker(store, lambda job: None, **arguments)
+    with pytest.raises(InvalidArgumentType, match="function must be callable"):
+        Worker(store, "not a function")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentType, match=r"store must be a fencing\.JobStore"):
+        Worker(object(), lambda job: None)  # type: ignore[arg-type]
+    assert store.holder("untouched") is None and store.state("untouched").fence == 0
+
+
+def test_each_job_costs_one_transaction_and_no_renewal(
+    store: JobStore, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    commits: list[object] = []
+    renewals: list[object] = []
+    renew = store.renew
+    monkeypatch.setattr(store, "renew", lambda *a, **k: renewals.append(a) or renew(*a, **k))
+    for i in range(20):
+        store.enqueue(f"r{i}")
+    ran: list[int] = []  # the commits so far, as each job runs
+    worker = Worker(store, lambda job: ran.append(len(commits)), ttl=30.0)
+    counted = commits.append
+    event.listen(engine, "commit", counted)
+    try:
+        _run_until(worker, lambda: len(ran) == 20)  # (a stopping slot still stores its last job)
+    finally:
+        event.remove(engine, "commit", counted)
+    assert all(store.state(f"r{i}").done for i in range(20))
+    # the first claim, then one step per job (its completion and the next claim): the 20th
+    # job runs after 20 commits; its lease needed no renewal to start
+    assert ran[-1] == 20, ran
+    assert renewals == []
+
+
+def test_a_heartbeat_of_a_lease_just_claimed_sends_no_first_renewal(store: JobStore) -> None:
+    from fencing import Heartbeat
+
+    store.enqueue("hb")
+    before = time.monotonic()
+    [lease] = store.claim_next("w", ttl=30.0)
+    with pytest.raises(
+        InvalidArgument, match=r"claimed_at must be time\.monotonic\(\) read before the claim"
+    ):
+        Heartbeat(store, lease, 30.0, claimed_at=time.monotonic() + 60.0)
+    heartbeat = Heartbeat(store, lease, 30.0, claimed_at=before)
+    with heartbeat:
+        assert heartbeat.held and heartbeat.lease is lease  # not renewed: the claim's own lease
+        assert before + 30.0 - 0.01 <= heartbeat.deadline <= before + 30.0
+    assert store.complete(lease, "ok")
