@@ -1,0 +1,136 @@
+"""``fencing worker MODULE:FUNCTION``: run a function for each job (:class:`fencing.Worker`).
+
+The function is imported as ``uvicorn`` and ``celery`` import theirs: ``MODULE`` from the
+current directory (or ``sys.path``), then ``FUNCTION`` (dots allowed: ``tasks:Mailer.send``).
+It is called with a :class:`fencing.Job` (``job.payload`` holds the job's arguments). One line
+per job is logged at INFO on stderr (``--log-level`` to change it). SIGTERM or Ctrl-C drains:
+no new claims, running jobs finish within ``--drain`` seconds, the rest are handed back; a
+second signal hands them back at once. The exit code is 0 once stopped so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .._store.worker import Job, Worker
+from ._database import Database, Failed, add_command
+from ._options import Commands, add_side_tables, at_least, whole
+from ._output import Output
+
+__all__ = ["add_worker", "load_function"]
+
+
+def add_worker(commands: Commands) -> None:
+    parser = add_command(
+        commands,
+        "worker",
+        work,
+        help="run a function for each job, N at a time, until SIGTERM (fencing.Worker)",
+        description="Run MODULE:FUNCTION for each ready job, --concurrency at a time: each job is "
+        "claimed (woken by an enqueue), its lease kept alive while the function runs, and what the "
+        "function returns stored fenced as the job's result (a str as it is, anything else as "
+        "JSON). A function that raises is retried with backoff and its traceback kept in the "
+        "failures table; the attempt at --max-attempts leaves the job poisoned. SIGTERM or Ctrl-C "
+        "drains (running jobs finish within --drain seconds, the rest are handed back); a second "
+        "signal hands back at once.",
+    )
+    parser.add_argument(
+        "function",
+        metavar="MODULE:FUNCTION",
+        help="the function to call with each fencing.Job, imported from the current directory",
+    )
+    parser.add_argument(
+        "--concurrency", type=whole(1, 1024), default=1, metavar="N", help="jobs at once (%(default)s)"
+    )
+    parser.add_argument(
+        "--ttl",
+        type=at_least(0.05),
+        default=30.0,
+        metavar="SECONDS",
+        help="each lease's length (%(default)g)",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=whole(1, 1_000_000),
+        default=5,
+        metavar="N",
+        help="claims of a job before it is left poisoned (%(default)s)",
+    )
+    parser.add_argument(
+        "--retry-delay",
+        type=at_least(0.0),
+        default=1.0,
+        metavar="SECONDS",
+        help="a failed job's first retry delay, doubled each attempt (%(default)g)",
+    )
+    parser.add_argument(
+        "--max-retry-delay",
+        type=at_least(0.0),
+        default=300.0,
+        metavar="SECONDS",
+        help="the longest retry delay (%(default)g)",
+    )
+    parser.add_argument(
+        "--drain",
+        type=at_least(0.0),
+        default=30.0,
+        metavar="SECONDS",
+        help="how long running jobs may finish after SIGTERM (%(default)g)",
+    )
+    parser.add_argument("--owner", metavar="NAME", help="the leases' owner (default: host:pid:random)")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="what is logged on stderr (%(default)s: a line per job)",
+    )
+    add_side_tables(parser)
+
+
+def work(args: argparse.Namespace, db: Database, out: Output) -> int:
+    function = load_function(args.function)
+    store = db.beside(args.payloads_table, args.failures_table)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    worker = Worker(
+        store,
+        function,
+        concurrency=args.concurrency,
+        ttl=args.ttl,
+        max_attempts=args.max_attempts,
+        retry_delay=args.retry_delay,
+        max_retry_delay=args.max_retry_delay,
+        drain=args.drain,
+        owner=args.owner,
+    )
+    worker.run()
+    return 0
+
+
+def load_function(spec: str) -> Callable[[Job], Any]:
+    """``MODULE:FUNCTION``, imported with the current directory on ``sys.path``; a
+    :class:`Failed` that says what is wrong otherwise."""
+    module_name, colon, name = spec.partition(":")
+    if not colon or not module_name or not name:
+        raise Failed(f"the function must be given as MODULE:FUNCTION (tasks:send_email), got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        found: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise Failed(f"cannot import module {module_name!r} (from {os.getcwd()}): {exc}") from None
+    for part in name.split("."):
+        try:
+            found = getattr(found, part)
+        except AttributeError:
+            raise Failed(f"module {module_name!r} has no {name!r}") from None
+    if not callable(found):
+        raise Failed(f"{spec} is a {type(found).__name__}, not a function")
+    return found  # type: ignore[no-any-return]

@@ -1,0 +1,150 @@
+"""``fencing worker MODULE:FUNCTION``, as an operator runs it: a process of its own, stopped
+by SIGTERM, on the database under test."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, MetaData
+
+from fencing import JobStore, failures_table, jobs_table, payloads_table
+
+pytestmark = pytest.mark.slow  # worker processes: once per database
+
+TASKS = """
+import time
+
+def double(job):
+    return {"twice": job.payload["n"] * 2}
+
+def slow(job):
+    time.sleep(float(job.payload))
+    return "finished"
+
+def stuck(job):
+    job.lost.wait(120)
+    return "too late"
+
+def fails(job):
+    raise RuntimeError("the printer is on fire")
+"""
+
+
+@pytest.fixture
+def store(engine: Engine) -> JobStore:
+    metadata = MetaData()
+    store = JobStore(
+        engine,
+        jobs_table(metadata),
+        payloads=payloads_table(metadata),
+        failures=failures_table(metadata),
+    )
+    store.create_table()
+    return store
+
+
+def _worker(tmp_path: Path, target: str, function: str, *args: str) -> subprocess.Popen[str]:
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(TASKS))
+    return subprocess.Popen(
+        [sys.executable, "-m", "fencing", "worker", f"tasks:{function}", "--url", target, *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
+    ends = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < ends, "timed out"
+        time.sleep(0.05)
+
+
+def _stopped(process: subprocess.Popen[str], *signals: int) -> tuple[int, str]:
+    for signum in signals:
+        process.send_signal(signum)
+        time.sleep(0.3)
+    _, err = process.communicate(timeout=60)
+    return process.returncode, err
+
+
+def test_it_runs_each_job_and_stops_on_sigterm(tmp_path: Path, target: str, store: JobStore) -> None:
+    for i in range(6):
+        store.enqueue(f"j{i}", payload={"n": i})
+    process = _worker(tmp_path, target, "double", "--concurrency", "2")
+    try:
+        _until(lambda: all(store.state(f"j{i}").done for i in range(6)))
+    finally:
+        code, err = _stopped(process, signal.SIGTERM)
+    assert code == 0, err
+    assert json.loads(store.state("j5").result) == {"twice": 10}
+    assert err.count("ran in") == 6  # a line per job at INFO
+    assert "SIGTERM: draining" in err and "stopped" in err
+
+
+def test_sigterm_lets_the_running_job_finish(tmp_path: Path, target: str, store: JobStore) -> None:
+    store.enqueue("long", payload=2.0)
+    process = _worker(tmp_path, target, "slow", "--drain", "30")
+    _until(lambda: store.holder("long") is not None)
+    code, err = _stopped(process, signal.SIGTERM)
+    assert code == 0, err
+    assert store.state("long").result == "finished"
+
+
+def test_a_second_sigterm_hands_the_job_back_at_once(tmp_path: Path, target: str, store: JobStore) -> None:
+    store.enqueue("stuck")
+    process = _worker(tmp_path, target, "stuck", "--drain", "60", "--ttl", "60")
+    _until(lambda: store.holder("stuck") is not None)
+    started = time.monotonic()
+    code, err = _stopped(process, signal.SIGTERM, signal.SIGTERM)
+    assert code == 0, err
+    assert time.monotonic() - started < 30.0  # not the drain's 60 s, nor the lease's
+    assert store.holder("stuck") is None and not store.state("stuck").done
+    assert "handed back" in err
+
+
+def test_a_failure_is_kept_with_its_traceback(tmp_path: Path, target: str, store: JobStore) -> None:
+    store.enqueue("print")
+    process = _worker(tmp_path, target, "fails", "--max-attempts", "1")
+    try:
+        _until(lambda: store.failure("print") is not None)
+    finally:
+        code, err = _stopped(process, signal.SIGTERM)
+    failure = store.failure("print")
+    assert failure is not None and "RuntimeError: the printer is on fire" in failure.text
+    assert 'tasks.py", line' in failure.text
+    assert "poisoned" in err and code == 0
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("tasks", "the function must be given as MODULE:FUNCTION (tasks:send_email), got 'tasks'"),
+        ("no_such_module:f", "cannot import module 'no_such_module'"),
+        ("tasks:nothing", "module 'tasks' has no 'nothing'"),
+        ("tasks:time", "tasks:time is a module, not a function"),
+    ],
+)
+def test_a_function_it_cannot_find_is_an_error(
+    tmp_path: Path, target: str, store: JobStore, spec: str, says: str
+) -> None:
+    store.enqueue("untouched")
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(TASKS))
+    ran = subprocess.run(
+        [sys.executable, "-m", "fencing", "worker", spec, "--url", target],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1 and says in ran.stderr and "Traceback" not in ran.stderr
+    assert store.holder("untouched") is None and store.state("untouched").fence == 0
