@@ -26,10 +26,15 @@ enqueueing into PostgreSQL as the store did before notifications (never asking),
 listening (the enqueue that asks finds nobody; the next ones within 0.1 s ask nothing), and
 with a worker waiting (every enqueue notifies), as jobs/s and as ratios to the first.
 
+``--throughput`` drains ``--jobs`` no-op jobs, enqueued beforehand, with ``--processes``
+processes of ``fencing.Worker`` of ``--concurrency`` slots each (Graphile Worker's perfTest
+shape): jobs/s from the workers' start to the last completion.
+
 Run::
 
     python benchmarks/workers.py --backends sqlite postgresql mariadb --jobs 1000
     python benchmarks/workers.py --notify-cost
+    python benchmarks/workers.py --throughput --jobs 20000 --processes 4 --concurrency 8
 """
 
 from __future__ import annotations
@@ -136,6 +141,42 @@ def summary(latencies: list[float]) -> str:
     return f"p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms   max {ms[-1]:7.2f} ms"
 
 
+def drain(backend: str, directory: str, count: int, processes: int, concurrency: int) -> float:
+    """``count`` no-op jobs, enqueued beforehand (not timed), drained by ``processes`` processes
+    of ``fencing.Worker`` with ``concurrency`` slots each: jobs/s from their start to the last
+    job's completion."""
+    fresh(backend, directory)
+    engine = engine_for(backend, directory)
+    store = store_for(engine)
+    with engine.begin() as conn:
+        for i in range(count):
+            store.enqueue(f"job-{i:07d}", ready_at=0, conn=conn)
+    context = multiprocessing.get_context("spawn")
+    started = time.monotonic()
+    workers = [
+        context.Process(target=run_worker, args=(backend, directory, concurrency)) for _ in range(processes)
+    ]
+    for worker in workers:
+        worker.start()
+    done = sa.select(sa.func.count()).select_from(store._ctx.table).where(store._ctx.table.c.done == 1)
+    while True:
+        with engine.connect() as conn:
+            if conn.execute(done).scalar_one() >= count:
+                break
+        time.sleep(0.05)
+    took = time.monotonic() - started
+    for worker in workers:
+        worker.terminate()
+        worker.join(30)
+    engine.dispose()
+    return count / took
+
+
+def run_worker(backend: str, directory: str, concurrency: int) -> None:
+    engine = engine_for(backend, directory)
+    fencing.Worker(store_for(engine), lambda job: None, concurrency=concurrency, ttl=30.0).run()
+
+
 def notify_cost(seconds: float) -> None:
     engine = sa.create_engine(URLS["postgresql"], pool_size=10)
     table = fencing.jobs_table(sa.MetaData(), TABLE)
@@ -185,10 +226,20 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--gap", type=float, default=0.1)
     parser.add_argument("--notify-cost", action="store_true")
+    parser.add_argument("--throughput", action="store_true", help="drain --jobs with Worker processes")
+    parser.add_argument("--processes", type=int, default=4)
+    parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
     if args.notify_cost:
         notify_cost(args.seconds)
+        return
+    if args.throughput:
+        with tempfile.TemporaryDirectory() as directory:
+            for backend in args.backends:
+                rate = drain(backend, directory, args.jobs, args.processes, args.concurrency)
+                print(f"{backend:10} fencing.Worker, {args.processes} processes x {args.concurrency} slots, "
+                      f"{args.jobs} no-op jobs: {rate:8.0f} jobs/s", flush=True)  # fmt: skip
         return
     with tempfile.TemporaryDirectory() as directory:
         for backend in args.backends:

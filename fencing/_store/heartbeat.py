@@ -37,14 +37,51 @@ asyncio task, awaiting an async store.
 
 from __future__ import annotations
 
+import queue
 import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from .._errors import LeaseLost
 from .rules import LeaseKeeper, LeaseReckoning, logger
 from .steps import drive
 
-__all__ = ["Heartbeat", "LeaseKeeper", "LeaseLost"]
+__all__ = ["Heartbeat", "Keeper", "LeaseKeeper", "LeaseLost"]
+
+
+class Keeper:
+    """One daemon thread that runs heartbeats one after the other (:meth:`Heartbeat._start_kept`):
+    :meth:`run` hands it the next, :meth:`join` waits until that one has ended."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._todo: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread: threading.Thread | None = None
+
+    def run(self, target: Callable[[], None]) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+            self._thread.start()
+        self._idle.clear()
+        self._todo.put(target)
+
+    def join(self, timeout: float | None = None) -> None:
+        if threading.current_thread() is not self._thread:  # (a heartbeat's on_lost stopping it)
+            self._idle.wait(timeout)
+
+    def close(self) -> None:
+        """End the thread once it is idle (the one it runs, if any, goes on to its end)."""
+        if self._thread is not None:
+            self._todo.put(None)
+
+    def _loop(self) -> None:
+        while (target := self._todo.get()) is not None:
+            try:
+                target()  # a heartbeat's _run: it reports its own failures
+            finally:
+                self._idle.set()
 
 
 class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
@@ -73,7 +110,7 @@ class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
     renewal (the worker runtime's way: one round trip per job).
     """
 
-    _thread: threading.Thread | None = None  # once started
+    _thread: threading.Thread | Keeper | None = None  # once started
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -93,6 +130,14 @@ class Heartbeat(LeaseReckoning[LeaseKeeper, threading.Event]):
         except BaseException:
             self._forget()
             raise
+        return self
+
+    def _start_kept(self, keeper: Keeper) -> Heartbeat:
+        """:meth:`start`, its renewals carried out by ``keeper``'s thread (a worker slot's,
+        reused job after job: a thread started and joined per job cost 0.8 ms of each)."""
+        drive(self._start_rules())
+        self._thread = keeper
+        keeper.run(self._run)
         return self
 
     def stop(self) -> None:

@@ -51,7 +51,7 @@ from .._errors import InvalidArgument, InvalidArgumentType, LeaseLost
 from .._sql.checks import check_count
 from .._sql.payloads import encode_payload
 from .._sql.values import Lease
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, Keeper
 from .jobstore import JobStore
 
 __all__ = ["Job", "Worker"]
@@ -242,6 +242,13 @@ class Worker:
     # -- a slot --------------------------------------------------------------------------------
 
     def _slot(self, owner: str) -> None:
+        keeper = Keeper(f"fencing-heartbeat-{owner:.40}")
+        try:
+            self._work(owner, keeper)
+        finally:
+            keeper.close()
+
+    def _work(self, owner: str, keeper: Keeper) -> None:
         store = self.store
         leases: list[Lease] = []
         claimed_at = 0.0  # time.monotonic() before the claim that returned ``leases``
@@ -261,7 +268,7 @@ class Worker:
                     self._stopping.wait(IDLE_WAIT)
                 continue
             [lease] = leases
-            completion = self._run_one(lease, claimed_at)
+            completion = self._run_one(lease, claimed_at, keeper)
             leases = []
             if completion is None:
                 continue
@@ -278,7 +285,7 @@ class Worker:
                 continue
             self._judged(completion[0], accepted[0])
 
-    def _run_one(self, lease: Lease, claimed_at: float) -> tuple[Lease, str | None] | None:
+    def _run_one(self, lease: Lease, claimed_at: float, keeper: Keeper) -> tuple[Lease, str | None] | None:
         """Run the function for ``lease``'s job; the completion to store, or ``None`` (failed,
         lost, handed back or completed by the function itself: nothing more to store)."""
         lost = threading.Event()
@@ -292,7 +299,7 @@ class Worker:
         )
         job = Job(self.store, heartbeat, lost)
         try:
-            heartbeat.start()
+            heartbeat._start_kept(keeper)
         except LeaseLost:
             logger.warning("job %r: lease lost before it started", lease.job_id)
             return None
