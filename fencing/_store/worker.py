@@ -232,12 +232,14 @@ class Worker:
         job.lost.set()
         heartbeat.stop()
         if heartbeat.held:
-            released = self.store.release(heartbeat.lease)
-            logger.warning(
-                "job %r handed back (attempt %d): %s", job.job_id, job.attempt,
-                "another worker may start it now" if released else f"the release was refused: {released}",
-                extra={"job_id": job.job_id, "fence": job.attempt},
-            )  # fmt: skip
+            self._handed_back(heartbeat.lease, self.store.release(heartbeat.lease), "still running")
+
+    def _handed_back(self, lease: Lease, released: object, when: str) -> None:
+        logger.warning(
+            "job %r handed back %s (attempt %d): %s", lease.job_id, when, lease.fence,
+            "another worker may start it now" if released else f"the release was refused: {released}",
+            extra={"job_id": lease.job_id, "fence": lease.fence},
+        )  # fmt: skip
 
     # -- a slot --------------------------------------------------------------------------------
 
@@ -254,8 +256,8 @@ class Worker:
         claimed_at = 0.0  # time.monotonic() before the claim that returned ``leases``
         while True:
             if self._stopping.is_set():
-                for lease in leases:  # claimed as it stopped: back at once
-                    store.release(lease)
+                for lease in leases:  # claimed as it stopped: back at once, never started
+                    self._handed_back(lease, store.release(lease), "before it started")
                 return
             if not leases:
                 claimed_at = time.monotonic()
@@ -303,8 +305,14 @@ class Worker:
         except LeaseLost:
             logger.warning("job %r: lease lost before it started", lease.job_id)
             return None
-        with self._lock:
-            self._running[lease.job_id] = (job, heartbeat)
+        with self._lock:  # stopping: what the drain does not see running it never starts
+            stopping = self._stopping.is_set()
+            if not stopping:
+                self._running[lease.job_id] = (job, heartbeat)
+        if stopping:
+            heartbeat.stop()
+            self._handed_back(lease, self.store.release(lease), "before it started")
+            return None
         started = time.perf_counter()
         try:
             value = self.function(job)
