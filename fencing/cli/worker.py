@@ -25,6 +25,19 @@ from ._output import Output
 
 __all__ = ["add_worker", "load_function"]
 
+#: the options that count: flag, default, most, what it is
+_COUNTS = (
+    ("--concurrency", 1, 1024, "jobs at once"),
+    ("--max-attempts", 5, 1_000_000, "claims of a job before it is left poisoned"),
+)
+#: the options in seconds: flag, least, default, what it is
+_SECONDS = (
+    ("--ttl", 0.05, 30.0, "each lease's length"),
+    ("--retry-delay", 0.0, 1.0, "a failed job's first retry delay, doubled each attempt"),
+    ("--max-retry-delay", 0.0, 300.0, "the longest retry delay"),
+    ("--drain", 0.0, 30.0, "how long running jobs may finish after SIGTERM"),
+)
+
 
 def add_worker(commands: Commands) -> None:
     parser = add_command(
@@ -45,44 +58,14 @@ def add_worker(commands: Commands) -> None:
         metavar="MODULE:FUNCTION",
         help="the function to call with each fencing.Job, imported from the current directory",
     )
-    parser.add_argument(
-        "--concurrency", type=whole(1, 1024), default=1, metavar="N", help="jobs at once (%(default)s)"
-    )
-    parser.add_argument(
-        "--ttl",
-        type=at_least(0.05),
-        default=30.0,
-        metavar="SECONDS",
-        help="each lease's length (%(default)g)",
-    )
-    parser.add_argument(
-        "--max-attempts",
-        type=whole(1, 1_000_000),
-        default=5,
-        metavar="N",
-        help="claims of a job before it is left poisoned (%(default)s)",
-    )
-    parser.add_argument(
-        "--retry-delay",
-        type=at_least(0.0),
-        default=1.0,
-        metavar="SECONDS",
-        help="a failed job's first retry delay, doubled each attempt (%(default)g)",
-    )
-    parser.add_argument(
-        "--max-retry-delay",
-        type=at_least(0.0),
-        default=300.0,
-        metavar="SECONDS",
-        help="the longest retry delay (%(default)g)",
-    )
-    parser.add_argument(
-        "--drain",
-        type=at_least(0.0),
-        default=30.0,
-        metavar="SECONDS",
-        help="how long running jobs may finish after SIGTERM (%(default)g)",
-    )
+    for flag, default, most, what in _COUNTS:
+        count = whole(1, most)
+        parser.add_argument(flag, type=count, default=default, metavar="N", help=f"{what} (%(default)s)")
+    for name, least, initial, said in _SECONDS:
+        seconds = at_least(least)
+        parser.add_argument(
+            name, type=seconds, default=initial, metavar="SECONDS", help=f"{said} (%(default)g)"
+        )
     parser.add_argument("--owner", metavar="NAME", help="the leases' owner (default: host:pid:random)")
     parser.add_argument(
         "--log-level",
