@@ -317,12 +317,10 @@ class Worker:
         try:
             value = self.function(job)
             result = None if job.completed else _as_result(value)
-        except BaseException as exc:
+        except BaseException as exc:  # SystemExit too: a slot that died of it would be lost silently
             heartbeat.stop()
             self._forget(job)
             self._failed(job, heartbeat, exc, time.perf_counter() - started)
-            if not isinstance(exc, Exception):
-                raise
             return None
         heartbeat.stop()
         self._forget(job)

@@ -118,6 +118,20 @@ def test_a_failure_is_retried_with_backoff_and_its_reason_kept_then_poisoned(sto
     assert not store.state("pay").done
 
 
+def test_a_function_that_exits_fails_its_job_and_the_slot_goes_on(store: JobStore) -> None:
+    def function(job: Job) -> str:
+        if job.job_id == "exits":
+            raise SystemExit(3)
+        return "ok"
+
+    store.enqueue("exits")
+    store.enqueue("after", ready_at=time.time() + 0.5)
+    worker = Worker(store, function, ttl=TTL, max_attempts=1)
+    _run_until(worker, lambda: store.state("after").done)
+    failure = store.failure("exits")
+    assert failure is not None and "SystemExit: 3" in failure.text
+
+
 def test_a_result_that_is_not_json_fails_the_job_and_says_why(store: JobStore) -> None:
     store.enqueue("odd")
     worker = Worker(store, lambda job: {"x": float("nan")}, ttl=TTL, max_attempts=1)
