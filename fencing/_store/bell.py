@@ -24,14 +24,11 @@ it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import threading
 from typing import Any
 
-from .._runtime import bridge
 from .._runtime.holds import Key
-from .wakeups import Listener, _TaskListener, _ThreadListener
+from .wakeups import Listener, listener_here
 
 __all__ = ["Subscription", "ever_waited", "listen", "ring"]
 
@@ -45,8 +42,6 @@ class Subscription:
     def __init__(self, bell: _Bell, listener: Listener) -> None:
         self._bell = bell
         self.listener = listener
-        #: where its event is set from another thread: the waiting task's loop, if a task waits
-        self.loop = asyncio.get_running_loop() if bridge.in_bridge() else None
 
     def wait(self, seconds: float) -> bool:
         return self.listener.wait(seconds)
@@ -55,11 +50,7 @@ class Subscription:
         return await self.listener.wait_async(seconds)
 
     def rung(self) -> None:
-        if self.loop is None:
-            self.listener._freed()
-            return
-        with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there any more
-            self.loop.call_soon_threadsafe(self.listener._freed)
+        self.listener._freed()  # from any thread: a task's listener sets its event on its loop
 
     def close(self) -> None:
         self._bell.leave(self)
@@ -111,9 +102,7 @@ def listen(key: Key, heard: Listener | None = None) -> Subscription:
         bell = _BELLS.get(key)
         if bell is None:
             bell = _BELLS[key] = _Bell()
-    if heard is None:
-        heard = _TaskListener(_OWN, "", "") if bridge.in_bridge() else _ThreadListener(_OWN, "", "")
-    return bell.join(heard)
+    return bell.join(heard or listener_here(_OWN, "", ""))
 
 
 def ever_waited() -> bool:

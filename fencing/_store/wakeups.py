@@ -157,9 +157,13 @@ class _ThreadListener(Listener):
 
 
 class _TaskListener(Listener):
+    """A waiting task's subscription, woken from any thread (a listener's, the bell's, the
+    loop's own): its event is set on its loop."""
+
     def __init__(self, hub: Any, channel: str, name: str) -> None:
         super().__init__(hub, channel, name)
         self._event = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
 
     async def wait_async(self, seconds: float) -> bool:
         try:
@@ -170,19 +174,15 @@ class _TaskListener(Listener):
         return True
 
     def _freed(self) -> None:
-        self._event.set()
-
-
-class _LoopListener(_TaskListener):
-    """A waiting task's subscription, woken from any thread: its event is set on its loop."""
-
-    def __init__(self, hub: Any, channel: str, name: str) -> None:
-        super().__init__(hub, channel, name)
-        self._loop = asyncio.get_running_loop()
-
-    def _freed(self) -> None:
         with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits there any more
             self._loop.call_soon_threadsafe(self._event.set)
+
+
+def listener_here(hub: Any, channel: str, name: str) -> Listener:
+    """A subscription for the waiter calling: a thread's, or on the async front (inside
+    asyncio's bridge) a task's on the running loop."""
+    kind = _TaskListener if bridge.in_bridge() else _ThreadListener
+    return kind(hub, channel, name)
 
 
 class _Waiters:
@@ -476,9 +476,7 @@ class _FileWatch(_Daemon):
         self._path = path
 
     def _listener(self, channel: str, name: str) -> Listener:
-        return (
-            _LoopListener(self, channel, name) if bridge.in_bridge() else _ThreadListener(self, channel, name)
-        )
+        return listener_here(self, channel, name)
 
     def _run(self) -> None:
         conn: sqlite3.Connection | None = None
