@@ -24,7 +24,6 @@ from .._errors import DatabaseError, InvalidArgument, InvalidArgumentType
 from .._runtime import events
 from .._runtime.execution import CallerConnection, Executor
 from .._runtime.refusals import judge, never_current
-from .._sql.channels import channel_of
 from .._sql.checks import FENCE_MAX, check_count, check_until, check_wait, fence_can_match
 from .._sql.payloads import decode_payload, payload_of
 from .._sql.statements import COMPLETE_CHUNK, Statements, batch_size
@@ -175,17 +174,16 @@ class WorkerBatches:
         leases = yield Send(lambda: self._claim_now(claim, max_attempts, None), local=True, undo=give_back)
         if leases:  # a busy worker claims without listening (no one notifies it meanwhile)
             return leases  # type: ignore[no-any-return]
-        channel = channel_of(ctx.table)
 
         def subscribe() -> bell.Subscription:  # and claim again, for a job made ready meanwhile
-            return bell.listen(key, wakeups.listen(ctx.engine, channel, ""))
+            return bell.listen(key, wakeups.listen(ctx.engine, ctx.channel, ""))
 
         listener = yield Send(subscribe, local=True, undo=lambda late: late.close())
         # SQLite: a claim takes the database's write lock, and every other connection's commit
         # wakes the waiter (the file's watcher): it reads whether a job is due before it claims
         look_first = ctx.plan.locks_whole_database
         try:
-            due: float | None = 0.0
+            due: float | None = 0.0  # seconds until the first job comes due, as last read
             while True:
                 if due is not None and due <= 0:
                     leases = yield Send(
@@ -193,11 +191,11 @@ class WorkerBatches:
                     )
                     if leases:
                         break
+                    due = yield Send(due_in, local=True)
                 pause = backoff.pause()
                 if pause is None:
                     leases = []
                     break
-                due = yield Send(due_in, local=True)
                 if due is not None and due > 0:  # the next job's time, if it comes first
                     pause = min(pause, due + ctx.plan.clock_resolution)
                 yield Wait(time.monotonic() + pause, wake=listener)

@@ -32,6 +32,7 @@ from .._runtime import events, holds, identity
 from .._runtime.execution import CallerConnection, CoreExecutor, Executor, Runner
 from .._runtime.metrics import StoreMetrics
 from .._runtime.refusals import judge, report
+from .._sql.channels import channel_of
 from .._sql.checks import (
     check_database_ttl,
     check_fence,
@@ -245,8 +246,10 @@ class JobsContext(Context):
         #: transactions of the store's own (:meth:`record_late`)
         self.late = Background(self.write_late, "history write")
         self._late: collections.deque[tuple[Refusal, Clock]] = collections.deque()
-        #: whether an enqueue tells other processes' waiting claims (PostgreSQL)
+        #: whether an enqueue tells other processes' waiting claims (PostgreSQL), and on which
+        #: channel they listen
         self.announcer = Announcer()
+        self.channel = channel_of(table)
         #: the dialect's insert of a new job (the plan's upsert)
         self.enqueue = self.plan.enqueue(self.errors, self.announcer)
         #: the same with the job's payload, and whether that is one statement
