@@ -354,14 +354,13 @@ class Worker:
             logger.warning("job %r: its result was refused: %s", lease.job_id, accepted)
 
     def _failed(self, job: Job, heartbeat: Heartbeat, exc: BaseException, took: float) -> None:
-        text = _failure_text(exc)
-        last = job.attempt >= self.max_attempts
-        delay = None if last else self._retry_delay(job.attempt)
         if job.lost.is_set():
             logger.warning("job %r failed after its lease was lost: %r (not recorded)", job.job_id, exc)
             return
+        last = job.attempt >= self.max_attempts
+        delay = None if last else self._retry_delay(job.attempt)
         try:
-            failure = text if self._keeps_failures else None
+            failure = _failure_text(exc) if self._keeps_failures else None  # (a store without: the log only)
             released = self.store.release(heartbeat.lease, delay=delay, failure=failure)
         except Exception:
             logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)

@@ -13,7 +13,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -54,10 +54,28 @@ def quick_idle(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_module, "IDLE_WAIT", 0.2)  # a stopped worker's idle slots end soon
 
 
-def _running(worker: Worker) -> Iterator[threading.Thread]:
+def _running(worker: Worker) -> threading.Thread:
     thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False})
     thread.start()
-    return iter([thread])
+    return thread
+
+
+class _WaitsForLoss:
+    """A job function that says it started, then waits (30 s at most) for its job's loss (the
+    lease lost, or the job handed back), says whether it saw it and whether ``job.check()``
+    then raised ``LeaseLost``, and returns ``returns``."""
+
+    def __init__(self, returns: str | None = None) -> None:
+        self.returns = returns
+        self.started, self.saw_loss = threading.Event(), threading.Event()
+
+    def __call__(self, job: Job) -> str | None:
+        self.started.set()
+        if job.lost.wait(30.0):
+            with pytest.raises(LeaseLost):
+                job.check()
+            self.saw_loss.set()
+        return self.returns
 
 
 def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
@@ -68,7 +86,7 @@ def _until(condition: Callable[[], bool], timeout: float = 30.0) -> None:
 
 
 def _run_until(worker: Worker, condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    [thread] = _running(worker)
+    thread = _running(worker)
     try:
         _until(condition, timeout)
     finally:
@@ -141,25 +159,16 @@ def test_a_result_that_is_not_json_fails_the_job_and_says_why(store: JobStore) -
 
 
 def test_a_function_whose_lease_is_lost_sees_it_and_its_result_is_not_stored(store: JobStore) -> None:
-    started, saw_loss = threading.Event(), threading.Event()
-
-    def function(job: Job) -> str:
-        started.set()
-        if job.lost.wait(20.0):
-            saw_loss.set()
-        with pytest.raises(LeaseLost):
-            job.check()
-        return "stale"
-
+    function = _WaitsForLoss(returns="stale")
     store.enqueue("slow")
     worker = Worker(store, function, ttl=TTL)
-    [thread] = _running(worker)
+    thread = _running(worker)
     try:
-        assert started.wait(20.0)
+        assert function.started.wait(20.0)
         assert store.revoke("slow")  # an operator takes the job away: the next renewal is refused
         lease = store.claim("slow", "someone-else", ttl=30.0)
         assert lease is not None
-        assert saw_loss.wait(20.0)
+        assert function.saw_loss.wait(20.0)
         _until(lambda: not worker.running)
         assert store.complete(lease, "fresh")
     finally:
@@ -212,7 +221,7 @@ def test_stop_lets_a_running_job_finish_within_drain(store: JobStore) -> None:
     store.enqueue("long")
     store.enqueue("later", ready_at=time.time() + 3600)
     worker = Worker(store, function, ttl=TTL, drain=20.0)
-    [thread] = _running(worker)
+    thread = _running(worker)
     assert started.wait(20.0)
     worker.stop()
     time.sleep(TTL)  # past one ttl: the heartbeat keeps the lease while it drains
@@ -224,23 +233,16 @@ def test_stop_lets_a_running_job_finish_within_drain(store: JobStore) -> None:
 
 
 def test_a_job_still_running_at_the_drain_deadline_is_handed_back(store: JobStore) -> None:
-    started, released = threading.Event(), threading.Event()
-
-    def function(job: Job) -> str:
-        started.set()
-        if job.lost.wait(30.0):
-            released.set()
-        return "too late"
-
+    function = _WaitsForLoss(returns="too late")
     store.enqueue("stuck")
     worker = Worker(store, function, ttl=TTL, drain=0.5)
-    [thread] = _running(worker)
-    assert started.wait(20.0)
+    thread = _running(worker)
+    assert function.started.wait(20.0)
     stopped = time.monotonic()
     worker.stop()
     _until(lambda: store.holder("stuck") is None)
     assert time.monotonic() - stopped < 0.5 + TTL / 3 + 2.0  # the deadline plus one heartbeat
-    assert released.wait(20.0)
+    assert function.saw_loss.wait(20.0)
     thread.join(30.0)
     lease = store.claim("stuck", "next-worker", ttl=30.0)  # at once: handed back, not expired
     assert lease is not None and lease.fence == 2
@@ -249,16 +251,11 @@ def test_a_job_still_running_at_the_drain_deadline_is_handed_back(store: JobStor
 
 
 def test_stop_now_hands_back_at_once(store: JobStore) -> None:
-    started = threading.Event()
-
-    def function(job: Job) -> None:
-        started.set()
-        job.lost.wait(30.0)
-
+    function = _WaitsForLoss()
     store.enqueue("now")
     worker = Worker(store, function, ttl=TTL, drain=60.0)
-    [thread] = _running(worker)
-    assert started.wait(20.0)
+    thread = _running(worker)
+    assert function.started.wait(20.0)
     worker.stop(now=True)
     thread.join(10.0)
     assert not thread.is_alive() and store.holder("now") is None
