@@ -35,7 +35,7 @@ from ._sql.attempts import attempts_table
 from ._sql.checks import DATABASE_CLOCK_MIN_TTL
 from ._sql.failures import Failure, failures_table
 from ._sql.payloads import payloads_table
-from ._sql.schema import as_text, jobs, jobs_table, metadata
+from ._sql.schema import as_text, jobs, jobs_table
 from ._sql.values import JobState, Lease
 from ._store.election import Election
 from ._store.heartbeat import Heartbeat
@@ -92,11 +92,26 @@ __all__ = [
     "jobs",
     "jobs_table",
     "locks_table",
-    "metadata",
     "payloads_table",
 ]
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # a name kept for the code that used it, out of the documented surface (one public name
+    # per object: the default table's MetaData is ``fencing.jobs.metadata``)
+    if name == "metadata":
+        import warnings
+
+        warnings.warn(
+            "fencing.metadata is deprecated: use fencing.jobs.metadata (the same MetaData)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return jobs.metadata
+    raise AttributeError(f"module 'fencing' has no attribute {name!r}")
+
 
 # a library logs, the application decides where it goes: nothing reaches stderr unless the
 # application configures logging (urllib3's habit); refused writes are on fencing.refused

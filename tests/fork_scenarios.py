@@ -43,7 +43,7 @@ def prepare(target: str) -> None:
     """Fresh tables: ``JOBS`` ready jobs for both sides to share, and ``held``."""
     engine = engine_for(target)
     try:
-        for metadata in (app_metadata, fencing.metadata, fencing._store.marks.marks_metadata):
+        for metadata in (app_metadata, fencing.jobs.metadata, fencing._store.marks.marks_metadata):
             metadata.drop_all(engine)
         store = JobStore(engine)
         store.create_table()

@@ -73,7 +73,7 @@ def locks_table(metadata: MetaData, name: str = "fencing_locks", *, schema: str 
     return table
 
 
-#: the default locks table, in a ``MetaData`` of its own (``fencing.metadata`` holds the jobs
+#: the default locks table, in a ``MetaData`` of its own (``fencing.jobs.metadata`` holds the jobs
 #: table alone, so ``create_all`` there is unchanged)
 locks_metadata = MetaData()
 locks = locks_table(locks_metadata)

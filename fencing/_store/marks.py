@@ -94,7 +94,7 @@ def idempotency_keys_table(
     )
 
 
-#: the default tables, apart from ``fencing.metadata`` so ``create_all`` there is unchanged
+#: the default tables, apart from ``fencing.jobs.metadata`` so ``create_all`` there is unchanged
 marks_metadata = MetaData()
 fence_marks = fence_marks_table(marks_metadata)
 idempotency_keys = idempotency_keys_table(marks_metadata)

@@ -143,3 +143,13 @@ def test_the_torture_commands_defaults_are_the_harness_own() -> None:
     for field in ("check_heartbeat", "release_rate", "drain", "prefix", "front"):
         assert getattr(args, field) == getattr(defaults, field), field
     assert args.faults.split(",") == list(defaults.faults)
+
+
+def test_a_name_taken_out_of_the_surface_still_works_and_says_what_replaces_it() -> None:
+    said = r"fencing\.metadata is deprecated: use fencing\.jobs\.metadata"
+    with pytest.warns(DeprecationWarning, match=said):
+        kept = fencing.metadata  # type: ignore[attr-defined]
+    assert kept is fencing.jobs.metadata
+    assert "metadata" not in fencing.__all__
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        fencing.no_such_name  # type: ignore[attr-defined]  # noqa: B018

@@ -308,7 +308,7 @@ def test_default_tables_compare_clean_but_for_the_contracts_nullable_id_on_serve
         store.engine.dispose()
     FenceMarks(engine).create_tables()
     assert differences(engine, marks_metadata) == []
-    found = differences(engine, fencing.metadata)
+    found = differences(engine, fencing.jobs.metadata)
     if engine.dialect.name == "sqlite":
         assert found == []  # SQLite reflects `id TEXT PRIMARY KEY` as nullable, as declared
     else:

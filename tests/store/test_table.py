@@ -199,7 +199,7 @@ def test_jobs_table_in_callers_metadata_under_another_name_is_independent(engine
     assert leases.name == "leases"
     assert leases.metadata is md
     assert list(md.tables) == ["leases"]
-    assert list(fencing.metadata.tables) == ["jobs"]
+    assert list(fencing.jobs.metadata.tables) == ["jobs"]
     assert [c.name for c in leases.columns] == [c.name for c in fencing.jobs.columns]
 
     mine = JobStore(engine, leases)
