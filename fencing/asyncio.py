@@ -49,6 +49,7 @@ from ._store.jobstore import JobStore
 from ._store.locks import DEFAULT_POLL, HeldBase, Locks, locks, lost_reporter, report_lost, timed_out
 from ._store.marks import FenceMarks, fence_marks, idempotency_keys
 from ._store.steps import adrive, run, to_its_end
+from ._store.worker_task import AsyncJob, AsyncWorker
 
 __all__ = [
     "AsyncCallerConnection",
@@ -56,8 +57,10 @@ __all__ = [
     "AsyncFenceMarks",
     "AsyncHeartbeat",
     "AsyncHeldLock",
+    "AsyncJob",
     "AsyncJobStore",
     "AsyncLocks",
+    "AsyncWorker",
     "create_sqlite_engine",
 ]
 

@@ -1,4 +1,5 @@
-"""Run a function for each job: the worker runtime, on threads.
+"""Run a function for each job: the worker runtime, on threads (its rules, shared with the
+asyncio front, are :mod:`.worker_rules`).
 
 :class:`Worker` is the loop every user of a lease library otherwise writes, and where the
 duplicate-execution bugs of job queues live: claim, keep the lease alive, run, store the
@@ -34,63 +35,29 @@ stores is refused.
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
-import random
+import inspect
 import signal
-import socket
 import threading
 import time
-import traceback
-import uuid
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 from .._errors import InvalidArgument, InvalidArgumentType, LeaseLost
-from .._sql.checks import check_count
-from .._sql.payloads import encode_payload
 from .._sql.values import Lease
+from . import worker_rules as rules
 from .heartbeat import Heartbeat, Keeper
 from .jobstore import JobStore
+from .worker_rules import COMPLETION_FAILED, JobRules, WorkerRules, as_result, logger
 
 __all__ = ["Job", "Worker"]
 
-logger = logging.getLogger("fencing.worker")
 
-_COMPLETION_FAILED = "job %r: its completion failed (its lease runs out: it runs again)"
-#: the longest a slot's idle claim waits before it looks whether the worker stops (seconds)
-IDLE_WAIT = 1.0
-
-
-class Job:
+class Job(JobRules[threading.Event]):
     """One job as the worker's function sees it: ``job_id``, ``payload`` (its arguments),
     ``attempt`` (its fence: the how-manieth claim of the job), :attr:`lease` (the current one,
     renewed by the worker), ``lost`` (a :class:`threading.Event` set once the lease can no
     longer be vouched for, or the worker handed the job back) and ``store``."""
-
-    def __init__(self, store: JobStore, heartbeat: Heartbeat, lost: threading.Event) -> None:
-        lease = heartbeat.lease
-        self.store = store
-        self.job_id = lease.job_id
-        self.payload: Any = lease.payload
-        self.attempt = lease.fence
-        self._heartbeat = heartbeat
-        #: set once the lease is lost or handed back: stop, nothing will be stored
-        self.lost = lost
-        #: the function completed the job itself (:meth:`completing`)
-        self.completed = False
-
-    @property
-    def lease(self) -> Lease:
-        """The job's lease as last renewed."""
-        return self._heartbeat.lease
-
-    def check(self) -> None:
-        """Raise :class:`~fencing.LeaseLost` if the lease is lost or the job handed back."""
-        if self.lost.is_set():
-            raise LeaseLost(f"job {self.job_id!r}: its lease is lost or the worker handed it back")
-        self._heartbeat.check()
 
     @contextlib.contextmanager
     def completing(self, result: Any = None, *, conn: Any = None) -> Iterator[Any]:
@@ -98,13 +65,13 @@ class Job:
         transaction as the block's own writes (``conn``: yours, or the store's own);
         :class:`~fencing.LeaseLost` and nothing written if the lease is no longer current.
         The worker then stores nothing more for this job."""
-        text = _as_result(result)
+        text = as_result(result)
         with self.store.fenced(self.lease, complete=True, result=text, conn=conn) as connection:
             yield connection
         self.completed = True
 
 
-class Worker:
+class Worker(WorkerRules):
     """Runs ``function(job)`` for each job of ``store``, ``concurrency`` at a time.
 
     ``ttl``: each lease's length (renewed every ``ttl / 3`` while the function runs);
@@ -114,6 +81,9 @@ class Worker:
     leases carry (default: host, process id and a random part), each slot's ``owner-N``.
     Everything is checked here: a bad argument raises before anything runs.
     """
+
+    store: JobStore
+    function: Callable[[Job], Any]
 
     def __init__(
         self,
@@ -128,28 +98,37 @@ class Worker:
         drain: float = 30.0,
         owner: str | None = None,
     ) -> None:
-        if not isinstance(store, JobStore):
-            raise InvalidArgumentType(f"store must be a fencing.JobStore, got {type(store).__name__}")
-        if not callable(function):
-            raise InvalidArgumentType(
-                f"function must be callable, got {type(function).__name__} {function!r}"
-            )
-        self.store = store
-        self.function = function
-        self.concurrency = check_count("concurrency", concurrency)
-        self.max_attempts = check_count("max_attempts", max_attempts)
-        self.ttl = _seconds("ttl", ttl, positive=True)
-        self.retry_delay = _seconds("retry_delay", retry_delay)
-        self.max_retry_delay = _seconds("max_retry_delay", max_retry_delay)
-        self.drain = _seconds("drain", drain)
-        owner = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.owner = store.check_key(owner, name="owner")
-        self._keeps_failures = store._ctx.failures is not None
+        super().__init__(
+            store,
+            function,
+            concurrency=concurrency,
+            ttl=ttl,
+            max_attempts=max_attempts,
+            retry_delay=retry_delay,
+            max_retry_delay=max_retry_delay,
+            drain=drain,
+            owner=owner,
+        )
         self._stopping = threading.Event()
         self._hand_back = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, tuple[Job, Heartbeat]] = {}
         self._slots: list[threading.Thread] = []
+
+    def _check_store(self, store: object) -> None:
+        if not isinstance(store, JobStore):
+            hint = " (an async store: use fencing.asyncio.AsyncWorker)"
+            hint = hint if hasattr(store, "sync_store") else ""
+            raise InvalidArgumentType(f"store must be a fencing.JobStore, got {type(store).__name__}{hint}")
+
+    def _check_function(self, function: object) -> None:
+        super()._check_function(function)
+        call = getattr(function, "__call__", None)  # noqa: B004 - an object with async __call__
+        if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call):
+            name = getattr(function, "__name__", type(function).__name__)
+            raise InvalidArgumentType(
+                f"function is an async def function ({name}): use fencing.asyncio.AsyncWorker"
+            )
 
     # -- life cycle ----------------------------------------------------------------------------
 
@@ -199,10 +178,7 @@ class Worker:
     def _install_signals(self) -> dict[int, Any]:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             first = not self._stopping.is_set()
-            logger.warning(
-                "worker %s: %s: %s", self.owner, signal.Signals(signum).name,
-                f"draining (up to {self.drain:g} s; again: hand back now)" if first else "handing back now",
-            )  # fmt: skip
+            self._signalled(signum, first)
             self.stop(now=not first)
 
         previous: dict[int, Any] = {}
@@ -224,7 +200,7 @@ class Worker:
             self._give_back(job, heartbeat)
         # an idle slot ends within its claim's wait (giving back what it claimed meanwhile);
         # one whose function still runs after its job was handed back is left to it
-        ends = time.monotonic() + IDLE_WAIT + 1.0
+        ends = time.monotonic() + rules.IDLE_WAIT + 1.0
         for slot in self._slots:
             slot.join(max(0.0, ends - time.monotonic()))
 
@@ -233,13 +209,6 @@ class Worker:
         heartbeat.stop()
         if heartbeat.held:
             self._handed_back(heartbeat.lease, self.store.release(heartbeat.lease), "still running")
-
-    def _handed_back(self, lease: Lease, released: object, when: str) -> None:
-        logger.warning(
-            "job %r handed back %s (attempt %d): %s", lease.job_id, when, lease.fence,
-            "another worker may start it now" if released else f"the release was refused: {released}",
-            extra={"job_id": lease.job_id, "fence": lease.fence},
-        )  # fmt: skip
 
     # -- a slot --------------------------------------------------------------------------------
 
@@ -263,11 +232,11 @@ class Worker:
                 claimed_at = time.monotonic()
                 try:
                     leases = store.claim_next(
-                        owner, ttl=self.ttl, max_attempts=self.max_attempts, wait=IDLE_WAIT
+                        owner, ttl=self.ttl, max_attempts=self.max_attempts, wait=rules.IDLE_WAIT
                     )
                 except Exception:
                     logger.exception("worker slot %s: a claim failed; trying again", owner)
-                    self._stopping.wait(IDLE_WAIT)
+                    self._stopping.wait(rules.IDLE_WAIT)
                 continue
             [lease] = leases
             completion = self._run_one(lease, claimed_at, keeper)
@@ -283,7 +252,7 @@ class Worker:
                     [completion], owner, ttl=self.ttl, max_attempts=self.max_attempts
                 )
             except Exception:
-                logger.exception(_COMPLETION_FAILED, lease.job_id)
+                logger.exception(COMPLETION_FAILED, lease.job_id)
                 continue
             self._judged(completion[0], accepted[0])
 
@@ -316,7 +285,7 @@ class Worker:
         started = time.perf_counter()
         try:
             value = self.function(job)
-            result = None if job.completed else _as_result(value)
+            result = None if job.completed else as_result(value)
         except BaseException as exc:  # SystemExit too: a slot that died of it would be lost silently
             heartbeat.stop()
             self._forget(job)
@@ -324,19 +293,8 @@ class Worker:
             return None
         heartbeat.stop()
         self._forget(job)
-        took = time.perf_counter() - started
-        if job.completed:
-            logger.info(
-                "job %r done in %.3f s (attempt %d), in its own transaction", job.job_id, took, job.attempt
-            )
+        if not self._worth_storing(job, time.perf_counter() - started, heartbeat.reason):
             return None
-        if job.lost.is_set():
-            logger.warning(
-                "job %r returned after its lease was lost or handed back (%s): its result is not stored",
-                job.job_id, heartbeat.reason or "handed back",
-            )  # fmt: skip
-            return None
-        logger.info("job %r ran in %.3f s (attempt %d)", job.job_id, took, job.attempt)
         return heartbeat.lease, result
 
     def _forget(self, job: Job) -> None:
@@ -347,65 +305,16 @@ class Worker:
         try:
             self._judged(completion[0], self.store.complete(*completion))
         except Exception:
-            logger.exception(_COMPLETION_FAILED, completion[0].job_id)
-
-    def _judged(self, lease: Lease, accepted: object) -> None:
-        if not accepted:
-            logger.warning("job %r: its result was refused: %s", lease.job_id, accepted)
+            logger.exception(COMPLETION_FAILED, completion[0].job_id)
 
     def _failed(self, job: Job, heartbeat: Heartbeat, exc: BaseException, took: float) -> None:
-        if job.lost.is_set():
-            logger.warning("job %r failed after its lease was lost: %r (not recorded)", job.job_id, exc)
+        plan = self._after_failure(job, exc)
+        if plan is None:
             return
-        last = job.attempt >= self.max_attempts
-        delay = None if last else self._retry_delay(job.attempt)
+        last, delay, failure = plan
         try:
-            failure = _failure_text(exc) if self._keeps_failures else None  # (a store without: the log only)
             released = self.store.release(heartbeat.lease, delay=delay, failure=failure)
         except Exception:
             logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)
             return
-        if not released:
-            logger.warning("job %r failed (%r) and its release was refused: %s", job.job_id, exc, released)
-        elif last:
-            logger.error(
-                "job %r failed in %.3f s on its last attempt (%d of %d), poisoned: %r",
-                job.job_id, took, job.attempt, self.max_attempts, exc,
-                extra={"job_id": job.job_id, "fence": job.attempt},
-            )  # fmt: skip
-        else:
-            logger.warning(
-                "job %r failed in %.3f s (attempt %d of %d), retried in %.1f s: %r",
-                job.job_id, took, job.attempt, self.max_attempts, delay, exc,
-                extra={"job_id": job.job_id, "fence": job.attempt},
-            )  # fmt: skip
-
-    def _retry_delay(self, attempt: int) -> float:
-        """Exponential, capped, with equal jitter (a random point in the upper half)."""
-        span = min(self.max_retry_delay, self.retry_delay * 2.0 ** min(attempt - 1, 60))
-        return random.uniform(span / 2, span)
-
-
-def _as_result(value: Any) -> str | None:
-    """What a function returned, as the result column keeps it: a ``str`` as it is, ``None``,
-    anything else as JSON (refused, as a failure of the job, if it would not read back)."""
-    if value is None or isinstance(value, str):
-        return value
-    return encode_payload(value)
-
-
-def _failure_text(exc: BaseException) -> str:
-    """The exception's type, message and traceback, as every database's text column keeps it
-    (a NUL or a lone surrogate written as its escape)."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
-
-
-def _seconds(name: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidArgumentType(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
-    seconds = float(value)
-    if not (seconds > 0 if positive else seconds >= 0) or seconds == float("inf"):
-        bound = "> 0" if positive else ">= 0"
-        raise InvalidArgument(f"{name} must be a finite number of seconds {bound}, got {value!r}")
-    return seconds
+        self._failure_logged(job, exc, took, released, last, delay)

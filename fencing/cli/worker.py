@@ -1,8 +1,12 @@
-"""``fencing worker MODULE:FUNCTION``: run a function for each job (:class:`fencing.Worker`).
+"""``fencing worker MODULE:FUNCTION``: run a function for each job (:class:`fencing.Worker`,
+or :class:`fencing.asyncio.AsyncWorker` for an ``async def`` function).
 
 The function is imported as ``uvicorn`` and ``celery`` import theirs: ``MODULE`` from the
 current directory (or ``sys.path``), then ``FUNCTION`` (dots allowed: ``tasks:Mailer.send``).
-It is called with a :class:`fencing.Job` (``job.payload`` holds the job's arguments). One line
+It is called with a :class:`fencing.Job` (``job.payload`` holds the job's arguments). An
+``async def`` function is awaited with a :class:`fencing.asyncio.AsyncJob`, ``--concurrency``
+tasks of one loop, on the async driver of the URL's database (aiosqlite, psycopg's async mode
+or asyncpg, asyncmy or aiomysql: installed with their extra). One line
 per job is logged at INFO on stderr (``--log-level`` to change it). SIGTERM or Ctrl-C drains:
 no new claims, running jobs finish within ``--drain`` seconds, the rest are handed back; a
 second signal hands them back at once. The exit code is 0 once stopped so.
@@ -11,14 +15,18 @@ second signal hands them back at once. The exit code is 0 once stopped so.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import importlib
+import inspect
 import logging
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from .._store.worker import Job, Worker
+from sqlalchemy import Engine
+
+from .._store.worker import Worker
 from ._database import Database, Failed, add_command
 from ._options import Commands, add_side_tables, at_least, whole
 from ._output import Output
@@ -56,7 +64,8 @@ def add_worker(commands: Commands) -> None:
     parser.add_argument(
         "function",
         metavar="MODULE:FUNCTION",
-        help="the function to call with each fencing.Job, imported from the current directory",
+        help="the function to call with each fencing.Job (an async def one: awaited with each "
+        "fencing.asyncio.AsyncJob), imported from the current directory",
     )
     for flag, default, most, what in _COUNTS:
         count = whole(1, most)
@@ -82,22 +91,76 @@ def work(args: argparse.Namespace, db: Database, out: Output) -> int:
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    worker = Worker(
-        store,
-        function,
-        concurrency=args.concurrency,
-        ttl=args.ttl,
-        max_attempts=args.max_attempts,
-        retry_delay=args.retry_delay,
-        max_retry_delay=args.max_retry_delay,
-        drain=args.drain,
-        owner=args.owner,
-    )
-    worker.run()
+    settings: dict[str, Any] = {
+        "concurrency": args.concurrency,
+        "ttl": args.ttl,
+        "max_attempts": args.max_attempts,
+        "retry_delay": args.retry_delay,
+        "max_retry_delay": args.max_retry_delay,
+        "drain": args.drain,
+        "owner": args.owner,
+    }
+    if not _is_async(function):
+        Worker(store, function, **settings).run()
+        return 0
+    from ..asyncio import AsyncJobStore, AsyncWorker  # (its import is the async front's alone)
+
+    engine = async_engine_for(db.engine)
+
+    async def main() -> None:
+        try:
+            async_store = AsyncJobStore(engine, store.table, payloads=store.payloads, failures=store.failures)
+            await AsyncWorker(async_store, function, **settings).run()
+        finally:
+            await engine.dispose()
+
+    asyncio.run(main())
     return 0
 
 
-def load_function(spec: str) -> Callable[[Job], Any]:
+def _is_async(function: object) -> bool:
+    call = getattr(function, "__call__", None)  # noqa: B004 - an object with async __call__
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
+
+
+#: each server's async driver, by the sync driver the URL names (the first that is installed)
+_ASYNC_DRIVERS = {
+    "postgresql": ("psycopg", "asyncpg"),
+    "mysql": ("asyncmy", "aiomysql"),
+    "mariadb": ("asyncmy", "aiomysql"),
+}
+
+
+def async_engine_for(engine: Engine) -> Any:
+    """An ``AsyncEngine`` on the database of ``engine`` (an ``async def`` function's worker),
+    through the first installed async driver of its dialect; a :class:`Failed` that names the
+    extra to install otherwise."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from ..asyncio import create_sqlite_engine
+
+    url = engine.url
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        try:
+            return create_sqlite_engine(url.database or "")
+        except ImportError:
+            raise Failed(
+                "an async def function on SQLite needs aiosqlite: pip install 'fencing[aiosqlite]'"
+            ) from None
+    for driver in _ASYNC_DRIVERS.get(backend, ()):
+        try:
+            importlib.import_module(driver)
+        except ImportError:
+            continue
+        return create_async_engine(url.set(drivername=f"{backend}+{driver}"), pool_pre_ping=True)
+    drivers = " or ".join(_ASYNC_DRIVERS.get(backend, ("an async driver",)))
+    raise Failed(
+        f"an async def function on {backend} needs {drivers}: install it (fencing's extras name them)"
+    )
+
+
+def load_function(spec: str) -> Callable[..., Any]:
     """``MODULE:FUNCTION``, imported with the current directory on ``sys.path``; a
     :class:`Failed` that says what is wrong otherwise."""
     module_name, colon, name = spec.partition(":")

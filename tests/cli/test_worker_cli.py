@@ -20,6 +20,7 @@ from fencing import JobStore, failures_table, jobs_table, payloads_table
 pytestmark = pytest.mark.slow  # worker processes: once per database
 
 TASKS = """
+import asyncio
 import time
 
 def double(job):
@@ -36,6 +37,14 @@ def stuck(job):
 
 def fails(job):
     raise RuntimeError("the printer is on fire")
+
+async def double_async(job):
+    await asyncio.sleep(0)
+    return {"twice": job.payload["n"] * 2}
+
+async def stuck_async(job):
+    await asyncio.sleep(120)  # cancelled when the job is handed back
+    return "too late"
 """
 
 
@@ -78,10 +87,13 @@ def _stopped(process: subprocess.Popen[str], *signals: int) -> tuple[int, str]:
     return process.returncode, err
 
 
-def test_it_runs_each_job_and_stops_on_sigterm(tmp_path: Path, target: str, store: JobStore) -> None:
+@pytest.mark.parametrize("function", ["double", "double_async"])
+def test_it_runs_each_job_and_stops_on_sigterm(
+    tmp_path: Path, target: str, store: JobStore, function: str
+) -> None:
     for i in range(6):
         store.enqueue(f"j{i}", payload={"n": i})
-    process = _worker(tmp_path, target, "double", "--concurrency", "2")
+    process = _worker(tmp_path, target, function, "--concurrency", "2")
     try:
         _until(lambda: all(store.state(f"j{i}").done for i in range(6)))
     finally:
@@ -102,9 +114,12 @@ def test_sigterm_lets_the_running_job_finish(tmp_path: Path, target: str, store:
     assert store.state("long").result == "finished"
 
 
-def test_a_second_sigterm_hands_the_job_back_at_once(tmp_path: Path, target: str, store: JobStore) -> None:
+@pytest.mark.parametrize("function", ["stuck", "stuck_async"])
+def test_a_second_sigterm_hands_the_job_back_at_once(
+    tmp_path: Path, target: str, store: JobStore, function: str
+) -> None:
     store.enqueue("stuck")
-    process = _worker(tmp_path, target, "stuck", "--drain", "60", "--ttl", "60")
+    process = _worker(tmp_path, target, function, "--drain", "60", "--ttl", "60")
     _until(lambda: store.holder("stuck") is not None)
     started = time.monotonic()
     code, err = _stopped(process, signal.SIGTERM, signal.SIGTERM)

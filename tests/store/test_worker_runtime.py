@@ -30,7 +30,7 @@ from fencing import (
     jobs_table,
     payloads_table,
 )
-from fencing._store import worker as worker_module
+from fencing._store import worker_rules as worker_module
 
 TTL = 3.0
 

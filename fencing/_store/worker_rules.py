@@ -1,0 +1,237 @@
+"""The worker runtime's rules, shared by the thread (:class:`fencing.Worker`) and the task
+(:class:`fencing.asyncio.AsyncWorker`), as the heartbeat's and the election's are.
+
+What is decided here is decided once for both fronts: the arguments and what a bad one gets;
+what a function's return value is stored as; when a failed job is tried again (exponential
+backoff, capped, with equal jitter) and when it is left poisoned; what a failure is stored as
+(type, message and traceback); and each line the worker logs. A front carries the steps out:
+threads and a :class:`threading.Event`, or tasks and an :class:`asyncio.Event`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import traceback
+import uuid
+from typing import Any, Generic, Protocol, TypeVar
+
+from .._errors import InvalidArgument, InvalidArgumentType, LeaseLost
+from .._sql.checks import check_count
+from .._sql.payloads import encode_payload
+from .._sql.values import Lease
+
+__all__ = ["IDLE_WAIT", "JobRules", "WorkerRules", "logger"]
+
+logger = logging.getLogger("fencing.worker")
+
+#: the longest a slot's idle claim waits before it looks whether the worker stops (seconds)
+IDLE_WAIT = 1.0
+
+COMPLETION_FAILED = "job %r: its completion failed (its lease runs out: it runs again)"
+
+
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+class _Keeps(Protocol):
+    """What a job reads of its heartbeat (sync or async)."""
+
+    @property
+    def lease(self) -> Lease: ...
+
+    def check(self) -> None: ...
+
+
+F = TypeVar("F", bound=_Flag)
+
+
+class JobRules(Generic[F]):
+    """One job as the worker's function sees it: ``job_id``, ``payload`` (its arguments),
+    ``attempt`` (its fence: the how-manieth claim of the job), :attr:`lease` (the current one,
+    renewed by the worker), ``lost`` (set once the lease can no longer be vouched for, or the
+    worker handed the job back) and ``store``."""
+
+    def __init__(self, store: Any, heartbeat: _Keeps, lost: F) -> None:
+        lease = heartbeat.lease
+        self.store = store
+        self.job_id = lease.job_id
+        self.payload: Any = lease.payload
+        self.attempt = lease.fence
+        self._heartbeat = heartbeat
+        #: set once the lease is lost or handed back: stop, nothing will be stored
+        self.lost = lost
+        #: the function completed the job itself (``completing``)
+        self.completed = False
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.job_id!r} attempt={self.attempt}>"
+
+    @property
+    def lease(self) -> Lease:
+        """The job's lease as last renewed."""
+        return self._heartbeat.lease
+
+    def check(self) -> None:
+        """Raise :class:`~fencing.LeaseLost` if the lease is lost or the job handed back."""
+        if self.lost.is_set():
+            raise LeaseLost(f"job {self.job_id!r}: its lease is lost or the worker handed it back")
+        self._heartbeat.check()
+
+
+class WorkerRules:
+    """The arguments and the decisions of a worker, checked here: a bad argument raises
+    before anything runs. A front says which store it takes and what a function must be
+    (:meth:`_check_store`, :meth:`_check_function`), and carries the steps out."""
+
+    def __init__(
+        self,
+        store: Any,
+        function: Any,
+        *,
+        concurrency: int = 1,
+        ttl: float = 30.0,
+        max_attempts: int = 5,
+        retry_delay: float = 1.0,
+        max_retry_delay: float = 300.0,
+        drain: float = 30.0,
+        owner: str | None = None,
+    ) -> None:
+        self._check_store(store)
+        self._check_function(function)
+        self.store = store
+        self.function = function
+        self.concurrency = check_count("concurrency", concurrency)
+        self.max_attempts = check_count("max_attempts", max_attempts)
+        self.ttl = _seconds("ttl", ttl, positive=True)
+        self.retry_delay = _seconds("retry_delay", retry_delay)
+        self.max_retry_delay = _seconds("max_retry_delay", max_retry_delay)
+        self.drain = _seconds("drain", drain)
+        owner = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        checks = getattr(store, "sync_store", store)  # an async store's rules are its sync store's
+        self.owner = checks.check_key(owner, name="owner")
+        self._keeps_failures = store.failures is not None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.owner!r} concurrency={self.concurrency} store={self.store!r}>"
+
+    def _check_store(self, store: object) -> None:  # pragma: no cover - each front has its own
+        raise NotImplementedError
+
+    def _check_function(self, function: object) -> None:
+        if not callable(function):
+            raise InvalidArgumentType(
+                f"function must be callable, got {type(function).__name__} {function!r:.80}"
+            )
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def _retry_delay(self, attempt: int) -> float:
+        """Exponential, capped, with equal jitter (a random point in the upper half)."""
+        span = min(self.max_retry_delay, self.retry_delay * 2.0 ** min(attempt - 1, 60))
+        return random.uniform(span / 2, span)
+
+    def _after_failure(
+        self, job: JobRules[Any], exc: BaseException
+    ) -> tuple[bool, float | None, str | None] | None:
+        """For a function that raised: ``None`` if its lease was lost meanwhile (nothing to
+        record: the job is another's now), else whether it was the job's last attempt, the
+        delay of the next one (``None``: the last), and the failure to store (``None`` for a
+        store without a failures table: the log only)."""
+        if job.lost.is_set():
+            logger.warning("job %r failed after its lease was lost: %r (not recorded)", job.job_id, exc)
+            return None
+        last = job.attempt >= self.max_attempts
+        delay = None if last else self._retry_delay(job.attempt)
+        return last, delay, _failure_text(exc) if self._keeps_failures else None
+
+    def _worth_storing(self, job: JobRules[Any], took: float, reason: str | None) -> bool:
+        """Whether what a function returned is to be stored; not when the function completed
+        the job itself, nor when the lease was lost or handed back meanwhile (``reason``: the
+        heartbeat's)."""
+        if job.completed:
+            logger.info(
+                "job %r done in %.3f s (attempt %d), in its own transaction", job.job_id, took, job.attempt
+            )
+            return False
+        if job.lost.is_set():
+            logger.warning(
+                "job %r returned after its lease was lost or handed back (%s): its result is not stored",
+                job.job_id, reason or "handed back",
+            )  # fmt: skip
+            return False
+        logger.info("job %r ran in %.3f s (attempt %d)", job.job_id, took, job.attempt)
+        return True
+
+    # -- what is logged ------------------------------------------------------------------------
+
+    def _handed_back(self, lease: Lease, released: object, when: str) -> None:
+        logger.warning(
+            "job %r handed back %s (attempt %d): %s", lease.job_id, when, lease.fence,
+            "another worker may start it now" if released else f"the release was refused: {released}",
+            extra={"job_id": lease.job_id, "fence": lease.fence},
+        )  # fmt: skip
+
+    def _judged(self, lease: Lease, accepted: object) -> None:
+        if not accepted:
+            logger.warning("job %r: its result was refused: %s", lease.job_id, accepted)
+
+    def _failure_logged(
+        self,
+        job: JobRules[Any],
+        exc: BaseException,
+        took: float,
+        released: object,
+        last: bool,
+        delay: float | None,
+    ) -> None:
+        if not released:
+            logger.warning("job %r failed (%r) and its release was refused: %s", job.job_id, exc, released)
+        elif last:
+            logger.error(
+                "job %r failed in %.3f s on its last attempt (%d of %d), poisoned: %r",
+                job.job_id, took, job.attempt, self.max_attempts, exc,
+                extra={"job_id": job.job_id, "fence": job.attempt},
+            )  # fmt: skip
+        else:
+            logger.warning(
+                "job %r failed in %.3f s (attempt %d of %d), retried in %.1f s: %r",
+                job.job_id, took, job.attempt, self.max_attempts, delay, exc,
+                extra={"job_id": job.job_id, "fence": job.attempt},
+            )  # fmt: skip
+
+    def _signalled(self, signum: int, first: bool) -> None:
+        import signal
+
+        logger.warning(
+            "worker %s: %s: %s", self.owner, signal.Signals(signum).name,
+            f"draining (up to {self.drain:g} s; again: hand back now)" if first else "handing back now",
+        )  # fmt: skip
+
+
+def as_result(value: Any) -> str | None:
+    """What a function returned, as the result column keeps it: a ``str`` as it is, ``None``,
+    anything else as JSON (refused, as a failure of the job, if it would not read back)."""
+    if value is None or isinstance(value, str):
+        return value
+    return encode_payload(value)
+
+
+def _failure_text(exc: BaseException) -> str:
+    """The exception's type, message and traceback, as every database's text column keeps it
+    (a NUL or a lone surrogate written as its escape)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def _seconds(name: str, value: object, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentType(f"{name} must be a number of seconds, got {type(value).__name__} {value!r}")
+    seconds = float(value)
+    if not (seconds > 0 if positive else seconds >= 0) or seconds == float("inf"):
+        bound = "> 0" if positive else ">= 0"
+        raise InvalidArgument(f"{name} must be a finite number of seconds {bound}, got {value!r}")
+    return seconds
