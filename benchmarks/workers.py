@@ -27,14 +27,16 @@ listening (the enqueue that asks finds nobody; the next ones within 0.1 s ask no
 with a worker waiting (every enqueue notifies), as jobs/s and as ratios to the first.
 
 ``--throughput`` drains ``--jobs`` no-op jobs, enqueued beforehand, with ``--processes``
-processes of ``fencing.Worker`` of ``--concurrency`` slots each (Graphile Worker's perfTest
-shape): jobs/s from the workers' start to the last completion.
+processes of ``fencing.Worker`` (``--fronts thread``) or ``fencing.asyncio.AsyncWorker``
+(``async``) of ``--concurrency`` slots each (Graphile Worker's perfTest shape): jobs/s from
+the workers' start to the last completion. The slots that finish together store their jobs
+and claim their next in one transaction (the worker's group commit).
 
 Run::
 
     python benchmarks/workers.py --backends sqlite postgresql mariadb --jobs 1000
     python benchmarks/workers.py --notify-cost
-    python benchmarks/workers.py --throughput --jobs 20000 --processes 4 --concurrency 8
+    python benchmarks/workers.py --throughput --jobs 20000 --processes 4 --concurrency 8 --fronts thread async
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -141,10 +144,11 @@ def summary(latencies: list[float]) -> str:
     return f"p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms   max {ms[-1]:7.2f} ms"
 
 
-def drain(backend: str, directory: str, count: int, processes: int, concurrency: int) -> float:
+def drain(backend: str, directory: str, count: int, processes: int, concurrency: int, front: str) -> float:
     """``count`` no-op jobs, enqueued beforehand (not timed), drained by ``processes`` processes
-    of ``fencing.Worker`` with ``concurrency`` slots each: jobs/s from their start to the last
-    job's completion."""
+    of ``fencing.Worker`` (``front``: ``thread``) or ``fencing.asyncio.AsyncWorker``
+    (``async``) with ``concurrency`` slots each: jobs/s from their start to the last job's
+    completion."""
     fresh(backend, directory)
     engine = engine_for(backend, directory)
     store = store_for(engine)
@@ -154,7 +158,8 @@ def drain(backend: str, directory: str, count: int, processes: int, concurrency:
     context = multiprocessing.get_context("spawn")
     started = time.monotonic()
     workers = [
-        context.Process(target=run_worker, args=(backend, directory, concurrency)) for _ in range(processes)
+        context.Process(target=RUNNERS[front], args=(backend, directory, concurrency))
+        for _ in range(processes)
     ]
     for worker in workers:
         worker.start()
@@ -175,6 +180,35 @@ def drain(backend: str, directory: str, count: int, processes: int, concurrency:
 def run_worker(backend: str, directory: str, concurrency: int) -> None:
     engine = engine_for(backend, directory)
     fencing.Worker(store_for(engine), lambda job: None, concurrency=concurrency, ttl=30.0).run()
+
+
+#: each server's async driver (the async front's throughput)
+ASYNC_DRIVERS = {"postgresql": "postgresql+asyncpg", "mariadb": "mysql+asyncmy"}
+
+
+def run_async_worker(backend: str, directory: str, concurrency: int) -> None:
+    import asyncio
+
+    import fencing.asyncio
+
+    async def nothing(job: fencing.asyncio.AsyncJob) -> None:
+        return None
+
+    async def main() -> None:
+        if backend == "sqlite":
+            engine = fencing.asyncio.create_sqlite_engine(
+                os.path.join(directory, "pickup.db"), durability="normal"
+            )
+        else:
+            url = sa.make_url(URLS[backend])
+            engine = create_async_engine(url.set(drivername=ASYNC_DRIVERS[backend]))
+        store = fencing.asyncio.AsyncJobStore(engine, fencing.jobs_table(sa.MetaData(), TABLE))
+        await fencing.asyncio.AsyncWorker(store, nothing, concurrency=concurrency, ttl=30.0).run()
+
+    asyncio.run(main())
+
+
+RUNNERS = {"thread": run_worker, "async": run_async_worker}
 
 
 def notify_cost(seconds: float) -> None:
@@ -230,6 +264,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--fronts", nargs="+", choices=sorted(RUNNERS), default=["thread"])
     args = parser.parse_args()
     if args.notify_cost:
         notify_cost(args.seconds)
@@ -237,9 +272,11 @@ def main() -> None:
     if args.throughput:
         with tempfile.TemporaryDirectory() as directory:
             for backend in args.backends:
-                rate = drain(backend, directory, args.jobs, args.processes, args.concurrency)
-                print(f"{backend:10} fencing.Worker, {args.processes} processes x {args.concurrency} slots, "
-                      f"{args.jobs} no-op jobs: {rate:8.0f} jobs/s", flush=True)  # fmt: skip
+                for front in args.fronts:
+                    rate = drain(backend, directory, args.jobs, args.processes, args.concurrency, front)
+                    name = {"thread": "Worker", "async": "AsyncWorker"}[front]
+                    print(f"{backend:10} {name:11}, {args.processes} processes x {args.concurrency} slots, "
+                          f"{args.jobs} no-op jobs: {rate:8.0f} jobs/s", flush=True)  # fmt: skip
         return
     with tempfile.TemporaryDirectory() as directory:
         for backend in args.backends:

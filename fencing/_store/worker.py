@@ -13,7 +13,9 @@ that does, job after job:
    or :meth:`Job.check`), and its completion is refused by the store anyway;
 3. **complete** with what the function returned (a ``str`` as it is, ``None``, or anything
    else JSON-encoded), and claim the slot's next job in the same transaction
-   (``complete_and_claim_next``: one round trip per job); or, if the function raised,
+   (``complete_and_claim_next``), together with every slot that finished meanwhile (a group
+   commit, :class:`_Batches`: one transaction per job with one slot busy, one per N jobs when
+   N finish together); or, if the function raised,
    **release** the job with the failure (the exception's type, message and traceback, kept
    if the store has a failures table) and a delay of ``retry_delay * 2**(attempt-1)``, capped
    at ``max_retry_delay``, each with equal jitter; the attempt that reaches
@@ -48,7 +50,7 @@ from .._sql.values import Lease
 from . import worker_rules as rules
 from .heartbeat import Heartbeat, Keeper
 from .jobstore import JobStore
-from .worker_rules import COMPLETION_FAILED, JobRules, WorkerRules, as_result, logger
+from .worker_rules import Handoff, JobRules, WorkerRules, as_result, logger
 
 __all__ = ["Job", "Worker"]
 
@@ -78,7 +80,7 @@ class Worker(WorkerRules):
     ``max_attempts``: how many claims a job gets before it is left poisoned; ``retry_delay``
     and ``max_retry_delay``: the backoff of a failed job's next attempt (seconds); ``drain``:
     how long running jobs may take to finish once the worker stops; ``owner``: the name its
-    leases carry (default: host, process id and a random part), each slot's ``owner-N``.
+    leases carry (default: host, process id and a random part).
     Everything is checked here: a bad argument raises before anything runs.
     """
 
@@ -114,6 +116,7 @@ class Worker(WorkerRules):
         self._lock = threading.Lock()
         self._running: dict[str, tuple[Job, Heartbeat]] = {}
         self._slots: list[threading.Thread] = []
+        self._batches = _Batches(self._store_batch)
 
     def _check_store(self, store: object) -> None:
         if not isinstance(store, JobStore):
@@ -147,7 +150,7 @@ class Worker(WorkerRules):
                 threading.Thread(
                     # a daemon: a function that outlives its handed-back job does not keep the process
                     target=self._slot,
-                    args=(f"{self.owner}-{n}",),
+                    args=(self.owner,),
                     name=f"fencing-slot-{n}",
                     daemon=True,
                 )
@@ -243,18 +246,13 @@ class Worker(WorkerRules):
             leases = []
             if completion is None:
                 continue
-            if self._stopping.is_set():
-                self._complete(completion)
-                continue
-            claimed_at = time.monotonic()
-            try:  # this job's completion and the slot's next claim: one transaction
-                accepted, leases = store.complete_and_claim_next(
-                    [completion], owner, ttl=self.ttl, max_attempts=self.max_attempts
-                )
-            except Exception:
-                logger.exception(COMPLETION_FAILED, lease.job_id)
-                continue
-            self._judged(completion[0], accepted[0])
+            # this job's completion and the slot's next claim: one transaction, shared with the
+            # slots that finish meanwhile (stopping: the completion alone)
+            handoff = Handoff(completion, not self._stopping.is_set(), threading.Event())
+            self._batches.submit(handoff)
+            self._judged(handoff)
+            if handoff.lease is not None:
+                leases, claimed_at = [handoff.lease], handoff.claimed_at
 
     def _run_one(self, lease: Lease, claimed_at: float, keeper: Keeper) -> tuple[Lease, str | None] | None:
         """Run the function for ``lease``'s job; the completion to store, or ``None`` (failed,
@@ -301,11 +299,23 @@ class Worker(WorkerRules):
         with self._lock:
             self._running.pop(job.job_id, None)
 
-    def _complete(self, completion: tuple[Lease, str | None]) -> None:
+    def _store_batch(self, batch: list[Handoff]) -> None:
+        """Store a batch's completions and claim its slots' next jobs: one transaction."""
+        completions = [handoff.completion for handoff in batch]
+        claims = self._batch_claims(batch)
+        claimed_at = time.monotonic()
         try:
-            self._judged(completion[0], self.store.complete(*completion))
-        except Exception:
-            logger.exception(COMPLETION_FAILED, completion[0].job_id)
+            if claims:
+                accepted, leases = self.store.complete_and_claim_next(
+                    completions, self.owner, ttl=self.ttl, limit=claims, max_attempts=self.max_attempts
+                )
+            else:
+                accepted, leases = list(self.store.complete_many(completions)), []
+        except Exception as exc:
+            for handoff in batch:
+                handoff.error = exc
+            return
+        Handoff.share(batch, accepted, leases, claimed_at)
 
     def _failed(self, job: Job, heartbeat: Heartbeat, exc: BaseException, took: float) -> None:
         plan = self._after_failure(job, exc)
@@ -318,3 +328,40 @@ class Worker(WorkerRules):
             logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)
             return
         self._failure_logged(job, exc, took, released, last, delay)
+
+
+class _Batches:
+    """Group commit of the slots' finished jobs: the first slot to finish leads a batch (it
+    stores what every slot finished so far, :meth:`Worker._store_batch`); a slot that finishes
+    while a batch is on its way waits, and the first of them leads the next batch with all
+    that came meanwhile. Each slot returns once its own job is answered."""
+
+    def __init__(self, store_batch: Callable[[list[Handoff]], None]) -> None:
+        self._store_batch = store_batch
+        self._lock = threading.Lock()
+        self._queued: list[Handoff] = []
+        self._on_its_way = False
+
+    def submit(self, handoff: Handoff) -> None:
+        with self._lock:
+            self._queued.append(handoff)
+            lead = not self._on_its_way
+            self._on_its_way = True
+        if not lead:
+            handoff.ready.wait()
+            if not handoff.lead:
+                return  # answered by a batch another slot led
+        with self._lock:
+            batch, self._queued = self._queued, []
+        try:
+            self._store_batch(batch)
+        finally:
+            with self._lock:
+                following = self._queued[0] if self._queued else None
+                self._on_its_way = following is not None
+            for answered in batch:
+                if answered is not handoff:
+                    answered.ready.set()
+            if following is not None:  # it leads the next batch, with all queued by then
+                following.lead = True
+                following.ready.set()

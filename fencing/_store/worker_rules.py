@@ -23,7 +23,7 @@ from .._sql.checks import check_count
 from .._sql.payloads import encode_payload
 from .._sql.values import Lease
 
-__all__ = ["IDLE_WAIT", "JobRules", "WorkerRules", "logger"]
+__all__ = ["IDLE_WAIT", "Handoff", "JobRules", "WorkerRules", "logger"]
 
 logger = logging.getLogger("fencing.worker")
 
@@ -31,6 +31,44 @@ logger = logging.getLogger("fencing.worker")
 IDLE_WAIT = 1.0
 
 COMPLETION_FAILED = "job %r: its completion failed (its lease runs out: it runs again)"
+
+
+class Handoff:
+    """One slot's finished job, handed to the batch that stores it: its completion, whether
+    the slot wants its next job from the same transaction (``claims``), and what the batch
+    answered: ``accepted`` (``True`` or the refusal), the slot's next ``lease`` (or ``None``),
+    ``claimed_at`` (``time.monotonic()`` before the batch's claim) or the ``error`` that failed
+    the batch.
+
+    A batch is what the slots finished while the previous batch was on its way (a group
+    commit): with one slot busy it is that slot's job alone, one transaction per job as
+    before; with N slots finishing together, one transaction stores N results and claims N
+    jobs."""
+
+    __slots__ = ("accepted", "claimed_at", "claims", "completion", "error", "lead", "lease", "ready")
+
+    # ``lead``: the thread front's, set when this slot leads the next batch
+
+    def __init__(self, completion: tuple[Lease, str | None], claims: bool, ready: Any) -> None:
+        self.completion = completion
+        self.claims = claims
+        self.ready = ready  #: set when answered, or when this slot leads the next batch
+        self.lead = False
+        self.accepted: object = None
+        self.lease: Lease | None = None
+        self.claimed_at = 0.0
+        self.error: BaseException | None = None
+
+    @staticmethod
+    def share(batch: list[Handoff], accepted: list[Any], leases: list[Lease], claimed_at: float) -> None:
+        """The batch's answers, each to its slot: the judgements in order, the new leases to
+        the slots that claim, in order (the last ones get none when fewer jobs were ready)."""
+        fresh = iter(leases)
+        for handoff, judged in zip(batch, accepted, strict=True):
+            handoff.accepted = judged
+            handoff.claimed_at = claimed_at
+            if handoff.claims:
+                handoff.lease = next(fresh, None)
 
 
 class _Flag(Protocol):
@@ -175,9 +213,16 @@ class WorkerRules:
             extra={"job_id": lease.job_id, "fence": lease.fence},
         )  # fmt: skip
 
-    def _judged(self, lease: Lease, accepted: object) -> None:
-        if not accepted:
-            logger.warning("job %r: its result was refused: %s", lease.job_id, accepted)
+    def _judged(self, handoff: Handoff) -> None:
+        lease = handoff.completion[0]
+        if handoff.error is not None:
+            logger.error(COMPLETION_FAILED, lease.job_id, exc_info=handoff.error)
+        elif not handoff.accepted:
+            logger.warning("job %r: its result was refused: %s", lease.job_id, handoff.accepted)
+
+    def _batch_claims(self, batch: list[Handoff]) -> int:
+        """How many jobs a batch claims: one for each slot that asks for its next."""
+        return sum(handoff.claims for handoff in batch)
 
     def _failure_logged(
         self,

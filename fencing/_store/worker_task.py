@@ -38,7 +38,7 @@ from .._sql.values import Lease
 from . import worker_rules as rules
 from .heartbeat_task import AsyncHeartbeat
 from .jobstore import JobStore
-from .worker_rules import COMPLETION_FAILED, JobRules, WorkerRules, as_result, logger
+from .worker_rules import Handoff, JobRules, WorkerRules, as_result, logger
 
 __all__ = ["AsyncJob", "AsyncWorker"]
 
@@ -114,6 +114,7 @@ class AsyncWorker(WorkerRules):
         self._hand_back = asyncio.Event()
         self._running: dict[str, _Running] = {}
         self._slots: list[asyncio.Task[None]] = []
+        self._batches = _Batches(self._store_batch)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def _check_store(self, store: object) -> None:
@@ -155,7 +156,7 @@ class AsyncWorker(WorkerRules):
         try:
             logger.info("worker %s: %d slot(s) on %r", self.owner, self.concurrency, self.store)
             self._slots = [
-                loop.create_task(self._slot(f"{self.owner}-{n}"), name=f"fencing-slot-{n}")
+                loop.create_task(self._slot(self.owner), name=f"fencing-slot-{n}")
                 for n in range(self.concurrency)
             ]
             try:
@@ -270,18 +271,13 @@ class AsyncWorker(WorkerRules):
             leases = []
             if completion is None:
                 continue
-            if self._stopping.is_set():
-                await self._complete(completion)
-                continue
-            claimed_at = time.monotonic()
-            try:  # this job's completion and the slot's next claim: one transaction
-                accepted, leases = await store.complete_and_claim_next(
-                    [completion], owner, ttl=self.ttl, max_attempts=self.max_attempts
-                )
-            except Exception:
-                logger.exception(COMPLETION_FAILED, lease.job_id)
-                continue
-            self._judged(completion[0], accepted[0])
+            # this job's completion and the slot's next claim: one transaction, shared with the
+            # slots that finish meanwhile (stopping: the completion alone)
+            handoff = Handoff(completion, not self._stopping.is_set(), asyncio.Event())
+            await self._batches.submit(handoff)
+            self._judged(handoff)
+            if handoff.lease is not None:
+                leases, claimed_at = [handoff.lease], handoff.claimed_at
 
     async def _run_one(self, lease: Lease, claimed_at: float) -> tuple[Lease, str | None] | None:
         """Run the coroutine for ``lease``'s job; the completion to store, or ``None`` (failed,
@@ -349,11 +345,23 @@ class AsyncWorker(WorkerRules):
             raise FunctionExited(f"the job's coroutine raised {exc!r}") from exc
         return None if job.completed else as_result(value)
 
-    async def _complete(self, completion: tuple[Lease, str | None]) -> None:
+    async def _store_batch(self, batch: list[Handoff]) -> None:
+        """Store a batch's completions and claim its slots' next jobs: one transaction."""
+        completions = [handoff.completion for handoff in batch]
+        claims = self._batch_claims(batch)
+        claimed_at = time.monotonic()
         try:
-            self._judged(completion[0], await self.store.complete(*completion))
-        except Exception:
-            logger.exception(COMPLETION_FAILED, completion[0].job_id)
+            if claims:
+                accepted, leases = await self.store.complete_and_claim_next(
+                    completions, self.owner, ttl=self.ttl, limit=claims, max_attempts=self.max_attempts
+                )
+            else:
+                accepted, leases = list(await self.store.complete_many(completions)), []
+        except Exception as exc:
+            for handoff in batch:
+                handoff.error = exc
+            return
+        Handoff.share(batch, accepted, leases, claimed_at)
 
     async def _failed(
         self, job: AsyncJob, heartbeat: AsyncHeartbeat, exc: BaseException, took: float
@@ -368,3 +376,33 @@ class AsyncWorker(WorkerRules):
             logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)
             return
         self._failure_logged(job, exc, took, released, last, delay)
+
+
+class _Batches:
+    """Group commit of the slots' finished jobs, as the thread worker's: a batch stores what
+    every slot finished so far; the slots that finish while it is on its way are the next
+    batch. The batches run in a task of their own (while any are queued), so a slot cancelled
+    as it waits for its answer stops no other slot's batch."""
+
+    def __init__(self, store_batch: Callable[[list[Handoff]], Awaitable[None]]) -> None:
+        self._store_batch = store_batch
+        self._queued: list[Handoff] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def submit(self, handoff: Handoff) -> None:
+        self._queued.append(handoff)
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush(), name="fencing-batches")
+        await handoff.ready.wait()
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                batch, self._queued = self._queued, []
+                try:
+                    await self._store_batch(batch)
+                finally:
+                    for answered in batch:
+                        answered.ready.set()
+        finally:
+            self._flusher = None

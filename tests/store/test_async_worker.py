@@ -409,3 +409,40 @@ def test_each_job_costs_one_transaction_and_no_renewal(target: str, monkeypatch:
         assert renewals == []
 
     run(target, scenario)
+
+
+def test_slots_that_finish_together_share_one_transaction(
+    target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario(store: AsyncJobStore) -> None:
+        batches: list[list[str]] = []
+        step = store.complete_and_claim_next
+
+        async def slow_step(completions: Any, *args: Any, **kwargs: Any) -> Any:
+            completions = list(completions)
+            batches.append([lease.job_id for lease, _ in completions])
+            if len(batches) == 1:
+                await asyncio.sleep(1.0)  # the first batch on its way: the others finish meanwhile
+            return await step(completions, *args, **kwargs)
+
+        monkeypatch.setattr(store, "complete_and_claim_next", slow_step)
+        for i in range(4):
+            await store.enqueue(f"b{i}")
+        arrived, all_in = 0, asyncio.Event()
+
+        async def function(job: AsyncJob) -> str:
+            nonlocal arrived
+            arrived += 1
+            if arrived == 4:
+                all_in.set()
+            await asyncio.wait_for(all_in.wait(), 20.0)  # the four finish at once
+            return job.job_id
+
+        worker = AsyncWorker(store, function, concurrency=4, ttl=TTL)
+        await run_until(worker, lambda: done(store, *(f"b{i}" for i in range(4))))
+        # the four finish in one turn of the loop: one batch, or two if the first began sooner
+        assert len(batches) <= 2 and sorted(itertools.chain(*batches)) == [f"b{i}" for i in range(4)], batches
+        for i in range(4):
+            assert (await store.state(f"b{i}")).result == f"b{i}"  # type: ignore[union-attr]
+
+    run(target, scenario)

@@ -326,3 +326,53 @@ def test_a_heartbeat_of_a_lease_just_claimed_sends_no_first_renewal(store: JobSt
         assert heartbeat.held and heartbeat.lease is lease  # not renewed: the claim's own lease
         assert before + 30.0 - 0.01 <= heartbeat.deadline <= before + 30.0
     assert store.complete(lease, "ok")
+
+
+def test_slots_that_finish_together_share_one_transaction(
+    store: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    together = threading.Barrier(4, timeout=20.0)
+    batches: list[list[str]] = []
+    step = store.complete_and_claim_next
+
+    def slow_step(completions: Any, *args: Any, **kwargs: Any) -> Any:
+        completions = list(completions)
+        batches.append([lease.job_id for lease, _ in completions])
+        if len(batches) == 1:
+            time.sleep(1.0)  # the first batch on its way: the three others finish meanwhile
+        return step(completions, *args, **kwargs)
+
+    monkeypatch.setattr(store, "complete_and_claim_next", slow_step)
+    for i in range(4):
+        store.enqueue(f"b{i}")
+
+    def function(job: Job) -> str:
+        together.wait()  # the four finish at once
+        return job.job_id
+
+    worker = Worker(store, function, concurrency=4, ttl=TTL)
+    _run_until(worker, lambda: all(store.state(f"b{i}").done for i in range(4)))
+    # the first slot to finish stores its job (with any that finished as it began); those that
+    # finished while it was on its way are one batch: never a transaction per job
+    assert len(batches) <= 2 and sorted(itertools.chain(*batches)) == [f"b{i}" for i in range(4)], batches
+    assert all(store.state(f"b{i}").result == f"b{i}" for i in range(4))
+
+
+def test_a_batch_shares_its_answers_each_to_its_slot() -> None:
+    from fencing import Lease
+    from fencing._store.worker_rules import Handoff
+
+    batch = [
+        Handoff((Lease("a", "w", 1, 10.0), "ra"), True, threading.Event()),
+        Handoff((Lease("b", "w", 1, 10.0), "rb"), False, threading.Event()),
+        Handoff((Lease("c", "w", 1, 10.0), "rc"), True, threading.Event()),
+        Handoff((Lease("d", "w", 1, 10.0), "rd"), True, threading.Event()),
+    ]
+    refused = object()
+    Handoff.share(
+        batch, [True, refused, True, True], [Lease("x", "w", 1, 20.0), Lease("y", "w", 1, 20.0)], 5.0
+    )
+    assert [h.accepted for h in batch] == [True, refused, True, True]
+    # the new leases go to the slots that claim, in order; the last claimer finds none left
+    assert [h.lease.job_id if h.lease else None for h in batch] == ["x", None, "y", None]
+    assert {h.claimed_at for h in batch} == {5.0}
