@@ -207,6 +207,19 @@ def election_soak(session: nox.Session, db: str) -> None:
 
 
 @nox.session(python=NEWEST, tags=["soak"])
+@nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
+def worker_soak(session: nox.Session, db: str) -> None:
+    """The worker runtime's torture (tests/faults/test_worker_torture.py: ``fencing worker``
+    processes frozen past their leases, killed, stopped by SIGTERM, their jobs revoked), thread
+    slots and asyncio slots, with a long fault phase: ``nox -s worker_soak -- SECONDS`` (default
+    120). Outside CI: CI runs it for 8 s per database and front."""
+    _install(session, *TEST_EXTRAS, group="test")
+    _require_server(session, db)
+    seconds = ("FENCING_WORKER_TORTURE_SECONDS", "120")
+    _long_run(session, db, "tests/faults/test_worker_torture.py", seconds, "-n", "0")
+
+
+@nox.session(python=NEWEST, tags=["soak"])
 @nox.parametrize("db", ["postgresql", "mariadb"], ids=["postgresql", "mariadb"])
 def crash_soak(session: nox.Session, db: str) -> None:
     """The torture with the database server itself crashing (tests/faults/test_server_crash.py:

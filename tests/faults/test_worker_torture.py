@@ -1,0 +1,255 @@
+"""The worker runtime under faults: ``fencing worker`` processes frozen past their leases,
+killed (anywhere: in a job, in a completion's transaction, in a claim), stopped by SIGTERM
+and revoked, on the database under test, thread slots and asyncio slots.
+
+What must hold, checked against the database and the journal of every start:
+
+- **every job is done**, however often its workers were frozen, killed or stopped;
+- **a result is stored once, by the job's last lease holder**: each job's effect (a row the
+  job's function writes into an application table in its completion's transaction,
+  ``job.completing``) exists exactly once, with the job's final fence; a job whose function
+  returns its result has that result from its final fence;
+- **no lease runs twice**: each (job, fence) started once;
+- **SIGTERM is graceful**: a stopped worker exits (code 0) within the drain plus a heartbeat
+  (and slack for a loaded machine), and holds nothing once it has exited: each of its jobs
+  completed or handed back.
+
+``FENCING_WORKER_TORTURE_SECONDS`` sets the fault phase (CI: 8 s per database and front;
+``nox -s worker_soak -- SECONDS`` the long form).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from sqlalchemy import BigInteger, Column, Engine, Integer, MetaData, String, Table, select
+
+from fencing import JobStore, failures_table, jobs_table, payloads_table
+
+pytestmark = [pytest.mark.slow, pytest.mark.sync_only("workers are processes of their own")]
+
+SECONDS = float(os.environ.get("FENCING_WORKER_TORTURE_SECONDS", "8"))
+PROCESSES = 4
+CONCURRENCY = 3
+TTL = 1.5
+DRAIN = 1.0
+#: a SIGTERM'd worker's exit, past the drain and one heartbeat: interpreter shutdown, the
+#: hand-back's round trips, a loaded 2-core machine
+SLACK = 4.0
+JOBS = 150
+
+TASKS = """
+import asyncio
+import os
+import time
+
+import sqlalchemy as sa
+
+effects = sa.Table(
+    "wt_effects", sa.MetaData(),
+    sa.Column("job_id", sa.String(64)), sa.Column("fence", sa.BigInteger), sa.Column("pid", sa.Integer),
+)
+
+
+def _started(job):
+    with open("starts.log", "a") as journal:  # one short append per start: whole lines
+        journal.write(f"{job.job_id} {job.attempt} {os.getpid()}\\n")
+
+
+def work(job):
+    _started(job)
+    time.sleep(job.payload["sleep"])
+    if job.payload["effect"]:
+        with job.completing(str(job.attempt)) as conn:
+            conn.execute(effects.insert().values(job_id=job.job_id, fence=job.attempt, pid=os.getpid()))
+        return None
+    return str(job.attempt)
+
+
+async def work_async(job):
+    _started(job)
+    await asyncio.sleep(job.payload["sleep"])
+    if job.payload["effect"]:
+        async with job.completing(str(job.attempt)) as conn:
+            await conn.execute(effects.insert().values(job_id=job.job_id, fence=job.attempt, pid=os.getpid()))
+        return None
+    return str(job.attempt)
+"""
+
+
+class _Worker:
+    """One ``fencing worker`` process, its owner name and its log."""
+
+    def __init__(self, tmp_path: Path, target: str, function: str, number: int) -> None:
+        self.owner = f"wt-{number}"
+        self.log = tmp_path / f"{self.owner}.log"
+        self.frozen = False
+        with self.log.open("w") as log:  # the child has its own descriptor of it
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "fencing", "worker", f"tasks:{function}", "--url", target,
+                    "--owner", self.owner, "--concurrency", str(CONCURRENCY), "--ttl", str(TTL),
+                    "--drain", str(DRAIN), "--max-attempts", "100000", "--retry-delay", "0.05",
+                    "--max-retry-delay", "0.2",
+                ],
+                cwd=tmp_path,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )  # fmt: skip
+
+    def started(self) -> bool:
+        """Its signal handlers are in place (it says so before its slots start)."""
+        return "slot(s) on" in self.log.read_text(errors="replace")
+
+
+@pytest.fixture
+def store(engine: Engine) -> JobStore:
+    metadata = MetaData()
+    store = JobStore(
+        engine, jobs_table(metadata), payloads=payloads_table(metadata), failures=failures_table(metadata)
+    )
+    store.create_table()
+    return store
+
+
+@pytest.mark.parametrize("function", ["work", "work_async"], ids=["threads", "asyncio"])
+def test_workers_under_faults_store_each_result_once_by_its_last_holder(
+    tmp_path: Path, target: str, engine: Engine, store: JobStore, function: str
+) -> None:
+    effects = Table(
+        "wt_effects",
+        MetaData(),
+        Column("job_id", String(64)),
+        Column("fence", BigInteger),
+        Column("pid", Integer),
+    )
+    effects.create(engine)
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(TASKS))
+    rng = random.Random(20261206)
+    with engine.begin() as conn:
+        for i in range(JOBS):
+            # some jobs outlast the drain: a SIGTERM hands them back
+            payload = {"sleep": rng.choice([0.0, 0.02, 0.1, 0.4, 0.4, 2.5]), "effect": i % 2 == 0}
+            store.enqueue(f"job-{i:04d}", payload=payload, conn=conn)
+    numbers = iter(range(1_000_000))
+    workers = [_Worker(tmp_path, target, function, next(numbers)) for _ in range(PROCESSES)]
+    faults: Counter[str] = Counter()
+    late: list[str] = []  # what a SIGTERM'd worker did wrong
+    timers: list[threading.Timer] = []
+    try:
+        ends = time.monotonic() + SECONDS
+        while time.monotonic() < ends:
+            time.sleep(rng.uniform(0.2, 0.6))
+            live = [w for w in workers if w.process.poll() is None and not w.frozen and w.started()]
+            if not live:
+                continue
+            victim = rng.choice(live)
+            kind = rng.choice(["freeze", "kill", "term", "revoke"])
+            faults[kind] += 1
+            if kind == "freeze":  # past its leases: the others take its jobs meanwhile
+                victim.frozen = True
+                victim.process.send_signal(signal.SIGSTOP)
+                timer = threading.Timer(rng.uniform(1.2, 2.5) * TTL, _thaw, (victim,))
+                timers.append(timer)
+                timer.start()
+            elif kind == "kill":
+                victim.process.kill()
+                victim.process.wait(30)
+                workers.append(_Worker(tmp_path, target, function, next(numbers)))
+            elif kind == "term":
+                _terminate(victim, store, late)
+                workers.append(_Worker(tmp_path, target, function, next(numbers)))
+            else:
+                held = [f"job-{i:04d}" for i in rng.sample(range(JOBS), 20)]
+                for job_id in held:
+                    holder = store.holder(job_id)
+                    if holder is not None:
+                        store.revoke(job_id)
+                        break
+        for timer in timers:
+            timer.join()
+        # the faults end: the workers left finish the queue
+        _until(lambda: _all_done(store), 120.0)
+        for worker in workers:
+            if worker.process.poll() is None:
+                _terminate(worker, store, late)
+    finally:
+        for timer in timers:
+            timer.cancel()
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGCONT)
+                worker.process.kill()
+                worker.process.wait(30)
+    print(f"faults: {dict(faults)}, workers started: {len(workers)}")
+    assert not late, late
+    assert faults["freeze"] + faults["kill"] + faults["term"] >= 1, faults
+
+    starts = [line.split() for line in (tmp_path / "starts.log").read_text().splitlines()]
+    twice = [key for key, n in Counter((job, fence) for job, fence, _ in starts).items() if n > 1]
+    assert twice == [], f"a lease ran twice: {twice[:5]}"
+    with engine.connect() as conn:
+        rows = conn.execute(select(effects.c.job_id, effects.c.fence)).all()
+    effects_of = Counter(job for job, _ in rows)
+    fence_of = dict(rows)
+    for i in range(JOBS):
+        job_id = f"job-{i:04d}"
+        state = store.state(job_id)
+        assert state is not None and state.done, job_id
+        if i % 2 == 0:  # written in the completion's transaction: once, by the last holder
+            assert effects_of[job_id] == 1, (job_id, effects_of[job_id])
+            assert fence_of[job_id] == state.fence, (job_id, fence_of[job_id], state.fence)
+        else:
+            assert effects_of[job_id] == 0, job_id
+        assert state.result == str(state.fence), (job_id, state.result, state.fence)
+
+
+def _thaw(worker: _Worker) -> None:
+    if worker.process.poll() is None:
+        worker.process.send_signal(signal.SIGCONT)
+    worker.frozen = False
+
+
+def _terminate(worker: _Worker, store: JobStore, late: list[str]) -> None:
+    """SIGTERM, then what the runtime promises: exit 0 within the drain and a heartbeat, and
+    nothing held by it afterwards."""
+    sent = time.monotonic()
+    worker.process.send_signal(signal.SIGTERM)
+    try:
+        code = worker.process.wait(DRAIN + TTL / 3 + SLACK)
+    except subprocess.TimeoutExpired:
+        worker.process.send_signal(signal.SIGCONT)  # (not frozen: only live ones are stopped)
+        late.append(f"{worker.owner} still running {time.monotonic() - sent:.1f} s after SIGTERM")
+        worker.process.kill()
+        worker.process.wait(30)
+        return
+    if code != 0:
+        late.append(f"{worker.owner} exited {code} after SIGTERM: {worker.log.read_text()[-2000:]}")
+    held = [
+        job_id
+        for job_id in (f"job-{i:04d}" for i in range(JOBS))
+        if (holder := store.holder(job_id)) is not None and holder.owner == worker.owner
+    ]
+    if held:
+        late.append(f"{worker.owner} exited still holding {held}")
+
+
+def _all_done(store: JobStore) -> bool:
+    return all(store.state(f"job-{i:04d}").done for i in range(JOBS))  # type: ignore[union-attr]
+
+
+def _until(condition: object, timeout: float) -> None:
+    ends = time.monotonic() + timeout
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < ends, "timed out"
+        time.sleep(0.1)
