@@ -15,6 +15,7 @@ import contextlib
 import io
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,8 +42,21 @@ def _name(page: Path) -> str:
     return str(page.relative_to(ROOT if page == README else DOCS))
 
 
+#: a block that is a file of the reader's (``title="tasks.py"``, which the site shows as the
+#: block's header): written into the page's directory, not run, for the later blocks to import
+TITLE = re.compile(r'^```\w+[^\n]*title="([\w./-]+\.py)"', re.M)
+
+
 def python_blocks(page: Path) -> list[str]:
     return [code for language, code in BLOCK.findall(page.read_text(encoding="utf-8")) if language in PYTHON]
+
+
+def file_blocks(page: Path) -> dict[int, str]:
+    """The Python blocks that are files, by their number among the page's Python blocks (from 1)."""
+    text = page.read_text(encoding="utf-8")
+    numbered = [m for m in BLOCK.finditer(text) if m.group(1) in PYTHON]
+    titles = {m.start(): m.group(1) for m in TITLE.finditer(text)}
+    return {number: titles[m.start()] for number, m in enumerate(numbered, 1) if m.start() in titles}
 
 
 #: the names a page may give a database (the suite's --db names), as the dialects the
@@ -82,16 +96,26 @@ def test_every_python_block_of_the_page_runs(
     if "://" in target:
         monkeypatch.setenv("DATABASE_URL", target)
     namespace: dict[str, object] = {"__name__": "__docs__"}
+    files = file_blocks(page)
+    if files:
+        monkeypatch.syspath_prepend(str(work))  # the page's files import each other, as a reader's do
+    modules = set(sys.modules)
     try:
-        run_blocks(page, namespace)
+        run_blocks(page, namespace, files)
     finally:
+        for name in set(sys.modules) - modules:  # the page's own modules: no other page sees them
+            if getattr(sys.modules[name], "__file__", "") and str(work) in str(sys.modules[name].__file__):
+                del sys.modules[name]
         for value in namespace.values():  # the page's engines: their connections closed
             if isinstance(value, Engine):
                 value.dispose()
 
 
-def run_blocks(page: Path, namespace: dict[str, object]) -> None:
+def run_blocks(page: Path, namespace: dict[str, object], files: dict[int, str] | None = None) -> None:
     for number, code in enumerate(python_blocks(page), 1):
+        if files and number in files:
+            Path(files[number]).write_text(code, encoding="utf-8")
+            continue
         shown = io.StringIO()
         with contextlib.redirect_stdout(shown):
             try:

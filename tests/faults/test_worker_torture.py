@@ -191,11 +191,17 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
                 worker.process.send_signal(signal.SIGCONT)
                 worker.process.kill()
                 worker.process.wait(30)
-    print(f"faults: {dict(faults)}, workers started: {len(workers)}")
+    starts = [line.split() for line in (tmp_path / "starts.log").read_text().splitlines()]
+    logs = "".join(w.log.read_text(errors="replace") for w in workers)
+    print(
+        f"faults: {dict(faults)}; worker processes: {len(workers)}; jobs: {JOBS}; runs: {len(starts)};"
+        f" handed back: {logs.count('handed back')}; results not stored (lease lost):"
+        f" {logs.count('is not stored') + logs.count('cancelled after')};"
+        f" refused: {logs.count('was refused')}"
+    )
     assert not late, late
     assert faults["freeze"] + faults["kill"] + faults["term"] >= 1, faults
 
-    starts = [line.split() for line in (tmp_path / "starts.log").read_text().splitlines()]
     twice = [key for key, n in Counter((job, fence) for job, fence, _ in starts).items() if n > 1]
     assert twice == [], f"a lease ran twice: {twice[:5]}"
     with engine.connect() as conn:
