@@ -46,7 +46,8 @@ DRAIN = 1.0
 #: a SIGTERM'd worker's exit, past the drain and one heartbeat: interpreter shutdown, the
 #: hand-back's round trips, a loaded 2-core machine
 SLACK = 4.0
-JOBS = 150
+#: enough jobs to keep the slots busy through the fault phase (about 20 finish a second)
+JOBS = max(150, int(SECONDS * 15))
 
 TASKS = """
 import asyncio
