@@ -73,7 +73,7 @@ class Job(JobRules[threading.Event]):
         self.completed = True
 
 
-class Worker(WorkerRules):
+class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
     """Runs ``function(job)`` for each job of ``store``, ``concurrency`` at a time.
 
     ``ttl``: each lease's length (renewed every ``ttl / 3`` while the function runs);
@@ -84,33 +84,7 @@ class Worker(WorkerRules):
     Everything is checked here: a bad argument raises before anything runs.
     """
 
-    store: JobStore
-    function: Callable[[Job], Any]
-
-    def __init__(
-        self,
-        store: JobStore,
-        function: Callable[[Job], Any],
-        *,
-        concurrency: int = 1,
-        ttl: float = 30.0,
-        max_attempts: int = 5,
-        retry_delay: float = 1.0,
-        max_retry_delay: float = 300.0,
-        drain: float = 30.0,
-        owner: str | None = None,
-    ) -> None:
-        super().__init__(
-            store,
-            function,
-            concurrency=concurrency,
-            ttl=ttl,
-            max_attempts=max_attempts,
-            retry_delay=retry_delay,
-            max_retry_delay=max_retry_delay,
-            drain=drain,
-            owner=owner,
-        )
+    def _front_state(self) -> None:
         self._stopping = threading.Event()
         self._hand_back = threading.Event()
         self._lock = threading.Lock()

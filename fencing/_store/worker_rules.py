@@ -85,6 +85,8 @@ class _Keeps(Protocol):
 
 
 F = TypeVar("F", bound=_Flag)
+S = TypeVar("S")  #: the store a front takes
+Fn = TypeVar("Fn")  #: the function a front calls
 
 
 class JobRules(Generic[F]):
@@ -120,15 +122,15 @@ class JobRules(Generic[F]):
         self._heartbeat.check()
 
 
-class WorkerRules:
+class WorkerRules(Generic[S, Fn]):
     """The arguments and the decisions of a worker, checked here: a bad argument raises
     before anything runs. A front says which store it takes and what a function must be
     (:meth:`_check_store`, :meth:`_check_function`), and carries the steps out."""
 
     def __init__(
         self,
-        store: Any,
-        function: Any,
+        store: S,
+        function: Fn,
         *,
         concurrency: int = 1,
         ttl: float = 30.0,
@@ -149,14 +151,19 @@ class WorkerRules:
         self.max_retry_delay = _seconds("max_retry_delay", max_retry_delay)
         self.drain = _seconds("drain", drain)
         owner = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        checks = getattr(store, "sync_store", store)  # an async store's rules are its sync store's
+        checks: Any = getattr(store, "sync_store", store)  # an async store's rules are its sync store's
         self.owner = checks.check_key(owner, name="owner")
-        self._keeps_failures = store.failures is not None
+        self._keeps_failures = store.failures is not None  # type: ignore[attr-defined]
+        self._front_state()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.owner!r} concurrency={self.concurrency} store={self.store!r}>"
 
     def _check_store(self, store: object) -> None:  # pragma: no cover - each front has its own
+        raise NotImplementedError
+
+    def _front_state(self) -> None:  # pragma: no cover - each front has its own
+        """The front's own state (its events, slots and batches), once the arguments passed."""
         raise NotImplementedError
 
     def _check_function(self, function: object) -> None:

@@ -77,39 +77,14 @@ class _Running:
         self.job, self.heartbeat, self.task = job, heartbeat, task
 
 
-class AsyncWorker(WorkerRules):
+class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
     """Runs ``await function(job)`` for each job of an
     :class:`~fencing.asyncio.AsyncJobStore`, ``concurrency`` at a time, as tasks of the loop
     that awaits :meth:`run`. The arguments and their checks are :class:`fencing.Worker`'s;
     ``function`` must be an ``async def`` function (or another callable whose call returns a
     coroutine: checked when it is called, a job failure if not)."""
 
-    function: Callable[[AsyncJob], Awaitable[Any]]
-
-    def __init__(
-        self,
-        store: Any,
-        function: Callable[[AsyncJob], Awaitable[Any]],
-        *,
-        concurrency: int = 1,
-        ttl: float = 30.0,
-        max_attempts: int = 5,
-        retry_delay: float = 1.0,
-        max_retry_delay: float = 300.0,
-        drain: float = 30.0,
-        owner: str | None = None,
-    ) -> None:
-        super().__init__(
-            store,
-            function,
-            concurrency=concurrency,
-            ttl=ttl,
-            max_attempts=max_attempts,
-            retry_delay=retry_delay,
-            max_retry_delay=max_retry_delay,
-            drain=drain,
-            owner=owner,
-        )
+    def _front_state(self) -> None:
         self._stopping = asyncio.Event()
         self._hand_back = asyncio.Event()
         self._running: dict[str, _Running] = {}
