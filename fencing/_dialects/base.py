@@ -118,6 +118,9 @@ class Database:
     #: a file on this machine (SQLite): known by its file, its handles local to a process,
     #: its transactions begun by the library's engine glue
     is_file: ClassVar[bool] = False
+    #: the asyncio drivers the library runs on, in the order it prefers them (the module
+    #: each imports as, and the driver name of its URL)
+    async_drivers: ClassVar[tuple[str, ...]] = ()
     #: a column's type reads back as the name it was declared with (SQLite's affinity), not
     #: as the database's own type
     types_are_declared_names: ClassVar[bool] = False

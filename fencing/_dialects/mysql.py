@@ -70,6 +70,7 @@ class MySQL(Database):
     names = ("mysql", "mariadb")
     family = "mysql"
     known = True
+    async_drivers = ("asyncmy", "aiomysql")
     clock_sql = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) * 1e-6)"
     clock_resolution = 1e-6
     id_max_bytes = 1024  # VARBINARY(1024): InnoDB's index prefix limit, with room to spare

@@ -108,6 +108,7 @@ class PostgreSQL(Database):
     names = ("postgresql",)
     family = "postgresql"
     known = True
+    async_drivers = ("psycopg", "asyncpg")
     clock_sql = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
     clock_resolution = 1e-6
     id_max_bytes = 2000  # a btree entry's limit, with room to spare

@@ -76,6 +76,7 @@ class SQLite(Database):
     locks_whole_database = True
     ranges_at_row_values = True
     is_file = True
+    async_drivers = ("aiosqlite",)
     #: the drivers the library's engine glue (``fencing.configure_sqlite``) supports
     glued_drivers = ("pysqlite", "aiosqlite")
     types_are_declared_names = True

@@ -26,6 +26,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from .._dialects import by_name
 from .._store.worker import Worker
 from ._database import Database, Failed, add_command
 from ._options import Commands, add_side_tables, at_least, whole
@@ -123,14 +124,6 @@ def _is_async(function: object) -> bool:
     return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(call)
 
 
-#: each server's async driver, by the sync driver the URL names (the first that is installed)
-_ASYNC_DRIVERS = {
-    "postgresql": ("psycopg", "asyncpg"),
-    "mysql": ("asyncmy", "aiomysql"),
-    "mariadb": ("asyncmy", "aiomysql"),
-}
-
-
 def async_engine_for(engine: Engine) -> Any:
     """An ``AsyncEngine`` on the database of ``engine`` (an ``async def`` function's worker),
     through the first installed async driver of its dialect; a :class:`Failed` that names the
@@ -141,22 +134,19 @@ def async_engine_for(engine: Engine) -> Any:
 
     url = engine.url
     backend = url.get_backend_name()
-    if backend == "sqlite":
-        try:
-            return create_sqlite_engine(url.database or "")
-        except ImportError:
-            raise Failed(
-                "an async def function on SQLite needs aiosqlite: pip install 'fencing[aiosqlite]'"
-            ) from None
-    for driver in _ASYNC_DRIVERS.get(backend, ()):
+    dialect = by_name(backend)
+    for driver in dialect.async_drivers:
         try:
             importlib.import_module(driver)
         except ImportError:
             continue
+        if dialect.is_file:  # the library's own engine: its BEGIN IMMEDIATE glue
+            return create_sqlite_engine(url.database or "")
         return create_async_engine(url.set(drivername=f"{backend}+{driver}"), pool_pre_ping=True)
-    drivers = " or ".join(_ASYNC_DRIVERS.get(backend, ("an async driver",)))
+    drivers = " or ".join(dialect.async_drivers) or "an async driver"
     raise Failed(
-        f"an async def function on {backend} needs {drivers}: install it (fencing's extras name them)"
+        f"an async def function on {backend} needs {drivers}: install it (fencing's extras name them,"
+        " e.g. pip install 'fencing[aiosqlite]')"
     )
 
 
