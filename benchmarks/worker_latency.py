@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
 import os
 import shutil
 import statistics
@@ -43,7 +42,16 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from worker_peers import MARIADB, PG, REDIS, fencing_engine, fresh_database, procrastinate_app
+from worker_peers import (
+    MARIADB,
+    PG,
+    REDIS,
+    fencing_engine,
+    fresh_database,
+    procrastinate_app,
+    spawned,
+    stop,
+)
 
 import fencing
 
@@ -178,12 +186,7 @@ class System:
 
 
 def systems(args: argparse.Namespace, directory: str, log: str) -> list[System]:
-    spawn = multiprocessing.get_context("spawn")
-
-    def process(target: Any, *a: Any) -> Any:
-        worker = spawn.Process(target=target, args=a)
-        worker.start()
-        return worker
+    process = spawned
 
     found: list[System] = []
     for name in args.systems:
@@ -335,11 +338,7 @@ def measure(system: System, log: str, jobs: int, gap: float) -> list[float]:
             latencies.append((at - before) / 1e6)
         return latencies
     finally:
-        worker.terminate()
-        if isinstance(worker, subprocess.Popen):
-            worker.wait(30)
-        else:
-            worker.join(30)
+        stop([worker])
 
 
 def _wait_for(log: str, offset: int, job_id: str, timeout: float) -> tuple[int, int]:

@@ -345,13 +345,25 @@ def drain(
             time.sleep(0.05)
         return jobs / (time.monotonic() - began)
     finally:
-        for worker in workers:
-            worker.terminate()
-        for worker in workers:
-            if isinstance(worker, subprocess.Popen):
-                worker.wait(30)
-            else:
-                worker.join(30)
+        stop(workers)
+
+
+def spawned(target: Any, *args: Any) -> Any:
+    """A worker process running ``target(*args)``, started (``spawn``: a fresh interpreter)."""
+    worker = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    worker.start()
+    return worker
+
+
+def stop(workers: list[Any]) -> None:
+    """Terminate worker processes (``multiprocessing`` or ``subprocess``) and wait for them."""
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        if isinstance(worker, subprocess.Popen):
+            worker.wait(30)
+        else:
+            worker.join(30)
 
 
 class System:
@@ -363,13 +375,8 @@ class System:
 
 
 def systems(args: argparse.Namespace, directory: str) -> list[System]:
-    spawn = multiprocessing.get_context("spawn")
     n, c = args.jobs, args.concurrency
-
-    def process(target: Any, *a: Any) -> Any:
-        worker = spawn.Process(target=target, args=a)
-        worker.start()
-        return worker
+    process = spawned
 
     def on_pg(prepare: Any) -> Any:
         return lambda: (fresh_database(), prepare())
