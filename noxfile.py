@@ -25,7 +25,9 @@ import nox
 nox.needs_version = ">=2025.2.9"  # nox.project.dependency_groups
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_existing_virtualenvs = True
-nox.options.sessions = ["tests", "test_wheel", "torture", "lint", "typecheck", "demo", "package", "docs"]
+# the torture command's bounded run (`nox -s torture`) is outside CI with the soaks: the suite's
+# tests/faults/test_torture.py runs the same harness, shorter, on each database and front
+nox.options.sessions = ["tests", "test_wheel", "lint", "typecheck", "demo", "package", "docs"]
 
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
@@ -45,7 +47,7 @@ SQLALCHEMY = {"lowest": "sqlalchemy==2.0.36", "latest": "sqlalchemy"}
 DATABASES = {"sqlite": None, "postgresql": "postgresql", "mariadb": "mysql"}
 #: the extras the suite imports besides the "test" group: every driver, also for SQLite (a few
 #: tests build engines of each dialect offline), the async store's, OpenTelemetry, the web
-TEST_EXTRAS = ["otel", "aiosqlite", "asyncpg", "asyncmy", "web", *filter(None, DATABASES.values())]
+TEST_EXTRAS = ["otel", "cron", "aiosqlite", "asyncpg", "asyncmy", "web", *filter(None, DATABASES.values())]
 #: the cell of the matrix that test_wheel runs against the built wheel instead of the source
 #: tree: a quick one (no slow tests), on a python that is neither end of the range (those test
 #: the lowest SQLAlchemy too), with SQLite (no server)
@@ -83,20 +85,31 @@ def _install(
     session.install("--upgrade", *project, *groups, SQLALCHEMY[sqlalchemy])
 
 
-def _pytest(session: nox.Session, sqlalchemy: str, db: str) -> list[str]:
-    """The pytest command of one cell of the matrix."""
+#: xdist workers for the quick tests: most of their time is waits (the database, sleeps of
+#: timing tests), so three on this project's 2-core machines finish a quarter sooner than two
+#: (2:48 -> 2:10 for the SQLite suite); the slow tests (processes, kills, torture runs) keep
+#: one per core, as their slack for a loaded machine assumes
+QUICK_WORKERS = "3"
+
+
+def _pytest(session: nox.Session, sqlalchemy: str, db: str) -> list[list[str]]:
+    """The pytest commands of one cell of the matrix (one, or the quick tests then the slow)."""
     # process races, kills and torture runs take seconds each and do not vary with python or
     # SQLAlchemy: they run once per database, on the newest of both; so does the second run
     # of the store-fixture suite through the async store (test_asyncio.py runs everywhere)
-    marks = [] if (session.python, sqlalchemy) == (NEWEST, "latest") else ["not slow", "not async_front"]
+    full = (session.python, sqlalchemy) == (NEWEST, "latest")
+    marks = ["not slow"] if full else ["not slow", "not async_front"]
     # argument checks, processes and timing do not vary with SQLAlchemy: on a server the
     # lowest line runs only the tests marked dialect (what SQLAlchemy compiles and executes)
     if sqlalchemy == "lowest" and db != "sqlite":
         marks.insert(0, "dialect")
-    select = ["-m", " and ".join(marks)] if marks else []
     # in CI, the slowest tests are named in the log: where the run's minutes go
     slowest = ["--durations=15"] if os.environ.get("CI") else []
-    return ["pytest", "-n", "auto", "--db", db, *select, *slowest, *session.posargs]
+    base = ["pytest", "--db", db, *slowest]
+    runs = [[*base, "-n", QUICK_WORKERS, "-m", " and ".join(marks), *session.posargs]]
+    if full:
+        runs.append([*base, "-n", "auto", "-m", "slow", *session.posargs])
+    return runs
 
 
 @nox.session
@@ -105,7 +118,8 @@ def tests(session: nox.Session, sqlalchemy: str, db: str) -> None:
     """The suite for one python, one SQLAlchemy line and one database, on the source tree."""
     _install(session, *TEST_EXTRAS, group="test", sqlalchemy=sqlalchemy)
     _require_server(session, db)
-    session.run(*_pytest(session, sqlalchemy, db))
+    for command in _pytest(session, sqlalchemy, db):
+        session.run(*command)
 
 
 @nox.session(python=WHEEL[0], tags=[WHEEL[2]])
@@ -139,7 +153,8 @@ def test_wheel(session: nox.Session) -> None:
                 path.unlink(missing_ok=True)
         with session.chdir(suite):
             _require_server(session, db)
-            session.run(*_pytest(session, sqlalchemy, db), env={"FENCING_TEST_INSTALLED": "1"})
+            for command in _pytest(session, sqlalchemy, db):
+                session.run(*command, env={"FENCING_TEST_INSTALLED": "1"})
 
 
 def _build(session: nox.Session, outdir: Path) -> tuple[Path, Path]:
@@ -162,7 +177,8 @@ def _require_server(session: nox.Session, db: str) -> None:
             session.skip(f"{db} sessions skipped: {why.strip()}")
 
 
-#: the bounded run of CI: well under 60 s per database, the seed fixed so a failure replays
+#: the bounded run (outside CI, with the soaks): well under 60 s per database, the seed fixed so
+#: a failure replays
 TORTURE = ["--workers", "8", "--jobs", "800", "--seconds", "30", "--drain", "25", "--seed", "20261129"]
 #: then the workers on the async front (AsyncJobStore, AsyncHeartbeat, the asyncio driver):
 #: half the jobs and fault phase, so a database's session stays within about 1.5 minutes; the
@@ -217,6 +233,19 @@ def worker_soak(session: nox.Session, db: str) -> None:
     _require_server(session, db)
     seconds = ("FENCING_WORKER_TORTURE_SECONDS", "120")
     _long_run(session, db, "tests/faults/test_worker_torture.py", seconds, "-n", "0")
+
+
+@nox.session(python=NEWEST, tags=["soak"])
+@nox.parametrize("db", list(DATABASES), ids=list(DATABASES))
+def schedule_soak(session: nox.Session, db: str) -> None:
+    """The schedules' torture (tests/faults/test_schedule_torture.py: four scheduling
+    processes on a 1000x clock, killed, frozen, their clocks jumping) with a long fault phase:
+    ``nox -s schedule_soak -- SECONDS`` (default 60: some 1,000 ticks of its minute schedule).
+    Outside CI: CI runs it for 12 s per database."""
+    _install(session, *TEST_EXTRAS, group="test")
+    _require_server(session, db)
+    seconds = ("FENCING_SCHEDULE_TORTURE_SECONDS", "60")
+    _long_run(session, db, "tests/faults/test_schedule_torture.py", seconds, "-n", "0")
 
 
 @nox.session(python=NEWEST, tags=["soak"])
@@ -357,3 +386,15 @@ def bench(session: nox.Session) -> None:
         session.install("-r", "benchmarks/requirements-peers.txt")
     for name in session.posargs or ["ops", "servers", "cycle"]:
         session.run("python", f"benchmarks/{name}.py")
+
+
+@nox.session(python=NEWEST)
+def lockset(session: nox.Session) -> None:
+    """The lock-set run (benchmarks/lockset.py): fencing.Locks, its writes fenced and not,
+    beside python-redis-lock, pottery's Redlock, tooz (PostgreSQL, MySQL), PostgreSQL's
+    advisory locks, portalocker and filelock, under pauses, kills and ended sessions; about
+    15 minutes at 12 s a cell. ``nox -s lockset -- --seconds 30`` passes its arguments on.
+    Outside CI: CI runs fencing's cells on each database for 3 s (tests/locks/test_lockset.py)."""
+    _install(session, *filter(None, DATABASES.values()))
+    session.install("-r", "benchmarks/requirements-locks.txt")
+    session.run("python", "benchmarks/lockset.py", *session.posargs)

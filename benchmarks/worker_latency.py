@@ -13,7 +13,10 @@ clock on Linux) to a file: one clock for every process of the machine. p50, p99 
 How each worker hears of a new job, at its defaults: fencing on PostgreSQL ``LISTEN``/``NOTIFY``
 from the enqueue's own statement, on SQLite the file's ``PRAGMA data_version`` watched every
 2 ms, on MariaDB its looks (backoff 10 ms to 0.5 s); procrastinate, pgqueuer and Graphile Worker
-``LISTEN``/``NOTIFY``; Celery Redis ``BRPOP``.
+``LISTEN``/``NOTIFY``; Celery Redis ``BRPOP``. Two more of fencing's: ``postgresql-poll``, the
+fallback where ``LISTEN`` cannot work (PgBouncer in transaction mode; here the pg8000 driver,
+which hears no notifications): looks backing off to 0.5 s; and ``sqlite-here``, the worker
+on a thread of the enqueuing process, woken by the enqueue itself (the table's bell).
 
 Peers as in ``benchmarks/worker_peers.py`` (their own venv; ``--graphile DIR`` with
 ``node_modules/graphile-worker``)::
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -67,10 +71,18 @@ def started(log: str, job_id: str) -> None:
 # -- the workers (each a process of its own) ------------------------------------------------------
 
 
+def engine_of(backend: str, directory: str) -> sa.Engine:
+    """fencing's engine; ``postgresql-poll`` on pg8000 (no notifications: it polls), and
+    ``sqlite-here`` on the one SQLite file."""
+    if backend == "postgresql-poll":
+        return sa.create_engine(PG.replace("postgresql://", "postgresql+pg8000://"))
+    return fencing_engine("sqlite" if backend == "sqlite-here" else backend, directory)
+
+
 def fencing_worker(backend: str, directory: str, log: str, front: str) -> None:
     table = fencing.jobs_table(sa.MetaData(), TABLE)
     if front == "thread":
-        store = fencing.JobStore(fencing_engine(backend, directory), table)
+        store = fencing.JobStore(engine_of(backend, directory), table)
         fencing.Worker(store, lambda job: started(log, job.job_id), ttl=30.0).run()
         return
     from sqlalchemy.ext.asyncio import create_async_engine
@@ -183,35 +195,42 @@ class System:
         self, name: str, prepare: Callable[[], Any], start: Callable[[], Any], enqueuer: Callable[[], Any]
     ):
         self.name, self.prepare, self.start, self.enqueuer = name, prepare, start, enqueuer
+        #: set by a worker in this process once its job started: waited for without polling
+        #: the log, whose reads would take the GIL the worker's thread needs
+        self.arrived: threading.Event | None = None
 
 
 def systems(args: argparse.Namespace, directory: str, log: str) -> list[System]:
-    process = spawned
-
     found: list[System] = []
     for name in args.systems:
         if name.startswith("fencing"):
             front = "async" if name.endswith("async") else "thread"
             for backend in args.backends:
+                if backend == "sqlite-here":
+                    if front == "thread":
+                        found.append(same_process_system(directory, log))
+                    continue
+                if backend == "postgresql-poll" and front == "async":
+                    continue  # pg8000 has no async mode
                 found.append(System(
                     f"fencing {'AsyncWorker' if front == 'async' else 'Worker'} {backend}",
                     lambda b=backend: fencing_prepare(b, directory),
-                    lambda b=backend, f=front: process(fencing_worker, b, directory, log, f),
+                    lambda b=backend, f=front: spawned(fencing_worker, b, directory, log, f),
                     lambda b=backend: fencing_enqueuer(b, directory),
                 ))  # fmt: skip
         elif name == "procrastinate":
             found.append(System(
-                "procrastinate postgresql", procrastinate_prepare, lambda: process(procrastinate_worker, log),
+                "procrastinate postgresql", procrastinate_prepare, lambda: spawned(procrastinate_worker, log),
                 procrastinate_enqueuer,
             ))  # fmt: skip
         elif name == "pgqueuer":
             found.append(System(
-                "pgqueuer postgresql", pgqueuer_prepare, lambda: process(pgqueuer_worker, log),
+                "pgqueuer postgresql", pgqueuer_prepare, lambda: spawned(pgqueuer_worker, log),
                 pgqueuer_enqueuer,
             ))  # fmt: skip
         elif name == "celery":
             found.append(System(
-                "Celery redis", celery_prepare, lambda: process(celery_worker, log),
+                "Celery redis", celery_prepare, lambda: spawned(celery_worker, log),
                 lambda: celery_enqueuer(log),
             ))  # fmt: skip
         elif name == "graphile" and args.graphile:
@@ -220,9 +239,9 @@ def systems(args: argparse.Namespace, directory: str, log: str) -> list[System]:
 
 
 def fencing_prepare(backend: str, directory: str) -> None:
-    if backend == "postgresql":
+    if backend.startswith("postgresql"):
         fresh_database()
-    engine = fencing_engine(backend, directory)
+    engine = engine_of(backend, directory)
     table = fencing.jobs_table(sa.MetaData(), TABLE)
     table.drop(engine, checkfirst=True)
     fencing.JobStore(engine, table).create_table()
@@ -230,8 +249,46 @@ def fencing_prepare(backend: str, directory: str) -> None:
 
 
 def fencing_enqueuer(backend: str, directory: str) -> Callable[[str], Any]:
-    store = fencing.JobStore(fencing_engine(backend, directory), fencing.jobs_table(sa.MetaData(), TABLE))
+    store = fencing.JobStore(engine_of(backend, directory), fencing.jobs_table(sa.MetaData(), TABLE))
     return lambda job_id: store.enqueue(job_id)
+
+
+def same_process_system(directory: str, log: str) -> System:
+    """fencing's Worker on a thread of this process, which enqueues on the same store."""
+    store: list[fencing.JobStore] = []
+    arrived = threading.Event()
+
+    def run(job: fencing.Job) -> None:
+        started(log, job.job_id)
+        arrived.set()
+
+    def start() -> Any:
+        engine = engine_of("sqlite-here", directory)
+        store.append(fencing.JobStore(engine, fencing.jobs_table(sa.MetaData(), TABLE)))
+        worker = fencing.Worker(store[0], run, ttl=30.0)
+        thread = threading.Thread(target=worker.run, kwargs={"handle_signals": False}, daemon=True)
+        thread.start()
+        return _Stoppable(worker, thread)
+
+    system = System(
+        "fencing Worker sqlite (same process)", lambda: fencing_prepare("sqlite", directory), start,
+        lambda: (lambda job_id: store[0].enqueue(job_id)),
+    )  # fmt: skip
+    system.arrived = arrived
+    return system
+
+
+class _Stoppable:
+    """A worker on a thread, stopped as ``stop`` stops a process."""
+
+    def __init__(self, worker: fencing.Worker, thread: threading.Thread) -> None:
+        self.worker, self.thread = worker, thread
+
+    def terminate(self) -> None:
+        self.worker.stop()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
 
 
 def procrastinate_prepare() -> None:
@@ -332,8 +389,12 @@ def measure(system: System, log: str, jobs: int, gap: float) -> list[float]:
         for i in range(jobs):
             time.sleep(gap)
             job_id = f"job-{i}"
+            if system.arrived is not None:
+                system.arrived.clear()
             before = time.monotonic_ns()
             enqueue(job_id)
+            if system.arrived is not None:
+                system.arrived.wait(30.0)
             offset, at = _wait_for(log, offset, job_id, 30.0)
             latencies.append((at - before) / 1e6)
         return latencies
@@ -375,7 +436,9 @@ def main() -> None:
         nargs="+",
         default=["fencing", "fencing-async", "procrastinate", "pgqueuer", "graphile", "celery"],
     )
-    parser.add_argument("--backends", nargs="+", default=["postgresql", "sqlite", "mariadb"])
+    parser.add_argument(
+        "--backends", nargs="+", default=["postgresql", "postgresql-poll", "sqlite", "sqlite-here", "mariadb"]
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
         log = os.path.join(directory, "starts.log")

@@ -35,6 +35,7 @@ from ._sql.attempts import attempts_table
 from ._sql.checks import DATABASE_CLOCK_MIN_TTL
 from ._sql.failures import Failure, failures_table
 from ._sql.payloads import payloads_table
+from ._sql.schedules import schedules_table
 from ._sql.schema import as_text, jobs, jobs_table
 from ._sql.values import JobState, Lease
 from ._store.election import Election
@@ -43,6 +44,8 @@ from ._store.history import History, HistoryEntry, history_table, holder_at
 from ._store.jobstore import JobStore
 from ._store.locks import HeldLock, Locks, locks_table
 from ._store.marks import FenceMarks, fence_marks_table, idempotency_keys_table
+from ._store.schedule import Schedule
+from ._store.scheduler import Scheduler
 from ._store.worker import Job, Worker
 
 __all__ = [
@@ -77,6 +80,8 @@ __all__ = [
     "OutcomeUnknown",
     "PoolTimeout",
     "Refusal",
+    "Schedule",
+    "Scheduler",
     "SchemaMismatch",
     "TableMissing",
     "Worker",
@@ -93,6 +98,7 @@ __all__ = [
     "jobs_table",
     "locks_table",
     "payloads_table",
+    "schedules_table",
 ]
 
 __version__ = "0.1.0"

@@ -341,11 +341,17 @@ class AsyncJobStore:
         *,
         ready_at: float | None = None,
         payload: Any = None,
+        revive: bool = True,
         conn: AsyncCallerConnection | None = None,
     ) -> bool:
         """:meth:`fencing.JobStore.enqueue` as a coroutine."""
         return await run(
-            self.sync_store.enqueue, job_id, ready_at=ready_at, payload=payload, conn=caller_sync(conn)
+            self.sync_store.enqueue,
+            job_id,
+            ready_at=ready_at,
+            payload=payload,
+            revive=revive,
+            conn=caller_sync(conn),
         )
 
     async def state(self, job_id: str, *, conn: AsyncCallerConnection | None = None) -> JobState | None:

@@ -47,7 +47,7 @@ from ._sql.statements import Statements
 from ._sql.views import JobViews
 from ._store.marks import fence_marks, idempotency_keys
 
-__all__ = ["STATES", "Cursor", "FenceMark", "IdempotencyKey", "JobView", "Overview", "Summary"]
+__all__ = ["STATES", "Cursor", "FenceMark", "Holder", "IdempotencyKey", "JobView", "Overview", "Summary"]
 
 #: every state a job can be in, as :class:`Overview` names them
 STATES = ("ready", "held", "deferred", "done", "poisoned")
@@ -178,6 +178,28 @@ class Summary:
     def as_json(self) -> dict[str, Any]:
         """The summary as JSON, for the CLI's ``stats --json`` and the dashboard's stream."""
         return {**asdict(self), "oldest_ready_age": self.oldest_ready_age}
+
+
+@dataclass(frozen=True)
+class Holder:
+    """An owner holding live leases (a worker, by the owner name its leases carry), at one
+    instant of the database's clock."""
+
+    owner: str
+    #: how many jobs it holds
+    jobs: int
+    #: the earliest and the latest end of its leases (seconds since the epoch)
+    first_until: float
+    last_until: float
+    now: float
+
+    @property
+    def first_until_in(self) -> float:
+        """Seconds until its first lease ends, unless renewed."""
+        return self.first_until - self.now
+
+    def as_json(self) -> dict[str, Any]:
+        return {**asdict(self), "first_until_in": self.first_until_in}
 
 
 @dataclass(frozen=True)
@@ -349,6 +371,14 @@ class Overview:
             highest_fence=None if highest is None else int(highest),
             claims=int(claims),
         )
+
+    def holders(self, *, limit: int = 20, conn: Connection | None = None) -> list[Holder]:
+        """Who holds live leases now: up to ``limit`` owners, the most jobs first, each with
+        the number of jobs it holds and when its leases end. A worker's leases carry its
+        owner name (host, process id and a random part unless given): this is the workers
+        that are busy, as the database sees them (an idle worker holds nothing)."""
+        rows = self._rows(self._sql.holders, {"limit": check_count("limit", limit)}, conn, self.table)
+        return [Holder(str(owner), int(n), float(a), float(b), float(now)) for owner, n, a, b, now in rows]
 
     def has_table(self, table: Table, *, conn: Connection | None = None) -> bool:
         """Whether ``table`` exists in the database."""

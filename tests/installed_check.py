@@ -30,8 +30,9 @@ from importlib import metadata
 from pathlib import Path
 from types import ModuleType
 
-#: a short torture run on SQLite (the CI's own runs are the torture sessions): the sync front,
-#: few workers, a seed fixed so a failure replays; about 10 s on a loaded 2-core machine
+#: a short torture run on SQLite (the suite's tests/faults/test_torture.py runs the harness on
+#: each database): the sync front, few workers, a seed fixed so a failure replays; about 10 s
+#: on a loaded 2-core machine
 TORTURE = ["--workers", "3", "--jobs", "120", "--seconds", "8", "--drain", "40", "--seed", "20261129"]
 #: one command's longest run: the demo takes seconds, the torture run under a minute
 TIMEOUT = 180

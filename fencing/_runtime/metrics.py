@@ -31,6 +31,12 @@ rules are shared):
 
 (Not ``lock.*``: those count the database's locks, above.)
 
+**Workers** (:class:`fencing.Worker`, :class:`fencing.asyncio.AsyncWorker`) count on their
+store's metrics: ``worker.started``, one outcome per started job (``worker.completed``,
+``worker.retried``, ``worker.poisoned``, ``worker.lost``, ``worker.refused``,
+``worker.unstored``), ``worker.handed_back``, and the timing ``worker.run``
+(:mod:`fencing._store.worker_rules` says what each means).
+
 **Timings** (:class:`Timing`: count, sum, min, max and fixed buckets, in seconds):
 
 * ``claim_next.latency`` and ``claim.latency``: the claim's transaction, from the store

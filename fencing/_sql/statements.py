@@ -222,14 +222,20 @@ class Statements:
         tombstone (its fence kept), or change nothing."""
         return {"done": _ZERO, "owner": null(), "until": self._ready_at, "result": null()}
 
-    def _enqueue_on_conflict(self, dialect: Any, *returning: ColumnElement[Any]) -> Executable:
+    def _enqueue_on_conflict(
+        self, dialect: Any, *returning: ColumnElement[Any], revive: bool = True
+    ) -> Executable:
         """The upsert as SQLite and PostgreSQL both spell it (``dialect``: the module whose
-        ``insert`` has ``on_conflict_do_update``), returning ``returning`` if given."""
+        ``insert`` has ``on_conflict_do_update``), returning ``returning`` if given;
+        ``revive=False``: a tombstone stays one (``ON CONFLICT DO NOTHING``)."""
         t = self.table
         new = dialect.insert(t).values(id=_key("job_id"), until=self._ready_at)
-        upsert = new.on_conflict_do_update(
-            index_elements=[t.c.id], set_=self._revive, where=t.c.done == _TOMBSTONE
-        )
+        if revive:
+            upsert = new.on_conflict_do_update(
+                index_elements=[t.c.id], set_=self._revive, where=t.c.done == _TOMBSTONE
+            )
+        else:
+            upsert = new.on_conflict_do_nothing(index_elements=[t.c.id])
         stmt: Executable = upsert.returning(*returning) if returning else upsert
         return stmt
 
@@ -238,9 +244,18 @@ class Statements:
         return self._enqueue_on_conflict(sqlite)
 
     @cached_property
+    def enqueue_new_sqlite(self) -> Executable:
+        """:attr:`enqueue_sqlite` that leaves a deleted job's tombstone as it is."""
+        return self._enqueue_on_conflict(sqlite, revive=False)
+
+    @cached_property
     def enqueue_postgresql(self) -> Executable:
         """RETURNING on PostgreSQL, whose driver's row count for upserts is not documented."""
         return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
+
+    @cached_property
+    def enqueue_new_postgresql(self) -> Executable:
+        return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id), revive=False)
 
     @cached_property
     def enqueue_announcing_postgresql(self) -> Executable:
@@ -250,12 +265,18 @@ class Statements:
         return self._enqueue_on_conflict(postgresql, as_text(self.table.c.id), self._announcement)
 
     @cached_property
+    def enqueue_new_announcing_postgresql(self) -> Executable:
+        return self._enqueue_on_conflict(
+            postgresql, as_text(self.table.c.id), self._announcement, revive=False
+        )
+
+    @cached_property
     def _announcement(self) -> ColumnElement[Any]:
         return listening_notice(channel_of(self.table))
 
-    def _enqueue_with_payload(self, *returning: ColumnElement[Any]) -> Executable:
+    def _enqueue_with_payload(self, *returning: ColumnElement[Any], revive: bool = True) -> Executable:
         p = self._payloads_table()
-        upsert_job = self._enqueue_on_conflict(postgresql, as_text(self.table.c.id))
+        upsert_job = self._enqueue_on_conflict(postgresql, as_text(self.table.c.id), revive=revive)
         assert isinstance(upsert_job, Insert)
         job = upsert_job.cte("job")
         new = postgresql.insert(p).from_select(
@@ -277,6 +298,14 @@ class Statements:
         """:attr:`enqueue_with_payload_postgresql` that also wakes other processes' waiting
         claims, as :attr:`enqueue_announcing_postgresql` does."""
         return self._enqueue_with_payload(self._announcement)
+
+    @cached_property
+    def enqueue_new_with_payload_postgresql(self) -> Executable:
+        return self._enqueue_with_payload(revive=False)
+
+    @cached_property
+    def enqueue_new_with_payload_announcing_postgresql(self) -> Executable:
+        return self._enqueue_with_payload(self._announcement, revive=False)
 
     @cached_property
     def enqueue_plain(self) -> Executable:

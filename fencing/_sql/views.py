@@ -206,6 +206,23 @@ class JobViews:
             self.database.fence_sum(t.c.fence),
         )
 
+    @cached_property
+    def holders(self) -> Executable:
+        """Who holds live leases: each owner with how many jobs it holds and the earliest and
+        latest ends of its leases, the most jobs first, up to ``limit`` owners. The held
+        leases are a range of the ready index (``done = 0, until > now``): the grouping
+        sorts what that range holds, never the table."""
+        t, now = self.table, self._clock
+        owner = as_text(t.c.owner)
+        held = func.count()
+        return (
+            select(owner, held, func.min(t.c.until), func.max(t.c.until), now)
+            .where(self._held)
+            .group_by(t.c.owner)
+            .order_by(held.desc(), t.c.owner)
+            .limit(self._limit)
+        )
+
     # -- fence marks and idempotency keys ----------------------------------------------------
 
     @cached_property

@@ -254,6 +254,11 @@ class JobsContext(Context):
         self.enqueue = self.plan.enqueue(self.errors, self.announcer)
         #: the same with the job's payload, and whether that is one statement
         self.enqueue_with_payload = self.plan.enqueue_with_payload(self.errors, self.announcer)
+        #: both, leaving a deleted job's tombstone as it is (``enqueue(revive=False)``)
+        self.enqueue_new = self.plan.enqueue(self.errors, self.announcer, revive=False)
+        self.enqueue_new_with_payload = self.plan.enqueue_with_payload(
+            self.errors, self.announcer, revive=False
+        )
 
     # -- arguments -------------------------------------------------------------------------
 

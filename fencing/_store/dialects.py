@@ -51,20 +51,26 @@ class DialectPlan:
         self.clock_resolution = database.clock_resolution
 
     def enqueue(
-        self, errors: tuple[type[BaseException], ...], announcer: Announcer
+        self, errors: tuple[type[BaseException], ...], announcer: Announcer, *, revive: bool = True
     ) -> Callable[[Executor, Statements, dict[str, Any]], bool]:
         """The insert of a new job, as this database upserts: ``True`` if inserted, ``False``
-        if it exists (a deleted job's tombstone comes back). ``errors``: what a database call
-        raises here; ``announcer``: whether it tells other processes' waiting claims
-        (PostgreSQL's NOTIFY, :mod:`.announcer`)."""
+        if it exists (a deleted job's tombstone comes back, unless ``revive=False``).
+        ``errors``: what a database call raises here; ``announcer``: whether it tells other
+        processes' waiting claims (PostgreSQL's NOTIFY, :mod:`.announcer`)."""
         if self.upsert == COUNTED:
+            if not revive:
+                return lambda x, s, p: x.count(s.enqueue_new_sqlite, p) == 1
             return lambda x, s, p: x.count(s.enqueue_sqlite, p) == 1
         if self.upsert == RETURNED:
 
             def returned(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
                 if announcer.asks():
-                    return announcer.heard(x.rows(s.enqueue_announcing_postgresql, p))
-                return len(x.rows(s.enqueue_postgresql, p)) == 1
+                    asking = (
+                        s.enqueue_announcing_postgresql if revive else s.enqueue_new_announcing_postgresql
+                    )
+                    return announcer.heard(x.rows(asking, p))
+                plain = s.enqueue_postgresql if revive else s.enqueue_new_postgresql
+                return len(x.rows(plain, p)) == 1
 
             return returned
 
@@ -75,13 +81,13 @@ class DialectPlan:
                 # the duplicate key means "exists"; only this statement is undone and the
                 # transaction goes on: bring back a tombstone, if it is one
                 if is_duplicate_key(exc):
-                    return x.count(s.revive, p) == 1
+                    return revive and x.count(s.revive, p) == 1
                 raise
 
         return plain
 
     def enqueue_with_payload(
-        self, errors: tuple[type[BaseException], ...], announcer: Announcer
+        self, errors: tuple[type[BaseException], ...], announcer: Announcer, *, revive: bool = True
     ) -> tuple[Callable[[Executor, Statements, dict[str, Any]], bool], bool]:
         """The insert of a new job with its payload (bind ``payload``: its JSON text), and
         whether that is one statement: on PostgreSQL the job's upsert and the payload's write
@@ -92,11 +98,17 @@ class DialectPlan:
 
             def returned(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
                 if announcer.asks():
-                    return announcer.heard(x.rows(s.enqueue_with_payload_announcing_postgresql, p))
-                return len(x.rows(s.enqueue_with_payload_postgresql, p)) == 1
+                    asking = (
+                        s.enqueue_with_payload_announcing_postgresql
+                        if revive
+                        else s.enqueue_new_with_payload_announcing_postgresql
+                    )
+                    return announcer.heard(x.rows(asking, p))
+                plain = s.enqueue_with_payload_postgresql if revive else s.enqueue_new_with_payload_postgresql
+                return len(x.rows(plain, p)) == 1
 
             return returned, True
-        enqueue = self.enqueue(errors, announcer)
+        enqueue = self.enqueue(errors, announcer, revive=revive)
 
         def then_payload(x: Executor, s: Statements, p: dict[str, Any]) -> bool:
             if not enqueue(x, s, p):

@@ -53,6 +53,7 @@ class LeaseOperations:
         *,
         ready_at: float | None = None,
         payload: Any = None,
+        revive: bool = True,
         conn: CallerConnection | None = None,
     ) -> bool:
         """Register ``job_id`` unclaimed; ``False`` (and nothing changed) if it exists.
@@ -65,7 +66,8 @@ class LeaseOperations:
         one millisecond tie there, the servers' count microseconds). ``ready_at=0`` is the
         contract's row (``service.enqueue``): ready at once on any clock. A
         :meth:`delete`-d id comes back with its fence kept, so it never hands out an old
-        token again.
+        token again; ``revive=False`` leaves it deleted instead (``False``): an id that is
+        registered once, ever, as a schedule's tick is (:class:`fencing.Scheduler`).
 
         ``payload``: the job's arguments, JSON (dicts with ``str`` keys, lists, ``str``,
         ``int``, finite ``float``, ``bool``, ``None``), written in the same transaction into the
@@ -81,14 +83,16 @@ class LeaseOperations:
             s, params = ctx.by_database, {"job_id": job_id}
         else:
             s, params = ctx.by_caller, {"job_id": job_id, "ready_at": check_time("ready_at", ready_at)}
+        if not isinstance(revive, bool):
+            raise InvalidArgumentType(f"revive must be a bool, got {type(revive).__name__}")
         if payload is None:
-            enqueue = ctx.enqueue
+            enqueue = ctx.enqueue if revive else ctx.enqueue_new
             single = ctx.plan.upsert != DUPLICATE_KEY  # one INSERT ... ON CONFLICT
             added = ctx.run_jobs(lambda x: enqueue(x, s, params), conn, job=job_id, single=single)
         else:
             ctx.require("enqueue(payload=)", "payloads")
             params["payload"] = encode_payload(payload)
-            with_payload, single = ctx.enqueue_with_payload
+            with_payload, single = ctx.enqueue_with_payload if revive else ctx.enqueue_new_with_payload
             added = ctx.run_jobs(lambda x: with_payload(x, s, params), conn, job=job_id, single=single)
         if added and conn is None:
             ctx.ring()  # committed: this process's waiting claims look now

@@ -13,6 +13,10 @@ service, another database) protects its own writes with the same token through
               raise StaleLease("a newer lease already wrote invoice-42")
           conn.execute(invoices.update().values(total=99).where(invoices.c.id == 42))
 
+  For a read -> modify -> write, accept the token in the read's transaction too: the write
+  alone being fenced, an old holder that wakes between a newer holder's read and its write
+  lands its write, which the newer one then overwrites.
+
 * :meth:`FenceMarks.record_once` records an idempotency key: ``True`` the first time,
   ``False`` ever after, so a side effect that is retried (a re-delivered message, a worker
   that took over a job) happens once.

@@ -348,9 +348,12 @@ def _let_go(conn: Any, pool: Any, broken: bool) -> None:
 
 class _LoopHub:
     """The async driver's listening connection of one engine on one event loop, shared by
-    its waiting tasks: opened (inside asyncio's bridge) by the first to subscribe, closed by
-    the last to leave. asyncpg hands notifications to a callback on the loop; psycopg's
-    async connection is read by a task of the hub."""
+    its waiting tasks: opened (inside asyncio's bridge) by the first to subscribe, closed
+    :data:`LINGER` seconds after the last one left (by a task of the hub; at once if the
+    loop ends meanwhile, as ``asyncio.run`` cancels what is left). A worker that is busy
+    between two waits so keeps its connection: no connection opened and closed per job,
+    and no close on the way of the claim that returns. asyncpg hands notifications to a
+    callback on the loop; psycopg's async connection is read by a task of the hub."""
 
     def __init__(self, engine: Engine) -> None:
         self._engine = weakref.ref(engine)
@@ -360,6 +363,7 @@ class _LoopHub:
         self._conn: Any = None
         self._listening: set[str] = set()
         self._reader: asyncio.Task[None] | None = None
+        self._closer: asyncio.Task[None] | None = None
         self._broken = False
 
     def subscribe(self, channel: str, name: str) -> Listener:
@@ -386,7 +390,16 @@ class _LoopHub:
         from .._runtime.private_sqlalchemy import await_only
 
         self._waiters.remove(listener)
-        if self._waiters.channels():
+        if self._waiters.channels() or self._conn is None:
+            return
+        if self._closer is not None and not self._closer.done():
+            return  # a closer looks at its time whether anyone listens then
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop runs (a listener collected late): close now
+            loop = None
+        if loop is not None:
+            self._closer = loop.create_task(self._close_when_idle(), name="fencing-listener-linger")
             return
         await_only(self._guard.acquire())
         try:
@@ -394,6 +407,18 @@ class _LoopHub:
                 self._close()
         finally:
             self._guard.release()
+
+    async def _close_when_idle(self) -> None:
+        """Close the connection :data:`LINGER` seconds on if no one listens then; at once if
+        cancelled (the loop ends)."""
+        from .._runtime.private_sqlalchemy import greenlet_spawn
+
+        try:
+            await asyncio.sleep(LINGER)
+        finally:
+            async with self._guard:
+                if not self._waiters.channels() and self._conn is not None:
+                    await greenlet_spawn(self._close)
 
     def _open(self) -> None:
         engine = self._engine()

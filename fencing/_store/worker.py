@@ -80,7 +80,9 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
     ``max_attempts``: how many claims a job gets before it is left poisoned; ``retry_delay``
     and ``max_retry_delay``: the backoff of a failed job's next attempt (seconds); ``drain``:
     how long running jobs may take to finish once the worker stops; ``owner``: the name its
-    leases carry (default: host, process id and a random part).
+    leases carry (default: host, process id and a random part); ``schedules``: a
+    :class:`~fencing.Scheduler` this worker keeps while it runs (every worker may keep the
+    same ones: each tick is still one job).
     Everything is checked here: a bad argument raises before anything runs.
     """
 
@@ -132,9 +134,15 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             ]
             for slot in self._slots:
                 slot.start()
+            if self.schedules is not None:
+                self.schedules.start()
             self._stopping.wait()
+            if self.schedules is not None:
+                self.schedules.stop()  # enqueue no more ticks while draining
             self._drain()
         finally:
+            if self.schedules is not None:
+                self.schedules.stop()
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         logger.info("worker %s stopped", self.owner)
@@ -254,18 +262,20 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             heartbeat.stop()
             self._handed_back(lease, self.store.release(lease), "before it started")
             return None
-        started = time.perf_counter()
+        started = self._starts()
         try:
             value = self.function(job)
             result = None if job.completed else as_result(value)
         except BaseException as exc:  # SystemExit too: a slot that died of it would be lost silently
+            took = self._ran(started)
             heartbeat.stop()
             self._forget(job)
-            self._failed(job, heartbeat, exc, time.perf_counter() - started)
+            self._failed(job, heartbeat, exc, took)
             return None
+        took = self._ran(started)
         heartbeat.stop()
         self._forget(job)
-        if not self._worth_storing(job, time.perf_counter() - started, heartbeat.reason):
+        if not self._worth_storing(job, took, heartbeat.reason):
             return None
         return heartbeat.lease, result
 
@@ -299,7 +309,7 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         try:
             released = self.store.release(heartbeat.lease, delay=delay, failure=failure)
         except Exception:
-            logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)
+            self._unreleased(job)
             return
         self._failure_logged(job, exc, took, released, last, delay)
 

@@ -4,8 +4,22 @@
 What is decided here is decided once for both fronts: the arguments and what a bad one gets;
 what a function's return value is stored as; when a failed job is tried again (exponential
 backoff, capped, with equal jitter) and when it is left poisoned; what a failure is stored as
-(type, message and traceback); and each line the worker logs. A front carries the steps out:
-threads and a :class:`threading.Event`, or tasks and an :class:`asyncio.Event`.
+(type, message and traceback); each line the worker logs, and what it counts on its store's
+metrics. A front carries the steps out: threads and a :class:`threading.Event`, or tasks and an
+:class:`asyncio.Event`.
+
+**What a worker counts** (on ``store.metrics``, so :mod:`fencing.otel` exports it with the
+store's own counters; the same on both fronts): ``worker.started`` (a function began a job),
+then one outcome per started job: ``worker.completed`` (its result stored, or the function
+completed the job in its own transaction), ``worker.retried`` (it raised; released with its
+failure for a later attempt), ``worker.poisoned`` (it raised on its last attempt),
+``worker.lost`` (its lease was lost or the job handed back while it ran: nothing of it
+stored), ``worker.refused`` (the store refused its completion or its failure's release: the
+lease had ended meanwhile), ``worker.unstored`` (its completion or release failed: the lease
+runs out and the job runs again). Besides: ``worker.handed_back`` (a job released as the
+worker stopped, running or not yet started). The timing ``worker.run`` is each function's
+run, from its start to its return or raise. ``worker.started`` less the outcomes is the jobs
+running now.
 """
 
 from __future__ import annotations
@@ -14,14 +28,17 @@ import logging
 import os
 import random
 import socket
+import time
 import traceback
 import uuid
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._errors import InvalidArgument, InvalidArgumentType, LeaseLost
+from .._runtime.metrics import StoreMetrics
 from .._sql.checks import check_count
 from .._sql.payloads import encode_payload
 from .._sql.values import Lease
+from .scheduler import Scheduler
 
 __all__ = ["IDLE_WAIT", "Handoff", "JobRules", "WorkerRules", "logger"]
 
@@ -139,9 +156,16 @@ class WorkerRules(Generic[S, Fn]):
         max_retry_delay: float = 300.0,
         drain: float = 30.0,
         owner: str | None = None,
+        schedules: Scheduler | None = None,
     ) -> None:
         self._check_store(store)
         self._check_function(function)
+        if schedules is not None and not isinstance(schedules, Scheduler):
+            raise InvalidArgumentType(
+                f"schedules must be a fencing.Scheduler (or None), got {type(schedules).__name__}"
+            )
+        #: the schedules this worker keeps while it runs (on a thread of the scheduler's own)
+        self.schedules = schedules
         self.store = store
         self.function = function
         self.concurrency = check_count("concurrency", concurrency)
@@ -154,6 +178,7 @@ class WorkerRules(Generic[S, Fn]):
         checks: Any = getattr(store, "sync_store", store)  # an async store's rules are its sync store's
         self.owner = checks.check_key(owner, name="owner")
         self._keeps_failures = store.failures is not None  # type: ignore[attr-defined]
+        self._metrics: StoreMetrics = store.metrics  # type: ignore[attr-defined]
         self._front_state()
 
     def __repr__(self) -> str:
@@ -174,6 +199,17 @@ class WorkerRules(Generic[S, Fn]):
 
     # -- decisions -----------------------------------------------------------------------------
 
+    def _starts(self) -> float:
+        """A function begins a job: counted; the ``time.perf_counter()`` its run is timed from."""
+        self._metrics.add("worker.started")
+        return time.perf_counter()
+
+    def _ran(self, started: float) -> float:
+        """A function's run ended (returned or raised): timed; how long it took."""
+        took = time.perf_counter() - started
+        self._metrics.time("worker.run", took)
+        return took
+
     def _retry_delay(self, attempt: int) -> float:
         """Exponential, capped, with equal jitter (a random point in the upper half)."""
         span = min(self.max_retry_delay, self.retry_delay * 2.0 ** min(attempt - 1, 60))
@@ -187,6 +223,7 @@ class WorkerRules(Generic[S, Fn]):
         delay of the next one (``None``: the last), and the failure to store (``None`` for a
         store without a failures table: the log only)."""
         if job.lost.is_set():
+            self._metrics.add("worker.lost")
             logger.warning("job %r failed after its lease was lost: %r (not recorded)", job.job_id, exc)
             return None
         last = job.attempt >= self.max_attempts
@@ -198,11 +235,13 @@ class WorkerRules(Generic[S, Fn]):
         the job itself, nor when the lease was lost or handed back meanwhile (``reason``: the
         heartbeat's)."""
         if job.completed:
+            self._metrics.add("worker.completed")
             logger.info(
                 "job %r done in %.3f s (attempt %d), in its own transaction", job.job_id, took, job.attempt
             )
             return False
         if job.lost.is_set():
+            self._metrics.add("worker.lost")
             logger.warning(
                 "job %r returned after its lease was lost or handed back (%s): its result is not stored",
                 job.job_id, reason or "handed back",
@@ -213,7 +252,16 @@ class WorkerRules(Generic[S, Fn]):
 
     # -- what is logged ------------------------------------------------------------------------
 
+    def _cancelled(self, job: JobRules[Any], took: float, reason: str | None) -> None:
+        """The async front's coroutine was cancelled: its lease was lost or the job handed back."""
+        self._metrics.add("worker.lost")
+        logger.warning(
+            "job %r cancelled after %.3f s: its lease was lost or handed back (%s)",
+            job.job_id, took, reason or "handed back",
+        )  # fmt: skip
+
     def _handed_back(self, lease: Lease, released: object, when: str) -> None:
+        self._metrics.add("worker.handed_back")
         logger.warning(
             "job %r handed back %s (attempt %d): %s", lease.job_id, when, lease.fence,
             "another worker may start it now" if released else f"the release was refused: {released}",
@@ -223,9 +271,18 @@ class WorkerRules(Generic[S, Fn]):
     def _judged(self, handoff: Handoff) -> None:
         lease = handoff.completion[0]
         if handoff.error is not None:
+            self._metrics.add("worker.unstored")
             logger.error(COMPLETION_FAILED, lease.job_id, exc_info=handoff.error)
         elif not handoff.accepted:
+            self._metrics.add("worker.refused")
             logger.warning("job %r: its result was refused: %s", lease.job_id, handoff.accepted)
+        else:
+            self._metrics.add("worker.completed")
+
+    def _unreleased(self, job: JobRules[Any]) -> None:
+        """A failed job's release itself failed."""
+        self._metrics.add("worker.unstored")
+        logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)
 
     def _batch_claims(self, batch: list[Handoff]) -> int:
         """How many jobs a batch claims: one for each slot that asks for its next."""
@@ -241,14 +298,17 @@ class WorkerRules(Generic[S, Fn]):
         delay: float | None,
     ) -> None:
         if not released:
+            self._metrics.add("worker.refused")
             logger.warning("job %r failed (%r) and its release was refused: %s", job.job_id, exc, released)
         elif last:
+            self._metrics.add("worker.poisoned")
             logger.error(
                 "job %r failed in %.3f s on its last attempt (%d of %d), poisoned: %r",
                 job.job_id, took, job.attempt, self.max_attempts, exc,
                 extra={"job_id": job.job_id, "fence": job.attempt},
             )  # fmt: skip
         else:
+            self._metrics.add("worker.retried")
             logger.warning(
                 "job %r failed in %.3f s (attempt %d of %d), retried in %.1f s: %r",
                 job.job_id, took, job.attempt, self.max_attempts, delay, exc,

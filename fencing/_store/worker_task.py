@@ -82,7 +82,9 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
     :class:`~fencing.asyncio.AsyncJobStore`, ``concurrency`` at a time, as tasks of the loop
     that awaits :meth:`run`. The arguments and their checks are :class:`fencing.Worker`'s;
     ``function`` must be an ``async def`` function (or another callable whose call returns a
-    coroutine: checked when it is called, a job failure if not)."""
+    coroutine: checked when it is called, a job failure if not). ``schedules``: a
+    :class:`fencing.Scheduler`, kept on a thread of its own while the worker runs (on a sync
+    :class:`fencing.JobStore` of the same database: a scheduler's passes are few)."""
 
     def _front_state(self) -> None:
         self._stopping = asyncio.Event()
@@ -134,12 +136,17 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
                 loop.create_task(self._slot(self.owner), name=f"fencing-slot-{n}")
                 for n in range(self.concurrency)
             ]
+            if self.schedules is not None:
+                self.schedules.start()  # a thread of its own, on its own sync store
             try:
                 await self._stopping.wait()
             except asyncio.CancelledError:
                 self.stop(now=True)
                 await asyncio.shield(self._drain())
                 raise
+            finally:
+                if self.schedules is not None:
+                    self.schedules.stop(timeout=0)  # enqueue no more ticks while draining
             await self._drain()
         finally:
             for signum, handler in previous.items():
@@ -278,7 +285,7 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
             await heartbeat.stop()
             self._handed_back(lease, await self.store.release(lease), "before it started")
             return None
-        started = time.perf_counter()
+        started = self._starts()
         task = asyncio.get_running_loop().create_task(self._call(job), name=f"fencing-job-{lease.job_id:.40}")
         tasks.append(task)
         self._running[lease.job_id] = _Running(job, heartbeat, task)
@@ -289,13 +296,10 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
             raise
         finally:
             self._running.pop(lease.job_id, None)
+        took = self._ran(started)
         await heartbeat.stop()
-        took = time.perf_counter() - started
         if task.cancelled():
-            logger.warning(
-                "job %r cancelled after %.3f s: its lease was lost or handed back (%s)",
-                job.job_id, took, heartbeat.reason or "handed back",
-            )  # fmt: skip
+            self._cancelled(job, took, heartbeat.reason)
             return None
         exc = task.exception()
         if exc is not None:
@@ -348,7 +352,7 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
         try:
             released = await self.store.release(heartbeat.lease, delay=delay, failure=failure)
         except Exception:
-            logger.exception("job %r: could not release it after a failure (its lease runs out)", job.job_id)
+            self._unreleased(job)
             return
         self._failure_logged(job, exc, took, released, last, delay)
 

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Sequence
 from importlib import metadata as package_metadata
 
-from . import changes, demo, doctor, jobs, locks, serve, torture, worker
+from . import changes, demo, doctor, jobs, locks, schedules, serve, torture, worker
 from ._database import URL_VARIABLE
 from ._options import Commands
 
@@ -43,6 +43,7 @@ PARSERS: tuple[Callable[[Commands], None], ...] = (
     demo.add_demo,
     serve.add_serve,
     worker.add_worker,
+    schedules.add_schedules,
     doctor.add_doctor,
     torture.add_torture,
 )

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import Engine, MetaData, Table
 
 from .._errors import InvalidArgument
+from .._sql.schedules import schedules_table
 from .._store.history import History
 from .._store.jobstore import JobStore
 from .._store.locks import locks_table
@@ -109,6 +110,12 @@ def add_serve(commands: Commands) -> None:
     parser.add_argument(
         "--locks-table", default="fencing_locks", metavar="NAME", help="the named locks' table (%(default)s)"
     )
+    parser.add_argument(
+        "--schedules-table",
+        default="fencing_schedules",
+        metavar="NAME",
+        help="the schedules table (%(default)s): its schedules listed when it exists",
+    )
 
 
 def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
@@ -128,6 +135,11 @@ def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
     tokens = read_tokens(args.api_tokens) if args.api_tokens else None
     hosts = allowed_hosts(args.host, args.allowed_host or ())
     sides = db.beside(args.payloads_table, args.failures_table)
+    schedules = (
+        schedules_table(MetaData(), args.schedules_table, schema=db.table.schema)
+        if db.has(args.schedules_table)
+        else None
+    )
     app = app_for(
         db.engine,
         db.table,
@@ -136,6 +148,7 @@ def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
         attempts=db.attempts(args.attempts_table),
         payloads=sides.payloads,
         failures=sides.failures,
+        schedules=schedules,
         interval=args.interval,
         max_attempts=args.max_attempts,
         tokens=tokens,
@@ -231,6 +244,7 @@ def app_for(
     attempts: Table | None = None,
     payloads: Table | None = None,
     failures: Table | None = None,
+    schedules: Table | None = None,
     max_attempts: int | None,
     tokens: dict[str, Caller] | None,
     hosts: Sequence[str] = LOOPBACK,
@@ -273,6 +287,7 @@ def app_for(
         attempts=attempts,
         payloads=payloads,
         failures=failures,
+        schedules=schedules,
     )
     routes.append(Mount("/", board))
     app = Starlette(routes=routes, lifespan=board.router.lifespan_context)

@@ -24,15 +24,19 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, MetaData
 
 from .._dialects import by_name
+from .._errors import FencingError
+from .._sql.schedules import schedules_table
+from .._store.schedule import Schedule
+from .._store.scheduler import Scheduler
 from .._store.worker import Worker
 from ._database import Database, Failed, add_command
 from ._options import Commands, add_side_tables, at_least, whole
 from ._output import Output
 
-__all__ = ["add_worker", "load_function"]
+__all__ = ["add_worker", "load_function", "load_schedules"]
 
 #: the options that count: flag, default, most, what it is
 _COUNTS = (
@@ -78,6 +82,18 @@ def add_worker(commands: Commands) -> None:
         )
     parser.add_argument("--owner", metavar="NAME", help="the leases' owner (default: host:pid:random)")
     parser.add_argument(
+        "--schedules",
+        metavar="MODULE:NAME",
+        help="a list of fencing.Schedule this worker keeps (each tick one job, however many "
+        "workers keep them), in the schedules table --schedules-table",
+    )
+    parser.add_argument(
+        "--schedules-table",
+        default="fencing_schedules",
+        metavar="NAME",
+        help="where the schedules' progress is kept (%(default)s; created if missing)",
+    )
+    parser.add_argument(
         "--log-level",
         default="INFO",
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
@@ -101,6 +117,15 @@ def work(args: argparse.Namespace, db: Database, out: Output) -> int:
         "drain": args.drain,
         "owner": args.owner,
     }
+    if args.schedules is not None:
+        schedules = load_schedules(args.schedules)
+        kept = schedules_table(MetaData(), args.schedules_table, schema=store.table.schema)
+        try:
+            scheduler = Scheduler(store, schedules, table=kept)
+        except FencingError as exc:
+            raise Failed(f"{args.schedules}: {exc}") from None
+        scheduler.create_table()
+        settings["schedules"] = scheduler
     if not _is_async(function):
         Worker(store, function, **settings).run()
         return 0
@@ -153,9 +178,33 @@ def async_engine_for(engine: Engine) -> Any:
 def load_function(spec: str) -> Callable[..., Any]:
     """``MODULE:FUNCTION``, imported with the current directory on ``sys.path``; a
     :class:`Failed` that says what is wrong otherwise."""
+    found = _load(spec, "the function must be given as MODULE:FUNCTION (tasks:send_email)")
+    if not callable(found):
+        raise Failed(f"{spec} is a {type(found).__name__}, not a function")
+    return found  # type: ignore[no-any-return]
+
+
+def load_schedules(spec: str) -> list[Schedule]:
+    """``MODULE:NAME``, a list (or other iterable) of :class:`fencing.Schedule`."""
+    found = _load(spec, "the schedules must be given as MODULE:NAME (tasks:SCHEDULES)")
+    if isinstance(found, Schedule):
+        return [found]
+    try:
+        listed = list(found)
+    except TypeError:
+        raise Failed(f"{spec} is a {type(found).__name__}, not a list of fencing.Schedule") from None
+    wrong = [item for item in listed if not isinstance(item, Schedule)]
+    if wrong or not listed:
+        kind = type(wrong[0]).__name__ if wrong else ""
+        what = f"holds {'an' if kind[:1] in 'aeiou' else 'a'} {kind}" if wrong else "is empty"
+        raise Failed(f"{spec} {what}: it must be a list of fencing.Schedule")
+    return listed
+
+
+def _load(spec: str, form: str) -> Any:
     module_name, colon, name = spec.partition(":")
     if not colon or not module_name or not name:
-        raise Failed(f"the function must be given as MODULE:FUNCTION (tasks:send_email), got {spec!r}")
+        raise Failed(f"{form}, got {spec!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
@@ -167,6 +216,4 @@ def load_function(spec: str) -> Callable[..., Any]:
             found = getattr(found, part)
         except AttributeError:
             raise Failed(f"module {module_name!r} has no {name!r}") from None
-    if not callable(found):
-        raise Failed(f"{spec} is a {type(found).__name__}, not a function")
-    return found  # type: ignore[no-any-return]
+    return found

@@ -6,9 +6,10 @@ read per interval, not fifty. A page that is loaded takes the latest snapshot if
 younger than the interval, else the one read all loads waiting at that moment share.
 
 A snapshot is JSON: the :class:`~fencing.overview.Summary` (counts by state, the longest
-wait, leases ending soon, the highest fence), the leases that end soonest, the job waiting
-longest, the refused writes by reason in the last hour (from the ownership history, when the
-dashboard is given its table), and a series of rates per minute over the last
+wait, leases ending soon, the highest fence), the leases that end soonest, who holds leases
+(the busy workers, :meth:`~fencing.overview.Overview.holders`), the job waiting longest, the
+refused writes by reason in the last hour (from the ownership history, when the dashboard is
+given its table), and a series of rates per minute over the last
 ``SERIES`` intervals: claims (the difference of the fences' sum), completions (of the done
 count) and refused writes (history rows). ``changed`` says whether anything in the table
 moved since the snapshot before, so pages showing a listing re-read it only then.
@@ -29,8 +30,9 @@ from starlette.concurrency import run_in_threadpool
 
 from .._errors import FencingError
 from .._sql.dberrors import DB_ERRORS, wrap_database_error
+from .._sql.schedules import ScheduleViews
 from .._sql.views import HistoryViews
-from ..overview import JobView, Overview
+from ..overview import Holder, JobView, Overview
 
 __all__ = ["SERIES", "Feed"]
 
@@ -40,6 +42,8 @@ logger = logging.getLogger("fencing.web")
 SERIES = 60
 #: leases ending soonest, shown on the overview
 EXPIRING = 10
+#: owners holding leases (the busy workers), shown on the overview
+HOLDERS = 10
 #: how far back the refusals by reason count (seconds)
 REFUSALS_WINDOW = 3600.0
 
@@ -54,6 +58,7 @@ class Feed:
         history: Table | None = None,
         interval: float = 1.0,
         max_attempts: int | None = None,
+        schedules: Table | None = None,
     ) -> None:
         self.overview = overview
         self.history = history
@@ -74,6 +79,8 @@ class Feed:
         #: thread reads on, on a pooled connection, until it returns (close() waits for it)
         self._thread: asyncio.Future[dict[str, Any]] | None = None
         self._history = None if history is None else HistoryViews(history)
+        #: the schedules' rows, each with its last tick's job state (a primary-key read each)
+        self._schedules = None if schedules is None else ScheduleViews(schedules, overview.table)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -84,14 +91,24 @@ class Feed:
             with ov.reading() as conn:
                 summary = ov.summary(max_attempts=self.max_attempts, conn=conn)
                 expiring = ov.jobs("held", limit=EXPIRING, conn=conn)
+                holders = ov.holders(limit=HOLDERS, conn=conn)
                 oldest = ov.jobs("ready", limit=1, max_attempts=self.max_attempts, conn=conn)
                 refusals = self._refusals(conn, summary.now)
+                schedules = self._schedules_now(conn)
             error = None
         except FencingError as exc:
-            summary, expiring, oldest, refusals = None, [], [], None
+            summary, expiring, holders, oldest, refusals, schedules = None, [], [], [], None, None
             error = f"{type(exc).__name__}: {exc}"
         self.reads += 1
-        return self._snapshot(summary, expiring, oldest, refusals, error)
+        return self._snapshot(summary, expiring, holders, oldest, refusals, error, schedules)
+
+    def _schedules_now(self, conn: Connection) -> list[dict[str, Any]] | None:
+        if self._schedules is None:
+            return None
+        try:
+            return self._schedules.read(conn)
+        except DB_ERRORS as exc:
+            raise wrap_database_error(exc, self._schedules.table.name) from exc
 
     def _refusals(self, conn: Connection, now: float) -> dict[str, int] | None:
         if self._history is None:
@@ -106,9 +123,11 @@ class Feed:
         self,
         summary: Any,
         expiring: list[JobView],
+        holders: list[Holder],
         oldest: list[JobView],
         refusals: dict[str, int] | None,
         error: str | None,
+        schedules: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         counts: dict[str, Any] | None = None
         if summary is not None:
@@ -137,8 +156,10 @@ class Feed:
         body = {
             "summary": counts,
             "expiring": [j.as_json() for j in expiring],
+            "holders": [h.as_json() for h in holders],
             "oldest_ready": oldest[0].as_json() if oldest else None,
             "refusals": refusals,
+            "schedules": schedules,
             "error": error,
         }
         changed = previous is None or _moved(previous, body)

@@ -204,6 +204,7 @@ class _Dashboard:
         failures: Table | None,
         wait: float | None,
         title: str,
+        schedules: Table | None = None,
     ) -> None:
         self.engine = engine
         self.table = table
@@ -226,7 +227,9 @@ class _Dashboard:
         self.max_attempts = max_attempts
         self.wait = wait
         self.title = title
-        self.feed = Feed(self.overview, history=history, interval=interval, max_attempts=max_attempts)
+        self.feed = Feed(
+            self.overview, history=history, interval=interval, max_attempts=max_attempts, schedules=schedules
+        )
         self.env = jinja2.Environment(
             loader=jinja2.PackageLoader("fencing.web", "templates"),
             autoescape=True,
@@ -533,6 +536,7 @@ def dashboard(
     attempts: Table | None = None,
     payloads: Table | None = None,
     failures: Table | None = None,
+    schedules: Table | None = None,
     wait: float | None = 10.0,
     title: str = "fencing",
 ) -> Starlette:
@@ -556,11 +560,18 @@ def dashboard(
     poisoned job and counts its attempts from its last requeue; ``payloads`` and ``failures``:
     the workers' store's payloads and failures tables (:func:`fencing.payloads_table`,
     :func:`fencing.failures_table`), whose job's payload and last failure a job's page shows;
+    ``schedules``: the schedules table (:func:`fencing.schedules_table`), whose schedules the
+    overview lists with their last and next tick and the state of the last tick's job;
     ``wait``: the longest an action waits for a job's row held by a worker's fenced block.
     """
     if not isinstance(engine, Engine):
         raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
-    for name, value in (("history", history), ("locks", locks), ("attempts", attempts)):
+    for name, value in (
+        ("history", history),
+        ("locks", locks),
+        ("attempts", attempts),
+        ("schedules", schedules),
+    ):
         if value is not None and not isinstance(value, Table):
             raise InvalidArgumentType(
                 f"{name} must be a sqlalchemy Table or None, got {type(value).__name__}"
@@ -591,7 +602,7 @@ def dashboard(
         engine, table, history=history, locks=locks, marks=marks, keys=keys, authorize=authorize,
         readers=readers, secret=secret, interval=interval, max_streams=max_streams,
         max_attempts=max_attempts, attempts=attempts, payloads=payloads, failures=failures, wait=wait,
-        title=title,
+        title=title, schedules=schedules,
     )  # fmt: skip
     routes = [
         Route("/", d.guarded(d.overview_page), methods=["GET"]),

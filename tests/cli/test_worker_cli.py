@@ -45,6 +45,13 @@ async def double_async(job):
 async def stuck_async(job):
     await asyncio.sleep(120)  # cancelled when the job is handed back
     return "too late"
+
+def tick(job):
+    return job.payload["tick"]
+
+import fencing
+SCHEDULES = [fencing.Schedule("every-second", every=1, missed="all")]
+NOT_SCHEDULES = [1, 2]
 """
 
 
@@ -165,3 +172,67 @@ def test_a_function_it_cannot_find_is_an_error(
     )
     assert ran.returncode == 1 and says in ran.stderr and "Traceback" not in ran.stderr
     assert store.holder("untouched") is None and store.state("untouched").fence == 0
+
+
+def test_workers_keep_a_schedule_each_tick_run_once_and_listed(
+    tmp_path: Path, target: str, store: JobStore
+) -> None:
+    workers = [_worker(tmp_path, target, "tick", "--schedules", "tasks:SCHEDULES") for _ in range(2)]
+    try:
+        time.sleep(4)
+    finally:
+        results = [_stopped(w, signal.SIGTERM) for w in workers]
+    assert all(code == 0 for code, _ in results), results
+    listed = subprocess.run(
+        [sys.executable, "-m", "fencing", "schedules", "--url", target, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    [row] = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["name"] == "every-second" and row["spec"] == "every 1 s"
+    assert 2 <= row["done"] <= 5 and row["running"] == 0 and row["deleted"] == 0
+    assert row["waiting"] <= 1 and row["next_tick"] == row["decided_through"] + 1
+    text = subprocess.run(
+        [sys.executable, "-m", "fencing", "schedules", "--url", target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.splitlines()
+    assert text[0].split() == [
+        "schedule",
+        "every",
+        "last",
+        "tick",
+        "next",
+        "tick",
+        "waiting",
+        "running",
+        "done",
+        "deleted",
+    ]
+    assert text[1].startswith("every-second  every 1 s  ")
+
+
+@pytest.mark.parametrize(
+    ("spec", "says"),
+    [
+        ("tasks:NOT_SCHEDULES", "tasks:NOT_SCHEDULES holds an int: it must be a list of fencing.Schedule"),
+        ("tasks:nothing", "module 'tasks' has no 'nothing'"),
+        ("tasks", "the schedules must be given as MODULE:NAME"),
+    ],
+)
+def test_schedules_it_cannot_use_are_an_error(
+    tmp_path: Path, target: str, store: JobStore, spec: str, says: str
+) -> None:
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(TASKS))
+    ran = subprocess.run(
+        [sys.executable, "-m", "fencing", "worker", "tasks:tick", "--url", target, "--schedules", spec],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 1 and says in ran.stderr and "Traceback" not in ran.stderr

@@ -40,7 +40,9 @@ def test_every_public_name_is_importable_and_there_are_no_more_than_the_referenc
         shown = importlib.import_module(module)
         for name in shown.__all__:
             assert getattr(shown, name) is not None, f"{module}.{name}"
-    assert SURFACE <= 75, SURFACE  # the issue's aim: about 70
+    # issue 37's aim: about 70; 76 with the worker runtime's view of its busy workers (Holder),
+    # 79 with schedules (Schedule, Scheduler, schedules_table)
+    assert SURFACE <= 79, SURFACE
 
 
 def test_each_public_object_has_one_public_name() -> None:

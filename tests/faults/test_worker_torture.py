@@ -10,6 +10,10 @@ What must hold, checked against the database and the journal of every start:
   ``job.completing``) exists exactly once, with the job's final fence; a job whose function
   returns its result has that result from its final fence;
 - **no lease runs twice**: each (job, fence) started once;
+- **a worker killed inside its completion's transaction** (after the function's own write in
+  ``job.completing``, or after the completion's UPDATE of a returned result; before the
+  COMMIT; each of ``DIE``'s jobs once) leaves nothing: the write vanishes with the
+  transaction, and the job is completed once, by a later holder;
 - **SIGTERM is graceful**: a stopped worker exits (code 0) within the drain plus a heartbeat
   (and slack for a loaded machine), and holds nothing once it has exited: each of its jobs
   completed or handed back.
@@ -29,6 +33,8 @@ import textwrap
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -53,6 +59,8 @@ JOBS = max(150, int(SECONDS * 15))
 TASKS = """
 import asyncio
 import os
+import re
+import signal
 import time
 
 import sqlalchemy as sa
@@ -62,10 +70,38 @@ effects = sa.Table(
     sa.Column("job_id", sa.String(64)), sa.Column("fence", sa.BigInteger), sa.Column("pid", sa.Integer),
 )
 
+#: jobs whose function returned and whose worker dies inside the completion that stores them
+_DIE_AT_COMPLETION = set()
+_COMPLETION = re.compile(r"\\bSET\\b.*\\bdone\\s*=\\s*1\\b", re.I | re.S)
+
 
 def _started(job):
     with open("starts.log", "a") as journal:  # one short append per start: whole lines
         journal.write(f"{job.job_id} {job.attempt} {os.getpid()}\\n")
+
+
+def _dies(job_ids, where):
+    \"\"\"SIGKILL, once per job (a marker file says it died already), said in dies.log.\"\"\"
+    for job_id in job_ids:
+        open(f"died-{job_id}", "w").close()
+    with open("dies.log", "a") as journal:
+        journal.write(f"{where} {os.getpid()} {' '.join(sorted(job_ids))}\\n")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _first_run(job):
+    return job.payload.get("die") and not os.path.exists(f"died-{job.job_id}")
+
+
+@sa.event.listens_for(sa.Engine, "after_cursor_execute")
+def _inside_the_completion(conn, cursor, statement, parameters, context, executemany):
+    # the completion's UPDATE has run, its transaction is open: die before its COMMIT
+    if _DIE_AT_COMPLETION and _COMPLETION.search(statement):
+        _dies(_DIE_AT_COMPLETION, "completion")
+
+
+def _effect(conn, job):
+    conn.execute(effects.insert().values(job_id=job.job_id, fence=job.attempt, pid=os.getpid()))
 
 
 def work(job):
@@ -73,8 +109,12 @@ def work(job):
     time.sleep(job.payload["sleep"])
     if job.payload["effect"]:
         with job.completing(str(job.attempt)) as conn:
-            conn.execute(effects.insert().values(job_id=job.job_id, fence=job.attempt, pid=os.getpid()))
+            _effect(conn, job)
+            if _first_run(job):  # the effect written, not committed: it must vanish
+                _dies([job.job_id], "block")
         return None
+    if _first_run(job):
+        _DIE_AT_COMPLETION.add(job.job_id)
     return str(job.attempt)
 
 
@@ -83,10 +123,18 @@ async def work_async(job):
     await asyncio.sleep(job.payload["sleep"])
     if job.payload["effect"]:
         async with job.completing(str(job.attempt)) as conn:
-            await conn.execute(effects.insert().values(job_id=job.job_id, fence=job.attempt, pid=os.getpid()))
+            await conn.run_sync(_effect, job)
+            if _first_run(job):
+                _dies([job.job_id], "block")
         return None
+    if _first_run(job):
+        _DIE_AT_COMPLETION.add(job.job_id)
     return str(job.attempt)
 """
+#: jobs whose worker kills itself (once each) inside the completion's transaction: after the
+#: function's own write in ``job.completing`` (even ids), or after the completion's UPDATE of
+#: a returned result (odd ids), before the COMMIT
+DIE = {10, 11, 40, 41, 70, 71}
 
 
 class _Worker:
@@ -96,6 +144,7 @@ class _Worker:
         self.owner = f"wt-{number}"
         self.log = tmp_path / f"{self.owner}.log"
         self.frozen = False
+        self.replaced = False  #: its replacement started (it was killed)
         with self.log.open("w") as log:  # the child has its own descriptor of it
             self.process = subprocess.Popen(
                 [
@@ -141,10 +190,18 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
     with engine.begin() as conn:
         for i in range(JOBS):
             # some jobs outlast the drain: a SIGTERM hands them back
-            payload = {"sleep": rng.choice([0.0, 0.02, 0.1, 0.4, 0.4, 2.5]), "effect": i % 2 == 0}
+            payload = {
+                "sleep": rng.choice([0.0, 0.02, 0.1, 0.4, 0.4, 2.5]),
+                "effect": i % 2 == 0,
+                "die": i in DIE,
+            }
             store.enqueue(f"job-{i:04d}", payload=payload, conn=conn)
     numbers = iter(range(1_000_000))
-    workers = [_Worker(tmp_path, target, function, next(numbers)) for _ in range(PROCESSES)]
+
+    def new_worker() -> _Worker:
+        return _Worker(tmp_path, target, function, next(numbers))
+
+    workers = [new_worker() for _ in range(PROCESSES)]
     faults: Counter[str] = Counter()
     late: list[str] = []  # what a SIGTERM'd worker did wrong
     timers: list[threading.Timer] = []
@@ -157,6 +214,7 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
         kinds: list[str] = []
         while time.monotonic() < ends or len(faults) < len(KINDS):
             time.sleep(rng.uniform(0.2, 0.6))
+            _replace_the_dead(workers, new_worker)
             live = [w for w in workers if w.process.poll() is None and not w.frozen and w.started()]
             if not live:
                 continue
@@ -173,10 +231,12 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
             elif kind == "kill":
                 victim.process.kill()
                 victim.process.wait(30)
-                workers.append(_Worker(tmp_path, target, function, next(numbers)))
+                victim.replaced = True
+                workers.append(new_worker())
             elif kind == "term":
                 _terminate(victim, store, late)
-                workers.append(_Worker(tmp_path, target, function, next(numbers)))
+                victim.replaced = True
+                workers.append(new_worker())
             else:
                 held = [f"job-{i:04d}" for i in rng.sample(range(JOBS), 20)]
                 for job_id in held:
@@ -186,10 +246,19 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
                         break
         for timer in timers:
             timer.join()
-        # the faults end: the workers left finish the queue
-        _until(lambda: _all_done(store), 120.0)
+
+        # the faults end: the workers left finish the queue (those that die in a completion
+        # replaced as they die)
+        def finished() -> bool:
+            _replace_the_dead(workers, new_worker)
+            return _all_done(store)
+
+        _until(finished, 120.0)
         for worker in workers:
             if worker.process.poll() is None:
+                # a replacement started a moment ago may still be importing: SIGTERM before
+                # its handlers are in place kills it (-15), which is no promise of the runtime
+                _until(partial(_up_or_gone, worker), 120.0)
                 _terminate(worker, store, late)
     finally:
         for timer in timers:
@@ -209,6 +278,11 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
     )
     assert not late, late
     assert set(faults) == set(KINDS), faults
+    # each chosen job's worker died once inside its completion's transaction, both ways
+    dies = [line.split() for line in (tmp_path / "dies.log").read_text().splitlines()]
+    died = {job for _, _, *jobs in dies for job in jobs}
+    assert died == {f"job-{i:04d}" for i in DIE}, dies
+    assert {where for where, *_ in dies} == {"block", "completion"}, dies
 
     twice = [key for key, n in Counter((job, fence) for job, fence, _ in starts).items() if n > 1]
     assert twice == [], f"a lease ran twice: {twice[:5]}"
@@ -226,6 +300,14 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
         else:
             assert effects_of[job_id] == 0, job_id
         assert state.result == str(state.fence), (job_id, state.result, state.fence)
+
+
+def _replace_the_dead(workers: list[_Worker], new: Callable[[], _Worker]) -> None:
+    """A worker that killed itself (in a completion, ``DIE``) is replaced, once."""
+    for worker in list(workers):
+        if worker.process.poll() == -signal.SIGKILL and not worker.replaced:
+            worker.replaced = True
+            workers.append(new())
 
 
 def _thaw(worker: _Worker) -> None:
@@ -247,6 +329,8 @@ def _terminate(worker: _Worker, store: JobStore, late: list[str]) -> None:
         worker.process.kill()
         worker.process.wait(30)
         return
+    if code == -signal.SIGKILL and _died_in_a_completion(worker):
+        return  # draining, it finished a job chosen to kill its worker in the completion
     if code != 0:
         late.append(f"{worker.owner} exited {code} after SIGTERM: {worker.log.read_text()[-2000:]}")
     held = [
@@ -258,8 +342,19 @@ def _terminate(worker: _Worker, store: JobStore, late: list[str]) -> None:
         late.append(f"{worker.owner} exited still holding {held}")
 
 
+def _died_in_a_completion(worker: _Worker) -> bool:
+    """Whether the worker killed itself in a completion (``DIE``: said in dies.log)."""
+    dies = worker.log.parent / "dies.log"
+    lines = dies.read_text().splitlines() if dies.exists() else []
+    return any(line.split()[1] == str(worker.process.pid) for line in lines)
+
+
 def _all_done(store: JobStore) -> bool:
     return all(store.state(f"job-{i:04d}").done for i in range(JOBS))  # type: ignore[union-attr]
+
+
+def _up_or_gone(worker: _Worker) -> bool:
+    return worker.started() or worker.process.poll() is not None
 
 
 def _until(condition: object, timeout: float) -> None:

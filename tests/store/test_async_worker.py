@@ -122,6 +122,7 @@ def test_each_job_runs_once_with_its_payload_and_its_result_is_stored(target: st
         assert sorted(seen) == sorted(expected)
         assert json.loads((await store.state("order-3")).result) == {"total": 6}  # type: ignore[union-attr]
         assert (await store.state("text")).result == "as it is"  # type: ignore[union-attr]
+        assert _worker_counts(store) == {"worker.started": 6, "worker.completed": 6}
 
     run(target, scenario)
 
@@ -150,6 +151,8 @@ def test_a_failure_is_retried_with_backoff_and_its_reason_kept_then_poisoned(tar
         assert "ValueError: card declined (attempt 3)" in failure.text
         assert "Traceback (most recent call last)" in failure.text and "in function" in failure.text
         assert [s.job_id for s in await store.poisoned(max_attempts=3)] == ["pay"]
+        counts = {"worker.started": 3, "worker.retried": 2, "worker.poisoned": 1}
+        assert _worker_counts(store) == counts
 
     run(target, scenario)
 
@@ -210,12 +213,18 @@ def test_a_coroutine_whose_lease_is_lost_is_cancelled_and_its_result_not_stored(
             await asyncio.wait_for(task, 30.0)
         assert not function.returned
         assert (await store.state("slow")).result == "fresh"  # type: ignore[union-attr]
+        assert _worker_counts(store) == {"worker.started": 1, "worker.lost": 1}
+        assert store.metrics.timings()["worker.run"].count == 1
 
     run(target, scenario)
 
 
 async def _false_when(items: list[str]) -> bool:
     return not items
+
+
+def _worker_counts(store: AsyncJobStore) -> dict[str, int]:
+    return {name: n for name, n in store.metrics.snapshot().items() if name.startswith("worker.")}
 
 
 def test_a_coroutine_may_complete_its_job_in_its_own_transaction(target: str) -> None:
@@ -304,6 +313,7 @@ def test_a_job_still_running_at_the_drain_deadline_is_cancelled_and_handed_back(
         lease = await store.claim("stuck", "next-worker", ttl=30.0)  # at once: handed back, not expired
         assert lease is not None and lease.fence == 2
         assert await store.complete(lease, "done by the next")
+        assert _worker_counts(store) == {"worker.started": 1, "worker.handed_back": 1, "worker.lost": 1}
 
     run(target, scenario)
 

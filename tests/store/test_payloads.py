@@ -110,6 +110,31 @@ def test_a_deleted_job_takes_its_payload_with_it(store: Any, engine: Engine) -> 
     assert store.claim("j", "w", ttl=TTL, now=200.0).payload == {"v": 2}
 
 
+@pytest.mark.parametrize("payload", [None, {"v": 2}])
+def test_revive_false_leaves_a_deleted_job_deleted(store: Any, engine: Engine, payload: Any) -> None:
+    # a schedule's tick is registered once, ever: a deleted one must not come back
+    store.enqueue("j", ready_at=0, payload={"v": 1})
+    store.delete("j")
+    assert store.enqueue("j", ready_at=0, payload=payload, revive=False) is False
+    assert store.state("j") is None
+    assert stored_payloads(engine) == {}
+    assert store.claim_next("w", ttl=TTL, now=100.0) == []
+    # a done job stays done, a new id goes in, and without revive=False the tombstone comes back
+    store.enqueue("done", ready_at=0)
+    store.complete(store.claim("done", "w", ttl=TTL, now=100.0), "r", now=101.0)
+    assert store.enqueue("done", ready_at=0, revive=False) is False
+    assert store.state("done").result == "r"
+    assert store.enqueue("new", ready_at=0, payload=payload, revive=False) is True
+    assert store.claim("new", "w", ttl=TTL, now=100.0).payload == payload
+    assert store.enqueue("j", ready_at=0, payload=payload) is True
+
+
+def test_revive_must_be_a_bool(store: Any) -> None:
+    with pytest.raises(InvalidArgumentType, match="revive must be a bool, got str"):
+        store.enqueue("j", revive="no")
+    assert store.state("j") is None
+
+
 def test_a_payload_left_under_an_id_never_reaches_a_new_job(store: Any, engine: Engine) -> None:
     # a row the application left in the payloads table (it deleted a job's row itself)
     p = store.payloads

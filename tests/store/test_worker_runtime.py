@@ -177,6 +177,46 @@ def test_a_function_whose_lease_is_lost_sees_it_and_its_result_is_not_stored(sto
     assert store.state("slow").result == "fresh"
 
 
+def _worker_counts(store: Any) -> dict[str, int]:
+    return {name: n for name, n in store.metrics.snapshot().items() if name.startswith("worker.")}
+
+
+def test_the_worker_counts_each_jobs_outcome_on_the_stores_metrics(store: JobStore) -> None:
+    lost_started = threading.Event()
+
+    def function(job: Job) -> str:
+        if job.job_id == "fails":
+            raise ValueError("no")
+        if job.job_id == "lost":
+            lost_started.set()
+            job.lost.wait(30.0)
+        return "ok"
+
+    for job_id in ("ok", "fails", "lost"):
+        store.enqueue(job_id)
+    worker = Worker(
+        store, function, concurrency=2, ttl=TTL, max_attempts=2, retry_delay=0.05, max_retry_delay=0.05
+    )
+    thread = _running(worker)
+    try:
+        assert lost_started.wait(20.0)
+        assert store.revoke("lost")  # its next renewal is refused: lost, its result not stored
+        _until(lambda: _worker_counts(store).get("worker.lost") == 1)
+        _until(lambda: _worker_counts(store).get("worker.poisoned") == 1 and store.state("ok").done)
+    finally:
+        worker.stop()
+        thread.join(30.0)
+    assert _worker_counts(store) == {
+        "worker.started": 4,  # ok, lost, and fails twice
+        "worker.completed": 1,
+        "worker.retried": 1,
+        "worker.poisoned": 1,
+        "worker.lost": 1,
+    }
+    run = store.metrics.timings()["worker.run"]
+    assert run.count == 4 and run.max >= run.min >= 0.0
+
+
 def test_a_function_may_complete_its_job_in_its_own_transaction(store: JobStore, engine: Engine) -> None:
     orders = Table("wk_orders", MetaData(), Column("id", String(40), primary_key=True), Column("n", Integer))
     orders.create(engine, checkfirst=True)
@@ -248,6 +288,9 @@ def test_a_job_still_running_at_the_drain_deadline_is_handed_back(store: JobStor
     assert lease is not None and lease.fence == 2
     assert store.complete(lease, "done by the next")
     assert store.state("stuck").result == "done by the next"
+    # handed back, and what it returned afterwards counted as lost, not completed
+    _until(lambda: _worker_counts(store).get("worker.lost") == 1)
+    assert _worker_counts(store) == {"worker.started": 1, "worker.handed_back": 1, "worker.lost": 1}
 
 
 def test_stop_now_hands_back_at_once(store: JobStore) -> None:

@@ -9,6 +9,7 @@ Playwright is missing the tests skip saying what to install; under ``CI=true`` t
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -159,11 +160,37 @@ def test_a_lease_countdown_moves(page: Any, store: JobStore, backend: Any) -> No
     store.enqueue("ticking")
     store.claim_next("w", ttl=30)
     page.goto(page.site + "/job?id=ticking")
+    page.wait_for_timeout(250)  # both readings from the page's ticks, not the server's text
     first = float(page.inner_text("#countdown").split()[0])
     page.wait_for_timeout(600)
     second = float(page.inner_text("#countdown").split()[0])
     assert 0.3 < first - second < 2.0, (first, second)
+    # and it counts against the database's clock: what the page shows is what is left
+    left = store.state("ticking").until - time.time()  # one machine: the same clock
+    shown = float(page.inner_text("#countdown").split()[0])
+    assert abs(shown - left) < 0.5, (shown, left)
     keep(page, "job", backend.name)
+    assert page.problems == []
+
+
+def test_a_stale_snapshot_does_not_set_the_countdowns_back(page: Any, store: JobStore) -> None:
+    # the feed hands a new page its latest snapshot, read up to an interval before: its clock
+    # is a reading from the past, and taken as the present it set every countdown back by its
+    # age (CI read 0.1 s in 0.6 s). Here the event stream serves one snapshot 3 s old.
+    store.enqueue("ticking")
+    store.claim_next("w", ttl=30)
+    stale = store.state("ticking").until - 30 - 3  # the claim's instant, 3 s before it
+
+    def old_snapshot(route: Any) -> None:
+        body = "event: snapshot\ndata: " + json.dumps({"summary": {"now": stale}}) + "\n\n"
+        route.fulfill(status=200, headers={"Content-Type": "text/event-stream"}, body=body)
+
+    page.route("**/events", old_snapshot)
+    page.goto(page.site + "/job?id=ticking")
+    page.wait_for_timeout(800)  # the stale snapshot has arrived (at once), and ticks after it
+    left = store.state("ticking").until - time.time()
+    shown = float(page.inner_text("#countdown").split()[0])
+    assert abs(shown - left) < 0.5, (shown, left)
     assert page.problems == []
 
 

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import html as html_module
 import re
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any
@@ -73,6 +74,15 @@ def test_the_overview_counts_by_state(viewer: TestClient, store: JobStore) -> No
     assert re.search(r'data-live="summary.ready">2<', html)
     assert re.search(r'data-live="summary.held">1<', html)
     assert "Leases ending soonest" in html and ">w<" in html
+    # who holds leases: the owner, its jobs, when its first lease ends
+    holders = html.split('id="holders"')[1].split("</table>")[0]
+    assert '<td><bdi>w</bdi></td><td class="num">1</td>' in holders, holders
+    assert re.search(r">(59|60)\.\d s<", holders), holders
+
+
+def test_who_holds_leases_says_so_when_nobody_does(viewer: TestClient, store: JobStore) -> None:
+    store.enqueue("waiting")
+    assert "no lease is held: no worker is busy" in page(viewer, "/")
 
 
 def test_the_jobs_walk_in_pages_of_fifty_with_no_job_twice(viewer: TestClient, store: JobStore) -> None:
@@ -109,6 +119,10 @@ def test_every_id_and_result_is_escaped(viewer: TestClient, store: JobStore, job
         assert "<script>alert" not in html and "<img src=x" not in html
     html = page(viewer, "/job?id=" + urllib.parse.quote(job_id))
     assert "<bdi>" in html  # the id is isolated from the text around it
+    store.enqueue(job_id + "-held")
+    assert store.claim_next(job_id, ttl=60)  # its owner is shown among the holders
+    html = page(viewer, "/")
+    assert "<script>alert" not in html and "<img src=x" not in html
 
 
 def test_a_job_page_shows_its_timeline_with_the_refused_write(viewer: TestClient, store: JobStore) -> None:
@@ -168,6 +182,38 @@ def test_without_authorize_there_are_no_actions_and_posts_are_refused(
 
 def csrf_of_cookie(client: TestClient) -> str:
     return client.cookies.get("fencing_csrf") or ""
+
+
+def test_the_overview_lists_the_schedules_their_ticks_and_the_last_ones_job(
+    engine: Engine, store: JobStore
+) -> None:
+    from fencing import Schedule, Scheduler
+
+    clock = [1796601600.0]  # 2026-12-07 00:00 UTC
+    scheduler = Scheduler(
+        store, [Schedule("<b>hourly</b>", every=3600, missed="all")], clock=lambda: clock[0]
+    )
+    scheduler.create_table()
+    with TestClient(dashboard(engine)) as plain:
+        assert 'id="schedules"' not in page(plain, "/")  # not given: no section
+    with TestClient(dashboard(engine, schedules=scheduler.table, interval=0.05)) as c:
+        html = page(c, "/")
+        assert "no schedule has run yet" in html
+        scheduler.run_pending()
+        clock[0] += 2 * 3600 + 5
+        _, second = scheduler.run_pending()
+        assert store.complete(store.claim(second, "w", ttl=60), "ok")
+        time.sleep(0.1)  # the feed reads again
+        html = page(c, "/")
+    listed = html.split('id="schedules"')[1].split("</table>")[0]
+    assert "<bdi>&lt;b&gt;hourly&lt;/b&gt;</bdi>" in listed and "<b>hourly" not in listed  # escaped
+    assert "every 1 h" in listed
+    assert "2026-12-07 02:00:00.000 UTC" in listed and "2026-12-07 03:00:00.000 UTC" in listed
+    [(href, state)] = re.findall(r'href="/job\?id=([^"]+)">(\w+)</a>', listed)
+    assert (urllib.parse.unquote(href), state) == (second, "done"), listed
+    store.delete(second)
+    with TestClient(dashboard(engine, schedules=scheduler.table)) as c:
+        assert ">deleted</a>" in page(c, "/").split('id="schedules"')[1].split("</table>")[0]
 
 
 def test_revoke_from_the_page_makes_the_holders_write_refused(operator: TestClient, store: JobStore) -> None:

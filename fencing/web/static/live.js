@@ -10,8 +10,16 @@
 
   function dbNow() { return Date.now() / 1000 + offset; }
 
+  // Each reading of the database's clock was taken before it arrived here, so dbClock minus
+  // the arrival is a lower bound of the offset, short by the reading's age: keep the largest
+  // (the freshest). A snapshot the feed read up to an interval before sending would otherwise
+  // set every countdown back by its age. A bound far below (5 s) is a clock that moved: take it.
+  var known = false;
   function setOffset(dbClock) {
-    if (typeof dbClock === "number") { offset = dbClock - Date.now() / 1000; }
+    if (typeof dbClock !== "number") { return; }
+    var bound = dbClock - Date.now() / 1000;
+    if (!known || bound > offset || offset - bound > 5) { offset = bound; }
+    known = true;
   }
 
   function seconds(left) {
@@ -116,8 +124,19 @@
     });
   }
 
+  // the page's data-now was the database's clock when the response started to arrive, not when
+  // this script ran (a slow page would otherwise show every lease longer by its load time)
   var first = document.querySelector("[data-now]");
-  if (first) { setOffset(parseFloat(first.getAttribute("data-now"))); }
+  if (first) {
+    var pageNow = parseFloat(first.getAttribute("data-now"));
+    var nav = window.performance && performance.getEntriesByType ? performance.getEntriesByType("navigation")[0] : null;
+    if (nav && nav.responseStart > 0 && performance.timeOrigin) {
+      offset = pageNow - (performance.timeOrigin + nav.responseStart) / 1000;
+      known = true;
+    } else {
+      setOffset(pageNow);
+    }
+  }
   setInterval(tick, 100);
   connect();
 })();
