@@ -32,11 +32,11 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import sqlalchemy
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import ArgumentError
 
 from ._dialects import by_name
+from ._dialects.urls import server_engine
 from ._errors import (
     ConfigurationError,
     DatabaseError,
@@ -197,11 +197,8 @@ def open_engine(kind: str, key: str) -> Engine:
     engine for a file, a pre-pinging engine for a server URL."""
     if kind == "file":
         return create_engine(key)
-    try:
-        # pre-ping: a server restart must not hand a dead pooled connection to the next call
-        return sqlalchemy.create_engine(key, pool_pre_ping=True)
-    except (ArgumentError, ImportError) as exc:
-        raise InvalidArgument(f"cannot use database URL {key!r}: {exc}") from exc
+    # pre-ping: a server restart must not hand a dead pooled connection to the next call
+    return server_engine(make_url(key), pool_pre_ping=True)
 
 
 def _open(kind: str, key: str) -> JobStore:

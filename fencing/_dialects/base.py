@@ -121,6 +121,11 @@ class Database:
     #: the asyncio drivers the library runs on, in the order it prefers them (the module
     #: each imports as, and the driver name of its URL)
     async_drivers: ClassVar[tuple[str, ...]] = ()
+    #: the drivers fencing's extras install, by a URL's driver name: the extra's name
+    #: (``pip install "fencing[NAME]"``); the first is the sync driver a URL should name
+    extras: ClassVar[dict[str, str]] = {}
+    #: URL schemes people write for it that SQLAlchemy does not know (``postgres://``)
+    misspellings: ClassVar[tuple[str, ...]] = ()
     #: a column's type reads back as the name it was declared with (SQLite's affinity), not
     #: as the database's own type
     types_are_declared_names: ClassVar[bool] = False
@@ -194,6 +199,10 @@ class Database:
 
     def duplicate_key(self, error: Any) -> bool:
         """The driver's ``error`` is a unique or primary key violation."""
+        return False
+
+    def undefined_column(self, error: Any) -> bool:
+        """The driver's ``error`` says a statement named a column its table does not have."""
         return False
 
     # -- durability (fencing.durability judges; each database knows its settings) ----------

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import FENCE_AGAIN, LOCKING, Database, Rule, Values
 
@@ -21,6 +21,7 @@ _FULL = {1114, 1021}
 # --read-only (1290), a read-only transaction (1792), a read-only table (1036)
 _READ_ONLY = {1290, 1792, 1036}
 _DUPLICATE_ENTRY = 1062
+_BAD_FIELD = 1054  # ER_BAD_FIELD_ERROR: "Unknown column"
 
 
 def _code(error: Any) -> int | None:
@@ -71,6 +72,7 @@ class MySQL(Database):
     family = "mysql"
     known = True
     async_drivers = ("asyncmy", "aiomysql")
+    extras: ClassVar[dict[str, str]] = {"pymysql": "mysql", "asyncmy": "asyncmy"}
     clock_sql = "(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) * 1e-6)"
     clock_resolution = 1e-6
     id_max_bytes = 1024  # VARBINARY(1024): InnoDB's index prefix limit, with room to spare
@@ -114,6 +116,9 @@ class MySQL(Database):
 
     def duplicate_key(self, error: Any) -> bool:
         return _code(error) == _DUPLICATE_ENTRY
+
+    def undefined_column(self, error: Any) -> bool:
+        return _code(error) == _BAD_FIELD
 
     durability_settings = ("innodb_flush_log_at_trx_commit", "sync_binlog", "innodb_doublewrite")
     durability_rules = _RULES

@@ -7,7 +7,7 @@ import functools
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from .base import ARRAYS, FENCE_AGAIN, LOOP, RETURNED, THREAD, Database, Rule, Values
 
@@ -23,6 +23,7 @@ _FULL = {"53100"}
 # read_only_sql_transaction (a hot standby, default_transaction_read_only)
 _READ_ONLY = {"25006"}
 _UNIQUE_VIOLATION = "23505"
+_UNDEFINED_COLUMN = "42703"
 #: libpq's PQTRANS_IDLE: no transaction open on the server
 _IDLE = 0
 #: drivers whose one statement in autocommit is its own transaction
@@ -109,6 +110,8 @@ class PostgreSQL(Database):
     family = "postgresql"
     known = True
     async_drivers = ("psycopg", "asyncpg")
+    extras: ClassVar[dict[str, str]] = {"psycopg": "postgresql", "asyncpg": "asyncpg"}
+    misspellings = ("postgres", "pgsql")
     clock_sql = "CAST(EXTRACT(EPOCH FROM statement_timestamp()) AS DOUBLE PRECISION)"
     clock_resolution = 1e-6
     id_max_bytes = 2000  # a btree entry's limit, with room to spare
@@ -184,6 +187,9 @@ class PostgreSQL(Database):
 
     def duplicate_key(self, error: Any) -> bool:
         return getattr(error, "sqlstate", None) == _UNIQUE_VIOLATION
+
+    def undefined_column(self, error: Any) -> bool:
+        return getattr(error, "sqlstate", None) == _UNDEFINED_COLUMN
 
     durability_settings = ("fsync", "full_page_writes", "synchronous_commit", "synchronous_standby_names")
     durability_rules = _RULES

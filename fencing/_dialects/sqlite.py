@@ -4,7 +4,7 @@ engine glue in ``fencing._runtime.sqlite``), statements without round trips."""
 from __future__ import annotations
 
 import sqlite3
-from typing import Any
+from typing import Any, ClassVar
 
 from sqlalchemy import ColumnElement, func
 
@@ -77,6 +77,8 @@ class SQLite(Database):
     ranges_at_row_values = True
     is_file = True
     async_drivers = ("aiosqlite",)
+    # pysqlite: the standard library's own
+    extras: ClassVar[dict[str, str]] = {"pysqlite": "", "aiosqlite": "aiosqlite"}
     #: the drivers the library's engine glue (``fencing.configure_sqlite``) supports
     glued_drivers = ("pysqlite", "aiosqlite")
     types_are_declared_names = True
@@ -137,6 +139,12 @@ class SQLite(Database):
 
     def duplicate_key(self, error: Any) -> bool:
         return isinstance(error, sqlite3.IntegrityError) and "UNIQUE constraint failed" in str(error)
+
+    def undefined_column(self, error: Any) -> bool:
+        said = str(error)  # a read's "no such column: x", an insert's "table t has no column named x"
+        return isinstance(error, sqlite3.OperationalError) and (
+            "no such column" in said or "has no column named" in said
+        )
 
     durability_settings = ("journal_mode", "synchronous", "fullfsync")
     durability_rules = _RULES

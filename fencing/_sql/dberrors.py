@@ -25,6 +25,7 @@ from .._errors import (
     DatabaseUnavailable,
     FencingError,
     PoolTimeout,
+    SchemaMismatch,
     TableMissing,
 )
 
@@ -92,6 +93,13 @@ def is_corrupt(exc: BaseException) -> bool:
     return any(db.corrupt(orig) for db in _KNOWN)
 
 
+def is_undefined_column(exc: BaseException) -> bool:
+    """A statement named a column its table lacks (SQLite "no such column", PostgreSQL 42703,
+    MariaDB/MySQL 1054): a table of that name that is not the library's, or an older one."""
+    orig = _driver_error(exc)
+    return any(db.undefined_column(orig) for db in _KNOWN)
+
+
 def is_duplicate_key(exc: BaseException) -> bool:
     """A unique/primary key violation (SQLite, PostgreSQL 23505, MariaDB/MySQL 1062)."""
     orig = _driver_error(exc)
@@ -142,6 +150,13 @@ def wrap_database_error(
         return TableMissing(
             f"table {table_name!r} does not exist; create it first "
             "(JobStore.create_table() or service.init_db())"
+        )
+    if is_undefined_column(exc):
+        return SchemaMismatch(
+            f"table {table_name!r} (or a table of the library's beside it) lacks a column the "
+            "statement names: it is not the library's table, or was made by an older version "
+            "(create_table() names each difference); the statement changed nothing "
+            f"({type(orig).__name__}: {message})"
         )
     if is_transient(exc):
         # a lock race the caller's own transaction (conn=, fenced) lost past the busy timeout

@@ -24,7 +24,15 @@ from sqlalchemy.exc import ArgumentError
 
 from .. import _engines as cache
 from .._dialects import by_name
-from .._errors import DatabaseMissing, FencingError, InvalidArgument, OutcomeUnknown, TableMissing
+from .._dialects.urls import server_engine
+from .._errors import (
+    DatabaseMissing,
+    FencingError,
+    InvalidArgument,
+    OutcomeUnknown,
+    SchemaMismatch,
+    TableMissing,
+)
 from .._runtime.sqlite import create_engine as create_sqlite_engine
 from .._sql.attempts import attempts_table
 from .._sql.dberrors import DB_ERRORS, database_errors, wrap_database_error
@@ -33,9 +41,10 @@ from .._sql.payloads import payloads_table
 from .._sql.schema import jobs, jobs_table
 from .._store.history import History, history_table
 from .._store.jobstore import JobStore
+from .._store.locks import locks_table
 from .._store.marks import fence_marks_table, idempotency_keys_table
 from ..overview import Overview
-from ._options import Commands
+from ._options import Commands, resolve_max_attempts
 from ._output import Output
 
 #: where ``--url`` comes from when it is not given
@@ -128,12 +137,8 @@ def open_engine(url: str, *, create: bool, wait: float | None = None) -> Engine:
         except (ArgumentError, ValueError) as exc:  # e.g. a port that is not a number
             raise InvalidArgument(f"not a database URL ({exc})") from None
         if not by_name(parsed.get_backend_name()).is_file:
-            try:
-                # pre-ping: a --watch outlives a server restart
-                return sqlalchemy.create_engine(parsed, pool_pre_ping=True)
-            except (ArgumentError, ImportError) as exc:
-                shown = parsed.render_as_string(hide_password=True)
-                raise InvalidArgument(f"cannot use database URL {shown!r}: {exc}") from None
+            # pre-ping: a --watch outlives a server restart
+            return server_engine(parsed, pool_pre_ping=True)
     path = cache.normalize_target(url)[1]
     if not create and not os.path.exists(path):
         raise DatabaseMissing(f"no database file at {path!r} (`fencing init` creates one)")
@@ -218,13 +223,15 @@ def _run(
     check: Check | None,
     locks: bool,
 ) -> int:
-    problem = None if check is None else check(args)
+    problem = resolve_max_attempts(args) or (None if check is None else check(args))
     if problem is not None:
         parser.error(problem)
     try:
         db = _open(args, create=creates)
         try:
             return handler(args, db, Output(sys.stdout, as_json=args.json, prog=parser.prog))
+        except SchemaMismatch as exc:
+            raise Failed(_not_ours(db, exc, locks=locks)) from None
         finally:
             db.engine.dispose()
     except TableMissing:
@@ -242,6 +249,24 @@ def _run(
         with contextlib.suppress(OSError, ValueError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _not_ours(db: Database, error: SchemaMismatch, *, locks: bool) -> str:
+    """What to do when the command's table is someone else's table of the same name (it
+    lacks the library's columns), else ``error``'s own message (a table beside it is)."""
+    table = db.table
+    kind, expected = ("locks", locks_table(MetaData(), table.name)) if locks else ("jobs", table)
+    with database_errors(table.name):
+        columns = sqlalchemy.inspect(db.engine).get_columns(table.name, schema=table.schema)
+    found = [c["name"] for c in columns]
+    wanted = [c.name for c in expected.columns]
+    if set(wanted) <= {name.lower() for name in found}:
+        return str(error)
+    create = "" if locks else "; `fencing init --table NAME` creates one"
+    return (
+        f"table {table.name!r} here is not a fencing {kind} table (its columns: {', '.join(found)}; "
+        f"a {kind} table has {', '.join(wanted)}): --table NAME names yours{create}"
+    )
 
 
 def _fail(parser: argparse.ArgumentParser, message: str) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from collections.abc import Callable
 from typing import TypeAlias
 
@@ -72,14 +73,41 @@ def finite(text: str) -> float:
     return value
 
 
-def add_max_attempts(parser: argparse.ArgumentParser, what: str) -> None:
+#: the workers' max_attempts, for every command that tells poisoned jobs, for `fencing serve`
+#: and for `fencing worker`, where --max-attempts is not given: one setting they all read
+MAX_ATTEMPTS_VARIABLE = "FENCING_MAX_ATTEMPTS"
+_MAX_ATTEMPTS = whole(1, FENCE_MAX)
+
+
+def add_max_attempts(parser: argparse.ArgumentParser, what: str, *, fallback: int | None = None) -> None:
+    """``--max-attempts``; its default is ``$FENCING_MAX_ATTEMPTS``, else ``fallback``
+    (:func:`resolve_max_attempts` reads it when the command runs)."""
+    otherwise = f", else {fallback}" if fallback is not None else ""
     parser.add_argument(
         "--max-attempts",
-        type=whole(1, FENCE_MAX),
+        type=_MAX_ATTEMPTS,
         metavar="N",
         help=f"{what}: jobs claimed N times or more are poisoned, as claim_next(max_attempts=N) "
-        "skips them (the fence counts claims)",
+        f"skips them (the fence counts claims) (default: ${MAX_ATTEMPTS_VARIABLE}{otherwise})",
     )
+    parser.set_defaults(max_attempts_fallback=fallback)
+
+
+def resolve_max_attempts(args: argparse.Namespace) -> str | None:
+    """Set ``args.max_attempts`` from ``$FENCING_MAX_ATTEMPTS`` (else the command's fallback)
+    when the command takes ``--max-attempts`` and it was not given; what is wrong with the
+    variable, or ``None``."""
+    if getattr(args, "max_attempts", True) is not None:
+        return None
+    text = os.environ.get(MAX_ATTEMPTS_VARIABLE, "").strip()
+    if not text:
+        args.max_attempts = args.max_attempts_fallback
+        return None
+    try:
+        args.max_attempts = _MAX_ATTEMPTS(text)
+    except argparse.ArgumentTypeError as exc:
+        return f"${MAX_ATTEMPTS_VARIABLE} (the workers' max_attempts) {exc}"
+    return None
 
 
 def add_limit(parser: argparse.ArgumentParser, what: str) -> None:

@@ -17,6 +17,7 @@ from .._format import duration, instant, when
 from ..overview import STATES, Summary
 from ._database import Database, Failed, add_command
 from ._options import (
+    MAX_ATTEMPTS_VARIABLE,
     Commands,
     add_attempts_table,
     add_history_table,
@@ -172,7 +173,7 @@ def add_jobs(commands: Commands) -> None:
 
 def _poisoned_needs_max_attempts(args: argparse.Namespace) -> str | None:
     if args.state == "poisoned" and args.max_attempts is None:
-        return "--state poisoned needs --max-attempts N (the workers' max_attempts)"
+        return f"--state poisoned needs --max-attempts N or ${MAX_ATTEMPTS_VARIABLE} (the workers' setting)"
     return None
 
 

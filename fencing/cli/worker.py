@@ -33,16 +33,15 @@ from .._store.schedule import Schedule
 from .._store.scheduler import Scheduler
 from .._store.worker import Worker
 from ._database import Database, Failed, add_command
-from ._options import Commands, add_side_tables, at_least, whole
+from ._options import Commands, add_max_attempts, add_side_tables, at_least, whole
 from ._output import Output
 
 __all__ = ["add_worker", "load_function", "load_schedules"]
 
 #: the options that count: flag, default, most, what it is
-_COUNTS = (
-    ("--concurrency", 1, 1024, "jobs at once"),
-    ("--max-attempts", 5, 1_000_000, "claims of a job before it is left poisoned"),
-)
+_COUNTS = (("--concurrency", 1, 1024, "jobs at once"),)
+#: the worker's max_attempts when neither --max-attempts nor $FENCING_MAX_ATTEMPTS says
+MAX_ATTEMPTS = 5
 #: the options in seconds: flag, least, default, what it is
 _SECONDS = (
     ("--ttl", 0.05, 30.0, "each lease's length"),
@@ -75,6 +74,7 @@ def add_worker(commands: Commands) -> None:
     for flag, default, most, what in _COUNTS:
         count = whole(1, most)
         parser.add_argument(flag, type=count, default=default, metavar="N", help=f"{what} (%(default)s)")
+    add_max_attempts(parser, "claims of a job before it is left poisoned", fallback=MAX_ATTEMPTS)
     for name, least, initial, said in _SECONDS:
         seconds = at_least(least)
         parser.add_argument(

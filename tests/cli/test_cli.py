@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, MetaData, bindparam, event, insert, make_url
+from sqlalchemy import Column, Engine, Integer, MetaData, Table, bindparam, event, insert, inspect, make_url
 
 import fencing
 import fencing.cli.jobs
@@ -43,6 +43,8 @@ from fencing import (
 )
 from fencing._sql.schema import KEY_TYPE
 from fencing.cli import main
+from fencing.cli._options import resolve_max_attempts
+from fencing.cli.commands import build_parser
 from fencing.overview import Overview
 
 #: ids that must come back exactly: quotes, non-ASCII, a wide script, a newline
@@ -252,6 +254,39 @@ def test_jobs_filters_each_state(cli: Any, queue: JobStore, engine: Engine) -> N
     held = cli("jobs", "--state", "held", "--json").records[0]
     assert held["owner"] == "wörker-1" and 9000 < held["until_in"] <= 9030
     assert held["until"] == pytest.approx(held["now"] + held["until_in"])
+
+
+@pytest.mark.backend("sqlite")
+def test_poisoned_jobs_are_told_by_the_shared_setting_without_a_flag(
+    cli: Any, queue: JobStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    queue.enqueue("tried", ready_at=0.0)
+    queue.enqueue("fresh", ready_at=0.0)
+    for _ in range(2):
+        lease = queue.claim("tried", "w", ttl=60)
+        assert lease is not None and queue.release(lease)
+    monkeypatch.delenv("FENCING_MAX_ATTEMPTS", raising=False)
+    assert cli("stats", "--json").records[0]["poisoned"] is None  # not known: not counted
+    monkeypatch.setenv("FENCING_MAX_ATTEMPTS", "2")
+    assert [r["id"] for r in cli("jobs", "--state", "poisoned", "--json").records] == ["tried"]
+    assert [r["id"] for r in cli("jobs", "--state", "ready", "--json").records] == ["fresh"]
+    assert cli("show", "tried", "--json").records[0]["state"] == "poisoned"
+    assert cli("stats", "--json").records[0]["poisoned"] == 1
+    # the flag wins over the setting
+    assert cli("stats", "--max-attempts", "3", "--json").records[0]["poisoned"] == 0
+    # `fencing worker` and `fencing serve` read the same setting (the worker: 5 without it)
+    parser = build_parser()
+    for argv, expected in ((["worker", "m:f"], 2), (["serve"], 2)):
+        args = parser.parse_args([*argv, "--url", "x.db"])
+        assert resolve_max_attempts(args) is None and args.max_attempts == expected, argv
+    monkeypatch.delenv("FENCING_MAX_ATTEMPTS")
+    args = parser.parse_args(["worker", "m:f", "--url", "x.db"])
+    assert resolve_max_attempts(args) is None and args.max_attempts == 5
+    # a setting that is not a count is said, before any database work
+    monkeypatch.setenv("FENCING_MAX_ATTEMPTS", "two")
+    bad = cli("stats")
+    assert bad.code == 2
+    assert "$FENCING_MAX_ATTEMPTS (the workers' max_attempts) not a whole number: 'two'" in bad.err
 
 
 def test_jobs_limit_and_what_it_leaves_out(cli: Any, queue: JobStore) -> None:
@@ -609,6 +644,56 @@ def test_bad_urls_fail_with_a_message(cli: Any, target: str) -> None:
     assert unknown.code == 1 and "cannot use database URL 'nosuchdb://host/db'" in unknown.err
     directory = cli("jobs", url=str(Path(__file__).parent))
     assert directory.code == 1 and "is a directory" in directory.err
+
+
+@pytest.mark.backend("sqlite")
+def test_a_url_that_cannot_work_names_the_url_and_the_extra_to_use(
+    cli: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the scheme Heroku and libpq write, which SQLAlchemy does not know
+    scheme = cli("stats", url="postgres://user:s3cret@db.example/app")
+    assert scheme.code == 1 and "s3cret" not in scheme.err
+    instead = "use 'postgresql+psycopg://user:***@db.example/app' (pip install 'fencing[postgresql]')"
+    assert instead in scheme.err
+    # an asyncio driver: the commands connect with a sync one
+    loop = cli("jobs", url="mariadb+asyncmy://root@db.example/app")
+    assert loop.code == 1 and "asyncmy is an asyncio driver" in loop.err
+    assert "use 'mariadb+pymysql://root@db.example/app' (pip install 'fencing[mysql]')" in loop.err
+    # a driver of fencing's extras that is not installed: the extra that installs it
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    extra = cli("stats", url="postgresql+psycopg://user@db.example/app")
+    assert extra.code == 1
+    assert "its driver psycopg is not installed: pip install 'fencing[postgresql]'" in extra.err
+    # SQLAlchemy's default driver for the scheme (MySQLdb), not one of fencing's: the URL of one that is
+    monkeypatch.setitem(sys.modules, "MySQLdb", None)
+    default = cli("stats", url="mysql://root@db.example/app")
+    assert default.code == 1 and "its driver MySQLdb is not installed: use 'mysql+pymysql://" in default.err
+    assert "root@db.example/app' (pip install 'fencing[mysql]'), or install MySQLdb yourself" in default.err
+    # nothing was made or touched: no connection was tried
+    assert all(r.out == "" for r in (scheme, loop, extra, default))
+
+
+def test_a_table_of_that_name_that_is_not_a_jobs_table_names_the_table_option(
+    cli: Any, engine: Engine
+) -> None:
+    name = f"orders_{os.getpid()}"
+    other = Table(name, MetaData(), Column("order_id", Integer, primary_key=True), Column("total", Integer))
+    other.create(engine)
+    try:
+        for command in (["stats"], ["jobs"], ["show", "x"], ["enqueue", "x"], ["init"]):
+            ran = cli(*command, "--table", name)
+            assert ran.code == 1 and ran.out == "", command
+            said = f"fencing {command[0]}: table {name!r} here is not a fencing jobs table"
+            assert f"{said} (its columns: order_id, total;" in ran.err, command
+            assert "--table NAME names yours; `fencing init --table NAME` creates one" in ran.err, command
+        locks = cli("locks", "--table", name)
+        assert locks.code == 1 and "is not a fencing locks table" in locks.err
+        assert "fencing init" not in locks.err
+        with engine.connect() as conn:  # the table was left as it was
+            assert conn.execute(other.select()).all() == []
+            assert [c["name"] for c in inspect(conn).get_columns(name)] == ["order_id", "total"]
+    finally:
+        other.drop(engine)
 
 
 # the arguments are checked before any database work: these run once, on SQLite

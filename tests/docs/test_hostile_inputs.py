@@ -1557,6 +1557,17 @@ ROWS: list[Row] = [
         cause=sa_exc.NoSuchModuleError,
         setup="none",
     ),
+    Row(
+        "service.init_db",
+        "a postgres:// URL (the scheme libpq prints; SQLAlchemy's is postgresql)",
+        'service.init_db("postgres://u:pw@h/db")',
+        InvalidArgument,
+        "cannot use database URL 'postgres://u:***@h/db': SQLAlchemy names this database "
+        "'postgresql', not 'postgres': use 'postgresql+psycopg://u:***@h/db' (pip install "
+        "'fencing[postgresql]')",
+        setup="none",
+        note="no engine is made; the password is never shown",
+    ),
 ]
 
 

@@ -22,6 +22,7 @@ from fencing import (
     JobState,
     JobStore,
     Lease,
+    SchemaMismatch,
     TableMissing,
     jobs_table,
 )
@@ -353,6 +354,30 @@ def test_table_missing_names_a_custom_table_and_works_with_conn(engine: Engine) 
             store.enqueue("j", ready_at=0.0)
     finally:
         store.engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "operation", list(MISSING_TABLE_OPERATIONS.values()), ids=list(MISSING_TABLE_OPERATIONS)
+)
+def test_a_table_of_that_name_that_is_not_a_jobs_table_is_a_schema_mismatch(
+    engine: Engine, operation: Callable[[JobStore], Any]
+) -> None:
+    # someone else's "jobs" (the shared database a tutorial is run in): said, and left alone
+    other = Table("jobs", MetaData(), Column("order_id", Integer, primary_key=True), Column("total", Text))
+    other.create(engine)
+    store = JobStore(engine)
+    try:
+        with pytest.raises(SchemaMismatch) as excinfo:
+            operation(store)
+        message = str(excinfo.value)
+        assert message.startswith("table 'jobs' (or a table of the library's beside it) lacks a column")
+        assert "create_table() names each difference" in message
+        assert isinstance(excinfo.value.__cause__, sqlalchemy.exc.DBAPIError)
+        with engine.connect() as conn:
+            assert conn.execute(select(other)).all() == []
+    finally:
+        store.engine.dispose()
+        other.drop(engine)
 
 
 def test_database_refusal_is_wrapped_as_database_error(engine: Engine) -> None:
