@@ -270,7 +270,7 @@ class AsyncJobStore:
         store's own transaction, or, with ``conn=``, what you passed (the block joins your
         transaction in a SAVEPOINT). The same all-or-nothing rule: if the lease is not current
         at either check, :class:`~fencing.LeaseLost` and nothing of the block stays; a block
-        that raises, or is cancelled, keeps nothing either::
+        that raises, or is cancelled, keeps nothing either:
 
             async with store.fenced(lease, complete=True, result="paid") as conn:
                 await conn.execute(invoices.insert().values(job=lease.job_id, total=99))

@@ -21,7 +21,10 @@ __all__ = ["Failure", "check_failures_table", "failures_table"]
 
 
 class Failure(NamedTuple):
-    """A job's last failure, as its worker handed the job back (:meth:`~fencing.JobStore.failure`)."""
+    """A job's last failure, as its worker handed the job back (:meth:`~fencing.JobStore.failure`).
+
+    A named tuple: ``job_id, fence, at, text = failure`` unpacks it.
+    """
 
     job_id: str
     #: the fence of the lease whose attempt failed

@@ -383,7 +383,8 @@ class WorkerBatches:
 
         Returns ``(accepted, leases)``: which completions were accepted, in input order (each
         judged on its own, exactly as :meth:`complete_many` does; a refused one does not stop
-        the claim), and the new leases. All arguments are checked before anything runs::
+        the claim), and the new leases. All arguments are checked before anything runs. A
+        worker's loop:
 
             [lease] = store.claim_next("w", ttl=30) or [None]
             while lease is not None:

@@ -62,7 +62,7 @@ class FencedBlocks:
         current at either check, :class:`LeaseLost` is raised and nothing of the block stays.
 
         Without ``conn`` the store opens the transaction (``BEGIN IMMEDIATE`` on SQLite),
-        yields its ``Connection`` and commits everything together::
+        yields its ``Connection`` and commits everything together:
 
             with store.fenced(lease, complete=True, result="paid") as conn:
                 conn.execute(invoices.insert().values(job=lease.job_id, total=99))
@@ -72,7 +72,7 @@ class FencedBlocks:
         back on ``LeaseLost`` (or any error of the block) and released otherwise; a Session is
         flushed before the final check. Committing is yours, and the row lock lasts until you
         do. On SQLite the first check also takes the write lock (an ``UPDATE`` of the row), so
-        the block's writes never fail for a lock race::
+        the block's writes never fail for a lock race:
 
             with Session(engine) as session, session.begin():
                 with store.fenced(lease, conn=session, complete=True, result="paid"):
@@ -376,7 +376,7 @@ class FencedBlocks:
 
         With ``conn=`` (your ``Connection`` or ORM ``Session``) the check runs in your
         transaction and locks the job's row until it ends, so it stays true until you commit:
-        ORM code can fail loud, and roll back its own objects, before writing anything::
+        ORM code can fail loud, and roll back its own objects, before writing anything:
 
             with Session(engine) as session, session.begin():
                 store.check(lease, conn=session)   # LeaseLost: the with-block rolls back

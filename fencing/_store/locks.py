@@ -276,7 +276,7 @@ class Locks:
         local deadline): :attr:`HeldLock.held` turns ``False``, :attr:`HeldLock.lost` is set
         and ``on_lost`` is called once, from the heartbeat's thread. :meth:`HeldLock.check`
         raises :class:`~fencing.LeaseLost` then; :meth:`HeldLock.fenced` is the transaction
-        for writes that must not happen once the lock has moved on::
+        for writes that must not happen once the lock has moved on:
 
             with locks.hold("nightly-billing", "host-a", ttl=30) as lock:
                 for invoice in due():

@@ -242,7 +242,7 @@ class FenceMarks:
 
         Of concurrent callers with the same key, exactly one gets ``True``. The pattern:
         record the key in the same transaction as the side effect's own write, so both
-        commit together or neither does (a crash in between leaves no key behind)::
+        commit together or neither does (a crash in between leaves no key behind):
 
             with engine.begin() as conn:
                 if marks.record_once(f"charge:{order_id}", fence=lease.fence, conn=conn):

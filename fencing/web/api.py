@@ -404,7 +404,7 @@ def lease_api(
     :func:`fencing.web.bearer_tokens`. Who is asking acts only as its own owner (the name
     returned) or the owners a :class:`~fencing.web.Caller` grants: a claim, renewal,
     completion or release for another owner answers ``403``. Mount it where the application
-    wants it::
+    wants it:
 
         app.mount("/leases", lease_api(store, authorize=bearer_tokens({TOKEN: "worker-go"})))
 
