@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine
+from sqlalchemy import Column, Engine, Integer, MetaData, Table, Text, create_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -85,23 +85,54 @@ def _params() -> list[object]:
     ]
 
 
+def reruns(page: Path) -> bool:
+    """Whether a reader runs the page again as it is: every tutorial, and every page that runs
+    on a server (a database others use: the second run must find its way through the first's)."""
+    return "tutorials" in page.parts or runs_on(page) != ("sqlite",)
+
+
+#: what a shared database already holds: someone's own table named ``jobs``, with rows
+STRANGER = Table("jobs", MetaData(), Column("order_id", Integer, primary_key=True), Column("note", Text))
+STRANGER_ROWS = [{"order_id": n, "note": f"someone's order {n}"} for n in range(1, 44)]
+
+
 @pytest.mark.sync_only("the pages' own code")
 @pytest.mark.parametrize("page", _params())
 def test_every_python_block_of_the_page_runs(
     page: Path, target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Each block in order; a tutorial or a server page twice, in the same directory and
+    database; a server page beside someone's own ``jobs`` table, which it leaves as it was."""
     work = tmp_path / "page"
     work.mkdir()
     monkeypatch.chdir(work)
+    shared = None
     if "://" in target:
         monkeypatch.setenv("DATABASE_URL", target)
-    namespace: dict[str, object] = {"__name__": "__docs__"}
+        shared = create_engine(target)
+        STRANGER.create(shared)
+        with shared.begin() as conn:
+            conn.execute(STRANGER.insert(), STRANGER_ROWS)
     files = file_blocks(page)
     if files:
         monkeypatch.syspath_prepend(str(work))  # the page's files import each other, as a reader's do
+    try:
+        for run in range(2 if reruns(page) else 1):
+            _run_page(page, work, files, run)
+        if shared is not None:
+            with shared.connect() as conn:
+                kept = conn.execute(STRANGER.select().order_by(STRANGER.c.order_id)).mappings()
+                assert [dict(row) for row in kept] == STRANGER_ROWS
+    finally:
+        if shared is not None:
+            shared.dispose()
+
+
+def _run_page(page: Path, work: Path, files: dict[int, str], run: int) -> None:
+    namespace: dict[str, object] = {"__name__": "__docs__"}
     modules = set(sys.modules)
     try:
-        run_blocks(page, namespace, files)
+        run_blocks(page, namespace, files, run=run)
     finally:
         for name in set(sys.modules) - modules:  # the page's own modules: no other page sees them
             if getattr(sys.modules[name], "__file__", "") and str(work) in str(sys.modules[name].__file__):
@@ -111,7 +142,10 @@ def test_every_python_block_of_the_page_runs(
                 value.dispose()
 
 
-def run_blocks(page: Path, namespace: dict[str, object], files: dict[int, str] | None = None) -> None:
+def run_blocks(
+    page: Path, namespace: dict[str, object], files: dict[int, str] | None = None, *, run: int = 0
+) -> None:
+    again = " (run again)" if run else ""
     for number, code in enumerate(python_blocks(page), 1):
         if files and number in files:
             Path(files[number]).write_text(code, encoding="utf-8")
@@ -121,14 +155,14 @@ def run_blocks(page: Path, namespace: dict[str, object], files: dict[int, str] |
             try:
                 exec(compile(code, f"{page.name}, block {number}", "exec", dont_inherit=True), namespace)
             except Exception as exc:
-                raise AssertionError(f"{_name(page)}, block {number} failed: {exc!r}\n{code}") from exc
+                raise AssertionError(f"{_name(page)}, block {number} failed{again}: {exc!r}\n{code}") from exc
 
 
 def test_the_pages_have_code_and_the_landing_page_reaches_the_first_worker() -> None:
     """The collector finds the blocks (a page whose fences it cannot read would pass silently),
     and a newcomer reaches the first fenced worker on PostgreSQL from the landing page."""
     assert len(python_blocks(DOCS / "index.md")) == 1
-    assert len(python_blocks(DOCS / "tutorials" / "first-worker-postgresql.md")) == 4
+    assert len(python_blocks(DOCS / "tutorials" / "first-worker-postgresql.md")) == 5
     assert runs_on(DOCS / "tutorials" / "first-worker-postgresql.md") == ("postgresql",)
     assert "(tutorials/first-worker-postgresql.md)" in (DOCS / "index.md").read_text(encoding="utf-8")
 
