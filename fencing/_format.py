@@ -22,7 +22,8 @@ def instant(epoch: float | None, none: str = "-") -> str:
 
 def duration(seconds: float) -> str:
     """``3.2s``, ``42s``, ``5m 02s``, ``2h 05m``, ``3d 04h``: rounded down, so a time left is
-    never shown longer than it is."""
+    never shown longer than it is. The dashboard's ``live.js`` ``duration()`` redraws its
+    durations the same way (change both together)."""
     s = max(seconds, 0.0)
     if s < 10:
         return f"{math.floor(s * 10) / 10:.1f}s"
@@ -34,18 +35,6 @@ def duration(seconds: float) -> str:
     if whole < 86400:
         return f"{whole // 3600}h {whole % 3600 // 60:02d}m"
     return f"{whole // 86400}d {whole % 86400 // 3600:02d}h"
-
-
-def age(seconds: float | None) -> str:
-    """``42.0 s``, ``5.0 min``, ``2.1 h``: the dashboard's form, which its ``live.js`` ``age()``
-    redraws with every event (change both together)."""
-    if seconds is None:
-        return "—"
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
 
 
 def when(job: JobView, length: Callable[[float], str] = duration) -> str:

@@ -60,6 +60,7 @@ class Cursor(NamedTuple):
     index (a keyset page, never an ``OFFSET`` scan), so a page costs the same however deep it
     is, and jobs that change state between pages are neither shown twice in one state nor
     skipped because others moved. :meth:`text` and :meth:`parse` carry it through a URL.
+    A named tuple: ``(done, until, job_id)``.
     """
 
     done: int
@@ -293,6 +294,7 @@ class Overview:
         limit: int = 50,
         max_attempts: int | None = None,
         after: Cursor | None = None,
+        before: Cursor | None = None,
         prefix: str | None = None,
         conn: Connection | None = None,
     ) -> list[JobView]:
@@ -300,17 +302,24 @@ class Overview:
         longest waiting (or soonest expiring) first: by ``until``, then id.
 
         ``after``: the :attr:`JobView.cursor` of the last job of the previous page; the walk
-        goes on from there. ``prefix``: only ids that start with it (matched exactly, case
-        and all: ``%`` and ``_`` are characters), listed **by id**: the prefix is a range of
-        the primary key, walked in its order, so a rare prefix costs its own rows, not a
-        walk of the whole table.
+        goes on from there. ``before``: the cursor of the first job of a page: the ``limit``
+        jobs before it, in the same order (the page before; the index walked backwards).
+        ``prefix``: only ids that start with it (matched exactly, case and all: ``%`` and
+        ``_`` are characters), listed **by id**: the prefix is a range of the primary key,
+        walked in its order, so a rare prefix costs its own rows, not a walk of the whole
+        table.
         """
         if state is not None and state not in STATES:
             raise InvalidArgument(f"state must be one of {', '.join(STATES)} or None, got {state!r}")
         if state == "poisoned" and max_attempts is None:
             raise InvalidArgument("poisoned needs max_attempts: the claims a job may have")
-        if after is not None and not isinstance(after, Cursor):
-            raise InvalidArgumentType(f"after must be a fencing.overview.Cursor, got {type(after).__name__}")
+        for name, cursor in (("after", after), ("before", before)):
+            if cursor is not None and not isinstance(cursor, Cursor):
+                raise InvalidArgumentType(
+                    f"{name} must be a fencing.overview.Cursor, got {type(cursor).__name__}"
+                )
+        if after is not None and before is not None:
+            raise InvalidArgument("give after= or before=, not both")
         params: dict[str, Any] = {"limit": check_count("limit", limit), "max_fence": _max_fence(max_attempts)}
         if prefix is not None:
             prefix = check_text("prefix", prefix)
@@ -321,10 +330,15 @@ class Overview:
             else:
                 params["prefix"] = self._database.prefix_pattern(prefix)
                 params["prefix_low"] = prefix
-        if after is not None:
-            params.update(after_done=after.done, after_until=after.until, after_id=after.job_id)
-        stmt = self._sql.listing(state, paged=after is not None, prefixed=prefix is not None)
-        return [JobView.from_row(r) for r in self._rows(stmt, params, conn, self.table)]
+        cursor = after if after is not None else before
+        if cursor is not None:
+            params.update(after_done=cursor.done, after_until=cursor.until, after_id=cursor.job_id)
+        backward = before is not None
+        stmt = self._sql.listing(
+            state, paged=cursor is not None, prefixed=prefix is not None, backward=backward
+        )
+        views = [JobView.from_row(r) for r in self._rows(stmt, params, conn, self.table)]
+        return views[::-1] if backward else views
 
     def job(
         self,

@@ -93,6 +93,10 @@ class Database:
     #: it starts an index range at a row value ``(until, id) > (u, i)``; else the order is
     #: spelled out for it
     ranges_at_row_values: ClassVar[bool] = False
+    #: a table hint (``{index}``: the index's name) without which its planner reads an index
+    #: backwards from its far end to a page's cursor, not from the cursor (MariaDB: no index
+    #: condition pushdown in a backward scan, and a ``ref`` on the first column preferred)
+    backward_walk_hint: ClassVar[str | None] = None
     #: a prefix of a key column needs its lower bound said besides the ``LIKE`` to be walked
     #: as a range of the key (PostgreSQL outside the C collation)
     prefix_needs_low_bound: ClassVar[bool] = False

@@ -77,6 +77,7 @@ class MySQL(Database):
     clock_resolution = 1e-6
     id_max_bytes = 1024  # VARBINARY(1024): InnoDB's index prefix limit, with room to spare
     batch_completion = LOCKING
+    backward_walk_hint = "FORCE INDEX ({index})"
 
     def driven_directly(self, driver: str) -> bool:
         return driver == "pymysql"

@@ -79,17 +79,22 @@ class JobViews:
         )
         self._view = select(as_text(t.c.id), state, as_text(t.c.owner), t.c.fence, t.c.until, t.c.result, now)
         self._limit = bindparam("limit", type_=Integer())
-        self._pages: dict[tuple[str | None, bool, bool], Select[Any]] = {}
+        self._pages: dict[tuple[str | None, bool, bool, bool], Select[Any]] = {}
 
     # -- jobs by state -----------------------------------------------------------------------
 
-    def _by_age(self, state: str | None) -> Select[Any]:
-        """``state``'s listing from its start: a walk of the ready index (done, until, id)."""
+    def _by_age(self, state: str | None, backward: bool = False) -> Select[Any]:
+        """``state``'s listing from its start: a walk of the ready index (done, until, id);
+        ``backward``: the same walk from its end (the index read in reverse)."""
         t = self.table
-        by_age = (t.c.until, t.c.id)  # the ready index's order: no backend sorts
+        # the ready index's order: no backend sorts
+        by_age: tuple[ColumnElement[Any], ...] = (t.c.until, t.c.id)
+        if backward:
+            by_age = (t.c.until.desc(), t.c.id.desc())
         if state is None:
             # every state: a range on the index's first column keeps its order, no sort
-            return self._view.where(t.c.done <= self._done).order_by(t.c.done, *by_age).limit(self._limit)
+            done = t.c.done.desc() if backward else t.c.done
+            return self._view.where(t.c.done <= self._done).order_by(done, *by_age).limit(self._limit)
         condition = {
             "ready": self._ready,
             "held": self._held,
@@ -99,7 +104,7 @@ class JobViews:
         }[state]
         return self._view.where(condition).order_by(*by_age).limit(self._limit)
 
-    def _by_id(self, state: str | None) -> Select[Any]:
+    def _by_id(self, state: str | None, backward: bool = False) -> Select[Any]:
         """The same states listed by id: how a prefix is walked, as a range of the primary
         key. ``done + 0`` and ``until + 0`` are the same values in a form no index serves,
         so no planner prefers the ready index's range and a sort to the key's walk."""
@@ -115,28 +120,37 @@ class JobViews:
             "done": done_ == done,
             None: done_ <= done,
         }[state]
-        return self._view.where(condition).order_by(t.c.id).limit(self._limit)
+        return self._view.where(condition).order_by(t.c.id.desc() if backward else t.c.id).limit(self._limit)
 
-    def _after(self, every_state: bool) -> ColumnElement[bool]:
-        """After the cursor's place in the walk (``(done,)`` ``until, id`` in the ready index)."""
+    def _after(self, every_state: bool, backward: bool = False) -> ColumnElement[bool]:
+        """After the cursor's place in the walk (``(done,)`` ``until, id`` in the ready index);
+        ``backward``: before it (the cursor binds are the same ``after_*``)."""
         t = self.table
         u: ColumnElement[float] = bindparam("after_until", type_=Double())
         i = bindparam("after_id", type_=KEY_TYPE)
         d = bindparam("after_done", type_=Integer())
+
+        def beyond(column: ColumnElement[Any], bound: ColumnElement[Any]) -> ColumnElement[bool]:
+            return column < bound if backward else column > bound
+
         if not self.database.ranges_at_row_values:
             # the same order spelled out: its leading bound (until >= u, within done = d) is
             # the range the walk starts at
-            later = and_(t.c.until >= u, or_(t.c.until > u, t.c.id > i))
-            return or_(t.c.done > d, and_(t.c.done == d, later)) if every_state else later
+            start = t.c.until <= u if backward else t.c.until >= u
+            later = and_(start, or_(beyond(t.c.until, u), beyond(t.c.id, i)))
+            return or_(beyond(t.c.done, d), and_(t.c.done == d, later)) if every_state else later
         if every_state:
-            return tuple_(t.c.done, t.c.until, t.c.id) > tuple_(d, u, i)
-        return tuple_(t.c.until, t.c.id) > tuple_(u, i)
+            return beyond(tuple_(t.c.done, t.c.until, t.c.id), tuple_(d, u, i))
+        return beyond(tuple_(t.c.until, t.c.id), tuple_(u, i))
 
-    def listing(self, state: str | None, *, paged: bool, prefixed: bool) -> Select[Any]:
+    def listing(
+        self, state: str | None, *, paged: bool, prefixed: bool, backward: bool = False
+    ) -> Select[Any]:
         """The listing of ``state`` (``None``: every state), from its start or after a
-        cursor (``paged``), of every id or of a prefix's (``prefixed``, by id): each of the
-        24 shapes built once, when first asked for."""
-        key = (state, paged, prefixed)
+        cursor (``paged``), of every id or of a prefix's (``prefixed``, by id); ``backward``
+        (paged): the rows before the cursor, nearest first (the page before it, reversed):
+        each of the 36 shapes built once, when first asked for."""
+        key = (state, paged, prefixed, backward)
         stmt = self._pages.get(key)
         if stmt is None:
             t = self.table
@@ -150,12 +164,21 @@ class JobViews:
                     # (the pattern still decides what matches)
                     where.append(t.c.id >= bindparam("prefix_low", type_=KEY_TYPE))
                 if paged:
-                    where.append(t.c.id > bindparam("after_id", type_=KEY_TYPE))
-                stmt = self._by_id(state).where(*where)
+                    bound = bindparam("after_id", type_=KEY_TYPE)
+                    where.append(t.c.id < bound if backward else t.c.id > bound)
+                stmt = self._by_id(state, backward).where(*where)
             else:
                 if paged:
-                    where.append(self._after(state is None))
-                stmt = self._by_age(state).where(*where) if where else self._by_age(state)
+                    where.append(self._after(state is None, backward))
+                stmt = self._by_age(state, backward)
+                stmt = stmt.where(*where) if where else stmt
+                hint = self.database.backward_walk_hint
+                if backward and hint is not None:
+                    ready = next(
+                        i for i in t.indexes if [c.name for c in i.columns] == ["done", "until", "id"]
+                    )
+                    for name in self.database.names:
+                        stmt = stmt.with_hint(t, hint.format(index=ready.name), dialect_name=name)
             self._pages[key] = stmt
         return stmt
 

@@ -63,6 +63,8 @@ class Feed:
         self.overview = overview
         self.history = history
         self.interval = interval
+        #: the seconds the series spans: the chart's time axis
+        self.window = SERIES * interval
         self.max_attempts = max_attempts
         #: reads made so far (what "one read per interval" is measured by)
         self.reads = 0

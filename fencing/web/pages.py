@@ -58,7 +58,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._admin import change_job
 from .._errors import FencingError, InvalidArgument, InvalidArgumentType
-from .._format import age, instant, when
+from .._format import duration, instant, when
 from .._sql.checks import check_count, check_timeout
 from .._sql.failures import Failure
 from .._sql.schema import jobs
@@ -68,7 +68,7 @@ from .._store.marks import fence_marks, idempotency_keys
 from ..overview import STATES, Cursor, JobView, Overview
 from .api import BadBody, read_body
 from .auth import Authorize, who_is_asking
-from .feed import Feed
+from .feed import SERIES, Feed
 from .problems import from_error, problem, status_of
 
 __all__ = ["dashboard"]
@@ -152,26 +152,50 @@ def _q(value: object) -> str:
     return urllib.parse.quote(str(value), safe="")
 
 
+def _position(text: str | None) -> int | None:
+    """The ``at`` of a listing's URL: the place of its first job (from 1), a hint for the
+    page's "jobs 51-100" that a hand-edited URL cannot make an error of."""
+    if text is None or not text.isdigit() or len(text) > 9:
+        return None
+    return int(text) or None
+
+
+def _length(seconds: float | None) -> str:
+    return "—" if seconds is None else duration(seconds)
+
+
+def _left(seconds: float) -> str:
+    """A lease's time left, as ``live.js`` counts it down: ``ended`` once it has run out."""
+    return duration(seconds) if seconds > 0 else "ended"
+
+
 def _shown(value: object) -> Markup:
     """A value from the database in a page: escaped, and isolated from the text around it
     (``<bdi>``), so right-to-left marks in an id cannot reorder what follows."""
     return Markup("<bdi>%s</bdi>") % ("" if value is None else str(value))
 
 
-def _chart(series: list[dict[str, Any]]) -> dict[str, Any]:
-    """The chart's polylines from the feed's series (the page's script redraws them live)."""
+def _chart(series: list[dict[str, Any]], window: float, now: float | None) -> dict[str, Any]:
+    """The chart's polylines from the feed's series, on a time axis: the last ``window``
+    seconds up to ``now`` (the database's clock), each point at its instant, so a feed that
+    started a moment ago draws only at the right edge. The page's script redraws them live
+    (``live.js`` ``chart()``: change both together)."""
     names = ("claims", "completions", "refused")
     peak = max([1.0, *(p[n] for p in series for n in names if p[n] is not None)])
     lines: dict[str, Any] = {}
     for n in names:
         points = []
-        for i, p in enumerate(series):
-            if p[n] is None:
+        for p in series:
+            if p[n] is None or now is None or now - p["at"] > window:
                 continue
-            x = 0.0 if len(series) < 2 else i * 600 / (len(series) - 1)
+            x = 600 - (now - p["at"]) / window * 600
             points.append(f"{x:.1f},{155 - p[n] / peak * 150:.1f}")
         lines[n] = " ".join(points)
     lines["peak"] = round(peak)
+    lines["window"] = window
+    lines["span"] = duration(window)
+    lines["half"] = duration(window / 2)
+    lines["interval"] = duration(window / SERIES)
     return lines
 
 
@@ -238,7 +262,10 @@ class _Dashboard:
             lstrip_blocks=True,
         )
         self.env.filters.update(q=_q, shown=_shown)
-        self.env.globals.update(age=age, instant=lambda at: instant(at, "—"), when=lambda j: when(j, age))
+        # durations as the command line writes them (live.js's duration() redraws them alike)
+        self.env.globals.update(
+            length=_length, left=_left, instant=lambda at: instant(at, "—"), when=lambda j: when(j, duration)
+        )
 
     # -- rendering --------------------------------------------------------------------------
 
@@ -317,7 +344,8 @@ class _Dashboard:
         snap = await self.feed.latest()
         url = f"{request.scope.get('root_path', '')}/?fragment=1"
         return self.fragment(request, "overview.html", page="overview", heading="Overview",
-            snap=snap, chart=_chart(snap["series"]), fragment_url=url,
+            snap=snap, chart=_chart(snap["series"], self.feed.window, (snap["summary"] or {}).get("now")),
+            fragment_url=url,
         )  # fmt: skip
 
     async def jobs_page(self, request: Request) -> Response:
@@ -327,29 +355,60 @@ class _Dashboard:
             raise InvalidArgument(f"state must be one of {', '.join(STATES)}")
         prefix = _check_id(params.get("prefix") or "", "prefix") or None
         after = Cursor.parse(params["after"]) if params.get("after") else None
+        before = Cursor.parse(params["before"]) if params.get("before") else None
+        at = _position(params.get("at"))
         max_attempts = self.max_attempts
         if state == "poisoned" and max_attempts is None:
             raise InvalidArgument(
                 "poisoned jobs are those claimed max_attempts times: start the dashboard with max_attempts"
             )
+        if after is not None:
+            before = None  # a hand-made URL with both: the way on wins
         found = await run_in_threadpool(
             lambda: self.overview.jobs(
-                state, limit=PAGE + 1, max_attempts=max_attempts, after=after, prefix=prefix
+                state, limit=PAGE + 1, max_attempts=max_attempts, after=after, before=before, prefix=prefix
             )
         )
-        shown = found[:PAGE]
+        # one more than a page says whether there is more that way: after the page going on,
+        # before it going back (a backward page comes oldest first: the extra one leads)
+        if before is not None:
+            earlier, shown, later = len(found) > PAGE, found[-PAGE:], True
+        else:
+            earlier, shown, later = after is not None, found[:PAGE], len(found) > PAGE
         root = request.scope.get("root_path", "")
         query = {k: v for k, v in (("state", state), ("prefix", prefix)) if v}
-        here = urllib.parse.urlencode({**query, **({"after": params["after"]} if after else {})})
-        next_url = None
-        if len(found) > PAGE:
-            next_url = f"{root}/jobs?" + urllib.parse.urlencode({**query, "after": shown[-1].cursor.text()})
-        first_url = f"{root}/jobs?" + urllib.parse.urlencode(query) if after is not None else None
+
+        def url(**more: Any) -> str:
+            return f"{root}/jobs?" + urllib.parse.urlencode({**query, **more})
+
+        cursor = {k: params[k] for k in ("after", "before", "at") if params.get(k)}
+        here = urllib.parse.urlencode({**query, **cursor, "fragment": "1"})
+        first = at if at is not None else (1 if not earlier else None)
+        next_url = prev_url = None
+        if later and shown:
+            onward = {"at": str(first + len(shown))} if first is not None else {}
+            next_url = url(after=shown[-1].cursor.text(), **onward)
+        if earlier and shown:
+            back = {"at": str(max(1, first - PAGE))} if first is not None and first > PAGE else {}
+            prev_url = url(before=shown[0].cursor.text(), **back)
+        first_url = url() if earlier else None
         heading = f"{state.capitalize()} jobs" if state else "Jobs"
+        total = None if prefix is not None else self._total(await self.feed.latest(), state)
         return self.fragment(request, "jobs.html", page="jobs", heading=heading, jobs=shown, state=state,
-            prefix=prefix, states=STATES, next_url=next_url, first_url=first_url,
-            fragment_url=f"{root}/jobs?{here}{'&' if here else ''}fragment=1",
+            prefix=prefix, states=STATES, next_url=next_url, prev_url=prev_url, first_url=first_url,
+            total=total, first=first, fragment_url=f"{root}/jobs?{here}",
         )  # fmt: skip
+
+    @staticmethod
+    def _total(snap: dict[str, Any], state: str | None) -> int | None:
+        """How many jobs the listing of ``state`` walks, as the feed's latest read counted them
+        (``None`` if it could not count them)."""
+        summary = snap.get("summary")
+        if summary is None or (state == "poisoned" and summary.get("max_attempts") is None):
+            return None
+        if state is not None:
+            return int(summary[state])
+        return sum(int(summary[s]) for s in ("ready", "held", "deferred", "done", "poisoned"))
 
     async def job_page(self, request: Request) -> Response:
         job_id = _check_id(request.query_params.get("id", ""))

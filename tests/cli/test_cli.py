@@ -1144,7 +1144,7 @@ def test_serve_without_uvicorn_alone_says_what_to_install(
 
 
 def test_instants_and_durations_have_one_form_for_the_cli_and_the_pages() -> None:
-    from fencing._format import age, duration, instant, when
+    from fencing._format import duration, instant, when
     from fencing.overview import JobView
 
     assert instant(1796232294.2119) == "2026-12-02 17:24:54.211 UTC"
@@ -1157,9 +1157,8 @@ def test_instants_and_durations_have_one_form_for_the_cli_and_the_pages() -> Non
         "2h 05m",
         "3d 04h",
     ]
-    assert [age(s) for s in (None, 42.0, 300.0, 7560.0)] == ["—", "42.0 s", "5.0 min", "2.1 h"]
     # a poisoned job whose until is still ahead (released with a delay at its last claim)
     poisoned = JobView("p", "poisoned", None, 5, 1060.0, None, 1000.0)
-    assert (when(poisoned), when(poisoned, age)) == ("waiting 0.0s", "waiting 0.0 s")
+    assert when(poisoned) == "waiting 0.0s"
     expired = JobView("e", "ready", "w", 1, 700.0, None, 1000.0)
-    assert (when(expired), when(expired, age)) == ("lease expired 5m 00s ago", "lease expired 5.0 min ago")
+    assert when(expired) == "lease expired 5m 00s ago"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from sqlalchemy import Engine
 
 from fencing import JobStore
+from fencing._format import duration
 from tests.served import served
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,18 +158,24 @@ def test_a_claim_by_another_process_appears_within_two_seconds(
     assert page.problems == []
 
 
+def _tenths(text: str) -> float:
+    """A time left under 10 s as the page writes it (``7.4s``, as the command line does)."""
+    assert re.fullmatch(r"\d\.\ds", text), text
+    return float(text[:-1])
+
+
 def test_a_lease_countdown_moves(page: Any, store: JobStore, backend: Any) -> None:
     store.enqueue("ticking")
-    store.claim_next("w", ttl=30)
+    store.claim_next("w", ttl=9)  # under 10 s: counted in tenths
     page.goto(page.site + "/job?id=ticking")
     page.wait_for_timeout(250)  # both readings from the page's ticks, not the server's text
-    first = float(page.inner_text("#countdown").split()[0])
+    first = _tenths(page.inner_text("#countdown"))
     page.wait_for_timeout(600)
-    second = float(page.inner_text("#countdown").split()[0])
+    second = _tenths(page.inner_text("#countdown"))
     assert 0.3 < first - second < 2.0, (first, second)
     # and it counts against the database's clock: what the page shows is what is left
     left = store.state("ticking").until - time.time()  # one machine: the same clock
-    shown = float(page.inner_text("#countdown").split()[0])
+    shown = _tenths(page.inner_text("#countdown"))
     assert abs(shown - left) < 0.5, (shown, left)
     keep(page, "job", backend.name)
     assert page.problems == []
@@ -178,8 +186,8 @@ def test_a_stale_snapshot_does_not_set_the_countdowns_back(page: Any, store: Job
     # is a reading from the past, and taken as the present it set every countdown back by its
     # age (CI read 0.1 s in 0.6 s). Here the event stream serves one snapshot 3 s old.
     store.enqueue("ticking")
-    store.claim_next("w", ttl=30)
-    stale = store.state("ticking").until - 30 - 3  # the claim's instant, 3 s before it
+    store.claim_next("w", ttl=9)
+    stale = store.state("ticking").until - 9 - 3  # the claim's instant, 3 s before it
 
     def old_snapshot(route: Any) -> None:
         body = "event: snapshot\ndata: " + json.dumps({"summary": {"now": stale}}) + "\n\n"
@@ -189,8 +197,23 @@ def test_a_stale_snapshot_does_not_set_the_countdowns_back(page: Any, store: Job
     page.goto(page.site + "/job?id=ticking")
     page.wait_for_timeout(800)  # the stale snapshot has arrived (at once), and ticks after it
     left = store.state("ticking").until - time.time()
-    shown = float(page.inner_text("#countdown").split()[0])
+    shown = _tenths(page.inner_text("#countdown"))
     assert abs(shown - left) < 0.5, (shown, left)
+    assert page.problems == []
+
+
+def test_the_page_writes_durations_as_the_command_line_does(page: Any, store: JobStore) -> None:
+    # live.js's duration() redraws what fencing._format.duration wrote: the same at every scale
+    for job_id, ttl in (("minutes", 125.0), ("hours", 3725.0), ("days", 2 * 86400.0 + 3700)):
+        store.enqueue(job_id)
+        store.claim(job_id, "w", ttl=ttl)
+    page.goto(page.site + "/jobs?state=held")
+    page.wait_for_timeout(400)  # ticked by the page's script
+    for job_id, pattern in (("minutes", r"2m 0[0-5]s"), ("hours", r"1h 02m"), ("days", r"2d 01h")):
+        shown = page.inner_text(f'tr[data-job="{job_id}"] [data-until]')
+        assert re.fullmatch(pattern, shown), (job_id, shown)
+        left = store.state(job_id).until - time.time()
+        assert shown == duration(left) or shown == duration(left + 1), (shown, duration(left))
     assert page.problems == []
 
 
@@ -247,4 +270,30 @@ def test_filters_and_pagination(page: Any, store: JobStore, backend: Any) -> Non
     assert second == [f"batch-{n:02d}" for n in range(50, 60)]
     assert page.locator("a[rel=next]").count() == 0
     keep(page, "jobs-filtered", backend.name)
+    assert page.problems == []
+
+
+def test_every_page_fits_a_desktop_and_a_phone(page: Any, store: JobStore, backend: Any) -> None:
+    # wide and narrow (a 390 px phone): nothing wider than the window (a table too wide scrolls
+    # inside itself), no number or duration broken over two lines; each page kept as a screenshot
+    for n in range(60):
+        store.enqueue(f"invoice-{n:03d}-with-a-longer-id-than-usual")
+    store.claim_next("worker-on-host-with-a-long-name:4242", ttl=125, limit=5)
+    paths = {"overview": "/", "jobs": "/jobs", "job": "/job?id=invoice-000-with-a-longer-id-than-usual",
+             "marks": "/marks", "locks": "/locks"}  # fmt: skip
+    for width in (1280, 390):
+        page.set_viewport_size({"width": width, "height": 900})
+        for name, path in paths.items():
+            page.goto(page.site + path)
+            page.wait_for_timeout(300)
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            assert wide <= width, (name, width, wide)
+            for cell in page.query_selector_all("[data-until], td.num"):
+                # the line boxes of its text: one unless it broke
+                lines = cell.evaluate(
+                    "e => { const r = document.createRange(); r.selectNodeContents(e); "
+                    "return new Set(Array.from(r.getClientRects(), b => Math.round(b.top))).size; }"
+                )
+                assert lines <= 1, (name, width, cell.inner_text())
+            keep(page, f"{name}-{width}px", backend.name)
     assert page.problems == []

@@ -22,17 +22,21 @@
     known = true;
   }
 
-  function seconds(left) {
-    if (left <= 0) { return "ended"; }
-    return left.toFixed(1) + " s";
+  // durations as the command line writes them (fencing._format.duration: change both together):
+  // 3.2s, 42s, 5m 02s, 2h 05m, 3d 04h, rounded down so a time left is never shown longer
+  function two(n) { return (n < 10 ? "0" : "") + n; }
+  function duration(value) {
+    if (value === null || value === undefined) { return "—"; }
+    var s = Math.max(value, 0);
+    if (s < 10) { return (Math.floor(s * 10) / 10).toFixed(1) + "s"; }
+    var whole = Math.floor(s);
+    if (whole < 60) { return whole + "s"; }
+    if (whole < 3600) { return Math.floor(whole / 60) + "m " + two(whole % 60) + "s"; }
+    if (whole < 86400) { return Math.floor(whole / 3600) + "h " + two(Math.floor((whole % 3600) / 60)) + "m"; }
+    return Math.floor(whole / 86400) + "d " + two(Math.floor((whole % 86400) / 3600)) + "h";
   }
 
-  function age(value) {
-    if (value === null || value === undefined) { return "—"; }
-    if (value < 60) { return value.toFixed(1) + " s"; }
-    if (value < 3600) { return (value / 60).toFixed(1) + " min"; }
-    return (value / 3600).toFixed(1) + " h";
-  }
+  function seconds(left) { return left <= 0 ? "ended" : duration(left); }
 
   // countdowns: every element with data-until ticks against the database's clock
   function tick() {
@@ -58,17 +62,20 @@
 
   function text(value) { return value === null || value === undefined ? "—" : String(value); }
 
-  function chart(series) {
+  // the series on a time axis: the last data-window seconds up to the snapshot's instant,
+  // each point at its own (as pages.py _chart draws it: change both together)
+  function chart(series, now) {
     var svg = document.getElementById("chart");
-    if (!svg) { return; }
+    if (!svg || typeof now !== "number") { return; }
+    var span = parseFloat(svg.getAttribute("data-window")) || 60;
     var names = ["claims", "completions", "refused"];
     var peak = 1;
     series.forEach(function (p) { names.forEach(function (n) { if (p[n] !== null && p[n] > peak) { peak = p[n]; } }); });
     names.forEach(function (n) {
       var pts = [];
-      series.forEach(function (p, i) {
-        if (p[n] === null) { return; }
-        var x = series.length < 2 ? 0 : (i * 600) / (series.length - 1);
+      series.forEach(function (p) {
+        if (p[n] === null || now - p.at > span) { return; }
+        var x = 600 - ((now - p.at) / span) * 600;
         var y = 155 - (p[n] / peak) * 150;
         pts.push(x.toFixed(1) + "," + y.toFixed(1));
       });
@@ -104,9 +111,9 @@
       var els = document.querySelectorAll("[data-live]");
       for (var i = 0; i < els.length; i++) { els[i].textContent = text(get(snap, els[i].getAttribute("data-live"))); }
       var ages = document.querySelectorAll("[data-live-age]");
-      for (var j = 0; j < ages.length; j++) { ages[j].textContent = age(get(snap, ages[j].getAttribute("data-live-age"))); }
+      for (var j = 0; j < ages.length; j++) { ages[j].textContent = duration(get(snap, ages[j].getAttribute("data-live-age"))); }
     }
-    chart(snap.series || []);
+    chart(snap.series || [], snap.summary ? snap.summary.now : null);
     if (snap.changed) { refresh(); }
   }
 
