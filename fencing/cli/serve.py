@@ -1,7 +1,9 @@
 """``fencing serve``: the dashboard alone, and the lease API when tokens are given, on uvicorn.
 
-The dashboard is read-only here (its actions need an application's ``authorize``: mount
-:func:`fencing.web.dashboard` in your own app to have them), and open to whoever reaches it:
+The dashboard is read-only here unless ``--operator-tokens FILE`` (``TOKEN NAME`` per line)
+names who may act: an operator signs in at ``/login`` with a token and its browser then has
+the actions (revoke, release, delete, enqueue, requeue), each logged with the name. Its pages
+are open to whoever reaches it:
 it listens on the loopback address by default and answers only the ``Host`` names it was
 given (``--allowed-host``; by default the loopback names and ``--host``). With
 ``--api-tokens FILE`` (``TOKEN OWNER [OWNER ...]`` per line) the lease API is mounted at
@@ -57,15 +59,16 @@ def add_serve(commands: Commands) -> None:
         commands,
         "serve",
         serve,
-        help="serve the dashboard (read-only) and, with --api-tokens, the lease API over HTTP",
+        help="serve the dashboard (actions for --operator-tokens) and, with --api-tokens, the lease API",
         description="Run the web dashboard of the jobs table on uvicorn (the web extra: pip install "
         "'fencing[web]'): counts by state, rates, leases counting down, each job's ownership "
-        "history, fence marks, locks, live. Its actions (revoke, release, delete, enqueue) need "
-        "an application's authorize callable: mount fencing.web.dashboard in your own app for "
-        "them. The pages are open to whoever reaches the server; only the Host names it binds "
-        "(and --allowed-host) are answered. With --api-tokens FILE (one 'TOKEN OWNER [OWNER ...]' "
-        "per line) the lease API is served at /api for workers in any language, each "
-        "authenticated by its bearer token and acting only as the owners on its line.",
+        "history, fence marks, locks, live. Its actions (revoke, release, delete, enqueue) are "
+        "for the operators of --operator-tokens FILE ('TOKEN NAME' per line), who sign in at "
+        "/login with their token. The pages are open to whoever reaches the server; only the "
+        "Host names it binds (and --allowed-host) are answered. With --api-tokens FILE (one "
+        "'TOKEN OWNER [OWNER ...]' per line) the lease API is served at /api for workers in any "
+        "language, each authenticated by its bearer token and acting only as the owners on its "
+        "line.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="the address to listen on (%(default)s)")
     parser.add_argument("--port", type=whole(1, 65535), default=8000, help="the port (%(default)s)")
@@ -88,6 +91,12 @@ def add_serve(commands: Commands) -> None:
         metavar="FILE",
         help="serve the lease API at /api for these bearer tokens ('TOKEN OWNER [OWNER ...]' "
         "per line: the owners each may act as)",
+    )
+    parser.add_argument(
+        "--operator-tokens",
+        metavar="FILE",
+        help="turn the dashboard's actions on for operators who sign in at /login with one of "
+        "these tokens ('TOKEN NAME' per line; the name is logged with each action)",
     )
     parser.add_argument(
         "--api-max-ttl",
@@ -133,6 +142,7 @@ def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
         else None
     )
     tokens = read_tokens(args.api_tokens) if args.api_tokens else None
+    operators = read_operators(args.operator_tokens) if args.operator_tokens else None
     hosts = allowed_hosts(args.host, args.allowed_host or ())
     sides = db.beside(args.payloads_table, args.failures_table)
     schedules = (
@@ -152,6 +162,7 @@ def serve(args: argparse.Namespace, db: Database, out: Output) -> int:
         interval=args.interval,
         max_attempts=args.max_attempts,
         tokens=tokens,
+        operators=operators,
         hosts=hosts,
         max_ttl=args.api_max_ttl,
         max_limit=args.api_max_limit,
@@ -209,6 +220,32 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def read_operators(path: str) -> dict[str, str]:
+    """``TOKEN NAME`` per line (``#`` comments and empty lines skipped) from ``path``: the
+    operators who may sign in to the dashboard, each by its token."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidArgument(f"cannot read the operator tokens from {path!r}: {exc.strerror}") from None
+    operators: dict[str, str] = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = line.split()
+        if len(fields) != 2:
+            raise InvalidArgument(f"{path}, line {number}: expected 'TOKEN NAME'")
+        token, name = fields
+        if len(token) < 16:
+            raise InvalidArgument(f"{path}, line {number}: a token must be at least 16 characters")
+        if token in operators:
+            raise InvalidArgument(f"{path}, line {number}: this token is on an earlier line already")
+        operators[token] = name
+    if not operators:
+        raise InvalidArgument(f"{path} holds no token")
+    return operators
+
+
 def read_tokens(path: str) -> dict[str, Caller]:
     """``TOKEN OWNER [OWNER ...]`` per line (``#`` comments and empty lines skipped) from
     ``path``: the token acts as each owner named, the first one its name in the logs."""
@@ -247,6 +284,7 @@ def app_for(
     schedules: Table | None = None,
     max_attempts: int | None,
     tokens: dict[str, Caller] | None,
+    operators: dict[str, str] | None = None,
     hosts: Sequence[str] = LOOPBACK,
     max_ttl: float = API_MAX_TTL,
     max_limit: int = API_MAX_LIMIT,
@@ -288,6 +326,7 @@ def app_for(
         payloads=payloads,
         failures=failures,
         schedules=schedules,
+        operator_tokens=operators,
     )
     routes.append(Mount("/", board))
     app = Starlette(routes=routes, lifespan=board.router.lifespan_context)

@@ -19,7 +19,17 @@ from starlette.requests import Request
 
 from .._errors import InvalidArgument, InvalidArgumentType
 
-__all__ = ["Authorize", "Caller", "bearer_tokens", "caller_of", "who_is_asking"]
+__all__ = [
+    "SIGNED_IN_COOKIE",
+    "Authorize",
+    "Caller",
+    "bearer_tokens",
+    "caller_of",
+    "who_is_asking",
+]
+
+#: the cookie an operator's browser holds once it signed in with a token (:class:`TokenSignIn`)
+SIGNED_IN_COOKIE = "fencing_operator"
 
 
 @dataclass(frozen=True, init=False)
@@ -68,6 +78,15 @@ def bearer_tokens(tokens: Mapping[str, str | Caller]) -> Authorize:
     Every token is compared in constant time (:func:`hmac.compare_digest`), each one, so the
     time taken says nothing of which one nearly matched.
     """
+    table = _token_table(tokens)
+
+    def authorize(request: Request) -> Caller | None:
+        return _bearer(table, request)
+
+    return authorize
+
+
+def _token_table(tokens: Mapping[str, str | Caller]) -> list[tuple[bytes, Caller]]:
     if not isinstance(tokens, Mapping):
         raise InvalidArgumentType(f"tokens must be a mapping of token to name, got {type(tokens).__name__}")
     table: list[tuple[bytes, Caller]] = []
@@ -77,19 +96,58 @@ def bearer_tokens(tokens: Mapping[str, str | Caller]) -> Authorize:
         if len(token) < 16:
             raise InvalidArgument("a bearer token must be at least 16 characters: a short one can be guessed")
         table.append((token.encode("utf-8"), who if isinstance(who, Caller) else Caller(who)))
+    return table
 
-    def authorize(request: Request) -> Caller | None:
-        scheme, _, given = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            return None
-        presented = given.strip().encode("utf-8", "surrogateescape")
-        found = None
-        for token, who in table:
-            if hmac.compare_digest(token, presented) and found is None:
-                found = who
-        return found
 
-    return authorize
+def _matching(table: list[tuple[bytes, Caller]], given: str) -> Caller | None:
+    """Whose ``given`` token is: every token compared, in constant time."""
+    presented = given.encode("utf-8", "surrogateescape")
+    found = None
+    for token, who in table:
+        if hmac.compare_digest(token, presented) and found is None:
+            found = who
+    return found
+
+
+def _bearer(table: list[tuple[bytes, Caller]], request: Request) -> Caller | None:
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        return None
+    return _matching(table, given.strip())
+
+
+class TokenSignIn:
+    """Operators who sign in to a dashboard with a token (``{"a-long-random-token": "alice"}``):
+    the dashboard's ``/login`` page takes the token and, when it is one of them, leaves it in
+    an ``HttpOnly``, ``SameSite=Strict`` cookie (``Secure`` over HTTPS) that :meth:`authorize`
+    reads, as it reads ``Authorization: Bearer``; ``/logout`` removes it. Tokens are compared
+    in constant time, each one (as :func:`bearer_tokens`), and are at least 16 characters.
+    What ``fencing serve --operator-tokens FILE`` turns the dashboard's actions on with."""
+
+    def __init__(self, tokens: Mapping[str, str]) -> None:
+        if not isinstance(tokens, Mapping):
+            raise InvalidArgumentType(
+                f"tokens must be a mapping of token to name, got {type(tokens).__name__}"
+            )
+        if not tokens:
+            raise InvalidArgument("tokens is empty: nobody could sign in")
+        for token, name in tokens.items():
+            if not isinstance(token, str) or not isinstance(name, str) or not name:
+                raise InvalidArgumentType("tokens must map str tokens to non-empty str names")
+        self._table = _token_table(dict(tokens))
+
+    def name_of(self, token: str) -> str | None:
+        """Whose ``token`` is, or ``None``."""
+        who = _matching(self._table, token)
+        return None if who is None else who.name
+
+    def authorize(self, request: Request) -> str | None:
+        """Who signed in (the cookie) or presents a token (``Authorization: Bearer``), or ``None``."""
+        cookie = request.cookies.get(SIGNED_IN_COOKIE)
+        if cookie:
+            return self.name_of(cookie)
+        who = _bearer(self._table, request)
+        return None if who is None else who.name
 
 
 async def caller_of(authorize: Authorize | None, request: Request) -> Caller | None:

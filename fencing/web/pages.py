@@ -41,7 +41,7 @@ import logging
 import re
 import secrets
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import jinja2
@@ -67,7 +67,7 @@ from .._store.jobstore import JobStore
 from .._store.marks import fence_marks, idempotency_keys
 from ..overview import STATES, Cursor, JobView, Overview
 from .api import BadBody, read_body
-from .auth import Authorize, who_is_asking
+from .auth import SIGNED_IN_COOKIE, Authorize, TokenSignIn, who_is_asking
 from .feed import SERIES, Feed
 from .problems import from_error, problem, status_of
 
@@ -98,7 +98,11 @@ SAID = {
     "enqueued": "Enqueued.",
     "exists": "A job with this id exists already: nothing changed.",
     "unchanged": "Nothing changed: the job was not in a state this action applies to.",
+    "signed-in": "Signed in: the actions are on for you in this browser.",
+    "signed-out": "Signed out.",
 }
+#: how long a browser stays signed in with a token (seconds)
+SIGNED_IN_FOR = 12 * 3600
 _DID = {"revoke": "revoked", "release": "released", "delete": "deleted", "requeue": "requeued"}
 
 _SECURITY_HEADERS = [
@@ -229,7 +233,9 @@ class _Dashboard:
         wait: float | None,
         title: str,
         schedules: Table | None = None,
+        sign_in: TokenSignIn | None = None,
     ) -> None:
+        self.sign_in = sign_in
         self.engine = engine
         self.table = table
         self.history = history
@@ -291,7 +297,10 @@ class _Dashboard:
             "said": said,
             "table_name": self.table.name,
             "dialect": self.engine.dialect.name,
-            "actions": self.authorize is not None,
+            # with sign-in, the forms only for who signed in (the others see a "sign in" link)
+            "actions": self.authorize is not None and (self.sign_in is None or request.scope.get(_ACTOR)),
+            "sign_in": self.sign_in is not None,
+            "who": request.scope.get(_ACTOR),
             "csrf": token,
             "max_id": MAX_ID,
         }
@@ -497,6 +506,53 @@ class _Dashboard:
     def stream_ended(self) -> None:
         self.streams -= 1
 
+    # -- signing in with a token (sign_in=) -------------------------------------------------
+
+    async def login_page(self, request: Request) -> Response:
+        assert self.sign_in is not None
+        root = request.scope.get("root_path", "")
+        if request.method == "GET":
+            request.scope[_ACTOR] = await who_is_asking(self.authorize, request)
+            return self.render(
+                request,
+                "login.html",
+                page="login",
+                heading="Sign in",
+                refused=False,
+                hours=SIGNED_IN_FOR // 3600,
+            )
+        form = await self.read_form(request)
+        name = self.sign_in.name_of(form.get("token", "").strip())
+        if name is None:
+            logger.warning("a sign-in to the dashboard with a token that is none of the operators'")
+            return self.render(
+                request,
+                "login.html",
+                403,
+                page="login",
+                heading="Sign in",
+                refused=True,
+                hours=SIGNED_IN_FOR // 3600,
+            )
+        logger.info("%s signed in to the dashboard", name)
+        response = RedirectResponse(f"{root}/?said=signed-in", status_code=303)
+        response.set_cookie(
+            SIGNED_IN_COOKIE, form["token"].strip(), path=root or "/", httponly=True, samesite="strict",
+            secure=request.url.scheme == "https", max_age=SIGNED_IN_FOR,
+        )  # fmt: skip
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        root = request.scope.get("root_path", "")
+        who = await who_is_asking(self.authorize, request)
+        form = await self.read_form(request)
+        expected = self.csrf_token(request.cookies.get(CSRF_COOKIE, ""), who).encode("ascii")
+        if not hmac.compare_digest(expected, form.get("csrf", "").encode("utf-8", "surrogatepass")):
+            return self.error(request, 403, "The form's CSRF token does not match this browser's.")
+        response = RedirectResponse(f"{root}/?said=signed-out", status_code=303)
+        response.delete_cookie(SIGNED_IN_COOKIE, path=root or "/", httponly=True, samesite="strict")
+        return response
+
     # -- actions ----------------------------------------------------------------------------
 
     async def act(self, request: Request) -> Response:
@@ -598,6 +654,7 @@ def dashboard(
     schedules: Table | None = None,
     wait: float | None = 10.0,
     title: str = "fencing",
+    operator_tokens: Mapping[str, str] | None = None,
 ) -> Starlette:
     """The dashboard of ``table`` (an ASGI app) on ``engine``.
 
@@ -622,6 +679,12 @@ def dashboard(
     ``schedules``: the schedules table (:func:`fencing.schedules_table`), whose schedules the
     overview lists with their last and next tick and the state of the last tick's job;
     ``wait``: the longest an action waits for a job's row held by a worker's fenced block.
+    ``operator_tokens``: ``{token: name}`` of the operators who may sign in: the pages get a
+    ``/login`` where a browser signs in with a token (kept in an ``HttpOnly``,
+    ``SameSite=Strict`` cookie; tokens of 16 characters or more, compared in constant time) and
+    ``/logout``; when no ``authorize`` is given, the actions are on for whoever signed in (the
+    reads stay open unless ``authorize_reads`` says otherwise). ``fencing serve
+    --operator-tokens FILE`` gives it.
     """
     if not isinstance(engine, Engine):
         raise InvalidArgumentType(f"engine must be a sqlalchemy Engine, got {type(engine).__name__}")
@@ -637,6 +700,11 @@ def dashboard(
             )
     if authorize is not None and not callable(authorize):
         raise InvalidArgumentType("authorize must be a callable: request -> who is asking, or None")
+    sign_in = None if operator_tokens is None else TokenSignIn(operator_tokens)
+    if sign_in is not None and authorize is None:
+        authorize = sign_in.authorize
+        if authorize_reads is True:
+            authorize_reads = False  # signing in is for acting: the pages stay open
     if isinstance(authorize_reads, bool):
         readers = authorize if authorize_reads else None
     elif callable(authorize_reads):
@@ -661,7 +729,7 @@ def dashboard(
         engine, table, history=history, locks=locks, marks=marks, keys=keys, authorize=authorize,
         readers=readers, secret=secret, interval=interval, max_streams=max_streams,
         max_attempts=max_attempts, attempts=attempts, payloads=payloads, failures=failures, wait=wait,
-        title=title, schedules=schedules,
+        title=title, schedules=schedules, sign_in=sign_in,
     )  # fmt: skip
     routes = [
         Route("/", d.guarded(d.overview_page), methods=["GET"]),
@@ -671,6 +739,14 @@ def dashboard(
         Route("/locks", d.guarded(d.locks_page), methods=["GET"]),
         Route("/events", d.events, methods=["GET"]),
         Route("/act", d.guarded(d.act, read=False), methods=["POST"]),
+        *(
+            [
+                Route("/login", d.guarded(d.login_page, read=False), methods=["GET", "POST"]),
+                Route("/logout", d.guarded(d.logout, read=False), methods=["POST"]),
+            ]
+            if sign_in is not None
+            else []
+        ),
         Mount("/static", StaticFiles(packages=[("fencing.web", "static")]), name="static"),
     ]
 

@@ -677,3 +677,82 @@ def test_the_chart_has_a_time_axis_and_its_range(viewer: TestClient, store: JobS
     assert drawn["claims"] == "300.0,80.0 600.0,5.0" and drawn["completions"] == "300.0,117.5 600.0,155.0"
     assert drawn["refused"] == "" and drawn["peak"] == 8
     assert _chart(series, 60.0, 1045.0)["claims"] == "150.0,5.0"  # 75 s old: off the axis
+
+
+OPERATOR = "an-operator-token-of-32-characters"
+
+
+def test_operators_sign_in_with_a_token_to_act_and_out_again(
+    engine: Engine, store: JobStore, history: Any
+) -> None:
+    store.enqueue("r")
+    [lease] = store.claim_next("w", ttl=60)
+    app = dashboard(engine, history=history, operator_tokens={OPERATOR: "alice"})
+    with TestClient(app, base_url="http://dash.test") as c:
+        html = page(c, "/job?id=r")  # the pages are open; acting needs signing in
+        assert 'href="/login">sign in</a>' in html and ">Revoke</button>" not in html
+        refused = c.post(
+            "/act",
+            data={"action": "revoke", "id": "r", "csrf": "none: no form is shown"},
+            follow_redirects=False,
+        )
+        assert refused.status_code == 403 and store.state("r").fence == lease.fence
+        wrong = c.post("/login", data={"token": "not-" + OPERATOR}, follow_redirects=False)
+        assert wrong.status_code == 403 and "none of the operators" in wrong.text
+        assert "fencing_operator" not in c.cookies
+        signed = c.post("/login", data={"token": OPERATOR}, follow_redirects=False)
+        assert signed.status_code == 303 and signed.headers["location"] == "/?said=signed-in"
+        cookie = signed.headers["set-cookie"]
+        assert "fencing_operator=" in cookie and "HttpOnly" in cookie and "SameSite=strict" in cookie
+        html = page(c, "/job?id=r")
+        assert "alice" in html.split("</header>")[0] and "sign out" in html and ">Revoke</button>" in html
+        done = c.post(
+            "/act", data={"action": "revoke", "id": "r", "csrf": csrf_of(html)}, follow_redirects=False
+        )
+        assert done.status_code == 303 and store.state("r").fence == lease.fence + 1
+        assert not store.complete(lease, "late")  # the holder's token is stale now
+        out = c.post("/logout", data={"csrf": csrf_of(html)}, follow_redirects=False)
+        assert out.status_code == 303 and "fencing_operator" not in c.cookies
+        html = page(c, "/job?id=r")
+        again = c.post(
+            "/act",
+            data={"action": "delete", "id": "r", "csrf": "none: no form is shown"},
+            follow_redirects=False,
+        )
+        assert again.status_code == 403 and store.state("r") is not None
+    with pytest.raises(InvalidArgument, match="at least 16 characters"):
+        dashboard(engine, operator_tokens={"short": "bob"})
+    with pytest.raises(InvalidArgumentType):
+        dashboard(engine, operator_tokens=[(OPERATOR, "bob")])  # type: ignore[arg-type]
+
+
+def test_fencing_serve_turns_the_actions_on_for_its_operator_tokens(
+    engine: Engine, store: JobStore, tmp_path: Any
+) -> None:
+    from fencing.cli.serve import app_for, read_operators
+
+    tokens = tmp_path / "operators.txt"
+    tokens.write_text(f"# who may act on the dashboard\n{OPERATOR} alice\n", encoding="utf-8")
+    operators = read_operators(str(tokens))
+    assert operators == {OPERATOR: "alice"}
+    bad = {
+        "short alice\n": "at least 16",
+        f"{OPERATOR}\n": "expected 'TOKEN NAME'",
+        f"{OPERATOR} a\n{OPERATOR} b\n": "on an earlier line",
+        "# none\n": "holds no token",
+    }
+    for text, said in bad.items():
+        tokens.write_text(text, encoding="utf-8")
+        with pytest.raises(InvalidArgument, match=said):
+            read_operators(str(tokens))
+    app = app_for(engine, store.table, history=None, locks=None, interval=1.0, max_attempts=None,
+                  tokens=None, operators=operators)  # fmt: skip
+    with TestClient(app, base_url="http://localhost") as c:
+        assert "sign in" in page(c, "/")
+        assert c.post("/login", data={"token": OPERATOR}, follow_redirects=False).status_code == 303
+        assert "sign out" in page(c, "/jobs")
+    plain = app_for(
+        engine, store.table, history=None, locks=None, interval=1.0, max_attempts=None, tokens=None
+    )
+    with TestClient(plain, base_url="http://localhost") as c:
+        assert "sign in" not in page(c, "/") and c.get("/login").status_code == 404
