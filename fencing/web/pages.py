@@ -77,6 +77,11 @@ logger = logging.getLogger("fencing.web")
 
 #: jobs per page of a listing
 PAGE = 50
+#: the jobs page without a state: each state's first jobs, in the order an operator reads them
+BY_STATE = ("held", "ready", "poisoned", "deferred", "done")
+BY_STATE_SHOWN = 10
+#: past the last done job in the ready index (done = 1, the latest until): where its newest are
+_END_OF_DONE = Cursor(1, 1e300, "")
 #: the longest id the pages accept (UTF-8 bytes): a server's key limit, with room
 MAX_ID = 2048
 #: the largest form an action posts (bytes)
@@ -371,6 +376,8 @@ class _Dashboard:
             raise InvalidArgument(
                 "poisoned jobs are those claimed max_attempts times: start the dashboard with max_attempts"
             )
+        if state is None and prefix is None and after is None and before is None:
+            return await self.jobs_by_state(request)
         if after is not None:
             before = None  # a hand-made URL with both: the way on wins
         found = await run_in_threadpool(
@@ -405,7 +412,34 @@ class _Dashboard:
         total = None if prefix is not None else self._total(await self.feed.latest(), state)
         return self.fragment(request, "jobs.html", page="jobs", heading=heading, jobs=shown, state=state,
             prefix=prefix, states=STATES, next_url=next_url, prev_url=prev_url, first_url=first_url,
-            total=total, first=first, fragment_url=f"{root}/jobs?{here}",
+            total=total, first=first, sections=None, fragment_url=f"{root}/jobs?{here}",
+        )  # fmt: skip
+
+    async def jobs_by_state(self, request: Request) -> Response:
+        """Every state's first jobs, in the order an operator reads them: what runs now (held,
+        soonest to end), what waits (ready, longest waiting), what needs a look (poisoned,
+        when ``max_attempts`` is known), what comes later (deferred, soonest), and what was
+        done last (the newest first); each with its count and a link to its whole listing."""
+        snap = await self.feed.latest()
+        states = [s for s in BY_STATE if s != "poisoned" or self.max_attempts is not None]
+
+        def read() -> list[tuple[str, list[Any]]]:
+            found = []
+            for s in states:
+                if s == "done":  # the newest: the index's far end, walked back
+                    last = self.overview.jobs(s, limit=BY_STATE_SHOWN, before=_END_OF_DONE)[::-1]
+                    found.append((s, last))
+                else:
+                    found.append(
+                        (s, self.overview.jobs(s, limit=BY_STATE_SHOWN, max_attempts=self.max_attempts))
+                    )
+            return found
+
+        sections = [(s, jobs, self._total(snap, s)) for s, jobs in await run_in_threadpool(read)]
+        root = request.scope.get("root_path", "")
+        return self.fragment(request, "jobs.html", page="jobs", heading="Jobs", jobs=[], state=None,
+            prefix=None, states=STATES, next_url=None, prev_url=None, first_url=None, total=None,
+            first=None, sections=sections, fragment_url=f"{root}/jobs?fragment=1",
         )  # fmt: skip
 
     @staticmethod

@@ -756,3 +756,40 @@ def test_fencing_serve_turns_the_actions_on_for_its_operator_tokens(
     )
     with TestClient(plain, base_url="http://localhost") as c:
         assert "sign in" not in page(c, "/") and c.get("/login").status_code == 404
+
+
+def test_the_jobs_page_reads_as_an_operator_does_state_by_state(
+    engine: Engine, store: JobStore, history: Any
+) -> None:
+    # without a state: what runs, what waits, what needs a look, what comes later, what was done
+    for n in range(14):
+        store.enqueue(f"wait-{n:02d}", ready_at=float(n))
+    store.enqueue("tried-twice", ready_at=0.0)  # waiting longest: it sorted above the ready ones
+    for _ in range(2):
+        [lease] = store.claim_next("w", ttl=60, max_attempts=2)
+        assert lease.job_id == "tried-twice" and store.release(lease)
+    store.enqueue("later", ready_at=time.time() + 600)
+    store.enqueue("running", ready_at=0.0)
+    for n in range(3):
+        store.enqueue(f"did-{n}", ready_at=0.0)
+    with TestClient(dashboard(engine, history=history, max_attempts=2)) as c:
+        for n in range(3):  # done one after another: did-2 the newest
+            lease = store.claim(f"did-{n}", "w", ttl=60)
+            assert lease is not None and store.complete(lease, "ok")
+            time.sleep(0.01)
+        assert store.claim("running", "w", ttl=60) is not None
+        html = page(c, "/jobs")
+        order = re.findall(r'<h2 id="state-(\w+)">', html)
+        assert order == ["held", "ready", "poisoned", "deferred", "done"]
+        section = {name: html.split(f'id="state-{name}"')[1].split("</section>")[0] for name in order}
+        ids = {name: re.findall(r'<tr data-job="([^"]+)"', part) for name, part in section.items()}
+        assert ids["held"] == ["running"] and ids["poisoned"] == ["tried-twice"]
+        assert ids["ready"] == [f"wait-{n:02d}" for n in range(10)]  # the first 10, longest waiting
+        assert ids["deferred"] == ["later"] and ids["done"] == ["did-2", "did-1", "did-0"]  # newest first
+        assert (
+            "· 14" in section["ready"] and 'href="/jobs?state=ready">every ready job (14)' in section["ready"]
+        )
+        assert "every held job" not in section["held"]  # all of them shown
+        assert re.findall(r'<h2 id="state-(\w+)">', page(c, "/jobs?fragment=1")) == order  # the live part too
+    with TestClient(dashboard(engine, history=history)) as c:  # max_attempts unknown: no poisoned
+        assert re.findall(r'<h2 id="state-(\w+)">', page(c, "/jobs")) == ["held", "ready", "deferred", "done"]
