@@ -346,6 +346,7 @@ def test_a_poisoned_job_is_requeued_from_the_page(engine: Engine, history: Any) 
     with TestClient(app, base_url="http://dash.test") as client:
         html = page(client, f"/job?id={poisoned}")
         assert "poisoned" in html and requeue_button(html) == ""
+        assert re.search(r'<dd id="job-attempts">1 of 1\s', html)  # its one attempt, of one
         token = csrf_of(html)
         answer = client.post(
             "/act", data={"action": "requeue", "id": poisoned, "csrf": token}, follow_redirects=False
@@ -355,6 +356,9 @@ def test_a_poisoned_job_is_requeued_from_the_page(engine: Engine, history: Any) 
         [again] = s.claim_next("w2", ttl=600.0, max_attempts=1)
         assert (again.job_id, again.fence) == (poisoned, 2)
         assert [e.event for e in s.history(poisoned)][-2:] == ["requeue", "claim"]
+        # counted from the requeue: its fence is 2, its attempts 1 since the requeue at fence 1
+        shown = page(client, f"/job?id={poisoned}")
+        assert re.search(r'<dd id="job-attempts">1 of 1\s', shown) and "since its requeue at fence 1" in shown
         held_page = page(client, f"/job?id={held.job_id}")
         assert requeue_button(held_page) == "disabled"
         refused = client.post(
@@ -365,6 +369,7 @@ def test_a_poisoned_job_is_requeued_from_the_page(engine: Engine, history: Any) 
     with TestClient(plain, base_url="http://dash.test") as client:
         html = page(client, f"/job?id={held.job_id}")
         assert requeue_button(html) is None
+        assert re.search(r'<dd id="job-attempts">1\s', html) and "max_attempts is not known here" in html
         answer = client.post(
             "/act",
             data={"action": "requeue", "id": held.job_id, "csrf": csrf_of(html)},
