@@ -162,7 +162,7 @@ def test_the_pages_have_code_and_the_landing_page_reaches_the_first_worker() -> 
     """The collector finds the blocks (a page whose fences it cannot read would pass silently),
     and a newcomer reaches the first fenced worker on PostgreSQL from the landing page."""
     assert len(python_blocks(DOCS / "index.md")) == 1
-    assert len(python_blocks(DOCS / "tutorials" / "first-worker-postgresql.md")) == 5
+    assert len(python_blocks(DOCS / "tutorials" / "first-worker-postgresql.md")) == 6
     assert runs_on(DOCS / "tutorials" / "first-worker-postgresql.md") == ("postgresql",)
     assert "(tutorials/first-worker-postgresql.md)" in (DOCS / "index.md").read_text(encoding="utf-8")
 
