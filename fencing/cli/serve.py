@@ -220,55 +220,50 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def read_operators(path: str) -> dict[str, str]:
-    """``TOKEN NAME`` per line (``#`` comments and empty lines skipped) from ``path``: the
-    operators who may sign in to the dashboard, each by its token."""
+def _token_lines(path: str, what: str, shape: str) -> list[tuple[str, list[str]]]:
+    """The ``TOKEN ...`` lines of ``path`` (``#`` comments and empty lines skipped): each
+    token with the words after it, at least one; a token on two lines, a file of none, or one
+    it cannot read is an error naming ``what`` it holds and the line's ``shape``."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise InvalidArgument(f"cannot read the operator tokens from {path!r}: {exc.strerror}") from None
-    operators: dict[str, str] = {}
+        raise InvalidArgument(f"cannot read the {what} from {path!r}: {exc.strerror}") from None
+    found: dict[str, list[str]] = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        fields = line.split()
-        if len(fields) != 2:
-            raise InvalidArgument(f"{path}, line {number}: expected 'TOKEN NAME'")
-        token, name = fields
-        if len(token) < 16:
-            raise InvalidArgument(f"{path}, line {number}: a token must be at least 16 characters")
-        if token in operators:
+        token, *rest = line.split()
+        if not rest:
+            raise InvalidArgument(f"{path}, line {number}: expected '{shape}'")
+        if token in found:
             raise InvalidArgument(f"{path}, line {number}: this token is on an earlier line already")
-        operators[token] = name
-    if not operators:
+        found[token] = rest
+    if not found:
         raise InvalidArgument(f"{path} holds no token")
+    return list(found.items())
+
+
+def read_operators(path: str) -> dict[str, str]:
+    """``TOKEN NAME`` per line from ``path``: the operators who may sign in to the dashboard,
+    each by its token (16 characters or more)."""
+    operators: dict[str, str] = {}
+    for token, rest in _token_lines(path, "operator tokens", "TOKEN NAME"):
+        if len(rest) != 1:
+            raise InvalidArgument(f"{path}: expected 'TOKEN NAME', got {len(rest) + 1} words on a line")
+        if len(token) < 16:
+            raise InvalidArgument(f"{path}: a token must be at least 16 characters ({rest[0]}'s)")
+        operators[token] = rest[0]
     return operators
 
 
 def read_tokens(path: str) -> dict[str, Caller]:
-    """``TOKEN OWNER [OWNER ...]`` per line (``#`` comments and empty lines skipped) from
-    ``path``: the token acts as each owner named, the first one its name in the logs."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InvalidArgument(f"cannot read the API tokens from {path!r}: {exc.strerror}") from None
+    """``TOKEN OWNER [OWNER ...]`` per line from ``path``: the token acts as each owner named,
+    the first one its name in the logs."""
     from ..web.auth import Caller
 
-    tokens: dict[str, Caller] = {}
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        token, *owners = line.split()
-        if not owners:
-            raise InvalidArgument(f"{path}, line {number}: expected 'TOKEN OWNER [OWNER ...]'")
-        if token in tokens:
-            raise InvalidArgument(f"{path}, line {number}: this token is on an earlier line already")
-        tokens[token] = Caller(owners[0], owners=owners)
-    if not tokens:
-        raise InvalidArgument(f"{path} holds no token")
-    return tokens
+    lines = _token_lines(path, "API tokens", "TOKEN OWNER [OWNER ...]")
+    return {token: Caller(owners[0], owners=owners) for token, owners in lines}
 
 
 def app_for(
