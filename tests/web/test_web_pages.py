@@ -696,6 +696,7 @@ def test_operators_sign_in_with_a_token_to_act_and_out_again(
     with TestClient(app, base_url="http://dash.test") as c:
         html = page(c, "/job?id=r")  # the pages are open; acting needs signing in
         assert 'href="/login">sign in</a>' in html and ">Revoke</button>" not in html
+        assert 'href="/login">sign in</a> to act</footer>' in html
         refused = c.post(
             "/act",
             data={"action": "revoke", "id": "r", "csrf": "none: no form is shown"},
