@@ -85,6 +85,10 @@ def _install(
     session.install("--upgrade", *project, *groups, SQLALCHEMY[sqlalchemy])
 
 
+#: the tests that build the documentation site: the docs session runs them (mkdocs is
+#: installed there), the test sessions leave them out rather than skip them
+SITE_TESTS = ["tests/docs/test_api_reference.py"]
+
 #: xdist workers for the quick tests: most of their time is waits (the database, sleeps of
 #: timing tests), so three on this project's 2-core machines finish a quarter sooner than two
 #: (2:48 -> 2:10 for the SQLite suite); the slow tests (processes, kills, torture runs) keep
@@ -105,7 +109,7 @@ def _pytest(session: nox.Session, sqlalchemy: str, db: str) -> list[list[str]]:
         marks.insert(0, "dialect")
     # in CI, the slowest tests are named in the log: where the run's minutes go
     slowest = ["--durations=15"] if os.environ.get("CI") else []
-    base = ["pytest", "--db", db, *slowest]
+    base = ["pytest", "--db", db, *slowest, *(f"--ignore={t}" for t in SITE_TESTS)]
     runs = [[*base, "-n", QUICK_WORKERS, "-m", " and ".join(marks), *session.posargs]]
     if full:
         runs.append([*base, "-n", "auto", "-m", "slow", *session.posargs])
@@ -311,12 +315,16 @@ def typecheck(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The documentation site (mkdocs.yml, docs/), built with ``--strict``: a broken link, a
     page missing from the nav or an API reference that does not resolve fails the session;
-    then tools/check_site.py: it reads offline and shows no Sphinx role raw. The pages' code
-    runs in the tests (tests/docs/test_docs.py)."""
-    _install(session, group="docs")
+    then tools/check_site.py: it reads offline, shows no Sphinx role or reST ``::`` raw, no
+    class's bases in the API reference, and wraps its code blocks; then the tests that read
+    the built site (tests/docs/test_api_reference.py: here, where mkdocs is installed; the
+    test sessions leave them out). The pages' code runs in the tests (tests/docs/test_docs.py)."""
+    _install(session, *TEST_EXTRAS, group="test")
+    session.install(*nox.project.dependency_groups(PYPROJECT, "docs"))
     with tempfile.TemporaryDirectory(prefix="fencing-site-") as site:
         session.run("mkdocs", "build", "--strict", "--site-dir", site, env={"NO_MKDOCS_2_WARNING": "1"})
         session.run("python", "tools/check_site.py", site)
+    session.run("pytest", "-p", "no:cacheprovider", *SITE_TESTS)
 
 
 @nox.session(python=NEWEST)
