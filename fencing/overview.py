@@ -386,6 +386,17 @@ class Overview:
             claims=int(claims),
         )
 
+    def attempts_used(self, job: JobView, *, conn: Connection | None = None) -> int:
+        """The attempts ``job`` has used, as ``claim_next(max_attempts=...)`` counts them:
+        its fence, less its fence at its last requeue where the attempts table (``attempts=``)
+        has one."""
+        if not isinstance(job, JobView):
+            raise InvalidArgumentType(f"job must be a fencing.overview.JobView, got {type(job).__name__}")
+        if self.attempts is None:
+            return job.fence
+        rows = self._rows(self._sql.attempts_base, {"job_id": job.job_id}, conn, self.attempts)
+        return job.fence - (int(rows[0][0]) if rows else 0)
+
     def holders(self, *, limit: int = 20, conn: Connection | None = None) -> list[Holder]:
         """Who holds live leases now: up to ``limit`` owners, the most jobs first, each with
         the number of jobs it holds and when its leases end. A worker's leases carry its

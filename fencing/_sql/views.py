@@ -230,6 +230,13 @@ class JobViews:
         )
 
     @cached_property
+    def attempts_base(self) -> Executable:
+        """A requeued job's attempts base (bind ``job_id``): its row of the attempts table."""
+        a = self.attempts
+        assert a is not None
+        return select(a.c.base).where(a.c.id == bindparam("job_id", type_=KEY_TYPE))
+
+    @cached_property
     def holders(self) -> Executable:
         """Who holds live leases: each owner with how many jobs it holds and the earliest and
         latest ends of its leases, the most jobs first, up to ``limit`` owners. The held

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import hashlib
 import hmac
 import json
@@ -47,7 +46,7 @@ from typing import Any
 
 import jinja2
 from markupsafe import Markup
-from sqlalchemy import Engine, Table, bindparam, select
+from sqlalchemy import Engine, Table
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -62,7 +61,7 @@ from .._errors import FencingError, InvalidArgument, InvalidArgumentType
 from .._format import duration, instant, when
 from .._sql.checks import check_count, check_timeout
 from .._sql.failures import Failure
-from .._sql.schema import KEY_TYPE, jobs
+from .._sql.schema import jobs
 from .._store.history import History
 from .._store.jobstore import JobStore
 from .._store.marks import fence_marks, idempotency_keys
@@ -463,7 +462,8 @@ class _Dashboard:
             entries = await run_in_threadpool(self.store.history, job_id)
             cut = len(entries) > HISTORY_SHOWN
             history = entries[-HISTORY_SHOWN:]
-        payload, failure, base = await run_in_threadpool(self.beside, job_id)
+        payload, failure = await run_in_threadpool(self.beside, job_id)
+        used = None if job is None else await run_in_threadpool(self.overview.attempts_used, job)
         actions = []
         if job is not None:
             live = job.state != "done"
@@ -479,29 +479,18 @@ class _Dashboard:
         heading = Markup("Job ") + _shown(job_id)
         return self.fragment(request, "job.html", page="job", heading=heading, job=job, job_id=job_id,
             history=history, history_cut=cut, job_actions=actions, payload=payload, failure=failure,
-            attempts_base=base, max_attempts=self.max_attempts,
+            attempts_used=used, max_attempts=self.max_attempts,
             fragment_url=f"{root}/job?id={_q(job_id)}&fragment=1",
         )  # fmt: skip
 
-    def beside(self, job_id: str) -> tuple[str | None, Failure | None, int]:
+    def beside(self, job_id: str) -> tuple[str | None, Failure | None]:
         """The job's payload (as indented JSON) and its last failure, where the store keeps
-        them (``None``: none, or not kept), and the fence its attempts count from (its last
-        requeue's, in the attempts table; 0 without one)."""
+        them (``None``: none, or not kept)."""
         store = self.store
         payload = None if store.payloads is None else store.payload(job_id)
         shown = None if payload is None else json.dumps(payload, indent=2, ensure_ascii=False)
         failure = None if store.failures is None else store.failure(job_id)
-        base = 0
-        if store.attempts is not None:
-            with self.engine.connect() as conn:
-                base = int(conn.execute(self._attempts_base, {"job_id": job_id}).scalar() or 0)
-        return shown, failure, base
-
-    @functools.cached_property
-    def _attempts_base(self) -> Any:
-        a = self.store.attempts
-        assert a is not None
-        return select(a.c.base).where(a.c.id == bindparam("job_id", type_=KEY_TYPE))
+        return shown, failure
 
     async def marks_page(self, request: Request) -> Response:
         ov = self.overview
