@@ -288,6 +288,14 @@ class _Dashboard:
         mac = hmac.new(self.secret, message, hashlib.sha256).digest()
         return base64.urlsafe_b64encode(mac).rstrip(b"=").decode("ascii")
 
+    def csrf_matches(self, request: Request, form: dict[str, str], who: str | None) -> bool:
+        """Whether a posted form's CSRF token is the one this browser's cookie nonce and
+        ``who`` make (the actions' and the sign-out's check)."""
+        nonce = request.cookies.get(CSRF_COOKIE, "")
+        given = form.get("csrf", "").encode("utf-8", "surrogatepass")
+        expected = self.csrf_token(nonce, who).encode("ascii")
+        return _NONCE.fullmatch(nonce) is not None and hmac.compare_digest(expected, given)
+
     def render(self, request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
         root = request.scope.get("root_path", "")
         nonce = request.cookies.get(CSRF_COOKIE) or ""
@@ -548,29 +556,19 @@ class _Dashboard:
     async def login_page(self, request: Request) -> Response:
         assert self.sign_in is not None
         root = request.scope.get("root_path", "")
+
+        def form_page(status: int = 200) -> Response:
+            return self.render(request, "login.html", status, page="login", heading="Sign in",
+                               refused=status != 200, hours=SIGNED_IN_FOR // 3600)  # fmt: skip
+
         if request.method == "GET":
             request.scope[_ACTOR] = await who_is_asking(self.authorize, request)
-            return self.render(
-                request,
-                "login.html",
-                page="login",
-                heading="Sign in",
-                refused=False,
-                hours=SIGNED_IN_FOR // 3600,
-            )
+            return form_page()
         form = await self.read_form(request)
         name = self.sign_in.name_of(form.get("token", "").strip())
         if name is None:
             logger.warning("a sign-in to the dashboard with a token that is none of the operators'")
-            return self.render(
-                request,
-                "login.html",
-                403,
-                page="login",
-                heading="Sign in",
-                refused=True,
-                hours=SIGNED_IN_FOR // 3600,
-            )
+            return form_page(403)
         logger.info("%s signed in to the dashboard", name)
         response = RedirectResponse(f"{root}/?said=signed-in", status_code=303)
         response.set_cookie(
@@ -583,8 +581,7 @@ class _Dashboard:
         root = request.scope.get("root_path", "")
         who = await who_is_asking(self.authorize, request)
         form = await self.read_form(request)
-        expected = self.csrf_token(request.cookies.get(CSRF_COOKIE, ""), who).encode("ascii")
-        if not hmac.compare_digest(expected, form.get("csrf", "").encode("utf-8", "surrogatepass")):
+        if not self.csrf_matches(request, form, who):
             return self.error(request, 403, "The form's CSRF token does not match this browser's.")
         response = RedirectResponse(f"{root}/?said=signed-out", status_code=303)
         response.delete_cookie(SIGNED_IN_COOKIE, path=root or "/", httponly=True, samesite="strict")
@@ -601,10 +598,7 @@ class _Dashboard:
         if who is None:
             return self.error(request, 403, "You are not authorized to change jobs here: nothing changed.")
         form = await self.read_form(request)
-        nonce = request.cookies.get(CSRF_COOKIE, "")
-        given = form.get("csrf", "").encode("utf-8", "surrogatepass")
-        expected = self.csrf_token(nonce, who).encode("ascii")
-        if _NONCE.fullmatch(nonce) is None or not hmac.compare_digest(expected, given):
+        if not self.csrf_matches(request, form, who):
             return self.error(
                 request, 403, "The form's CSRF token does not match this browser's: nothing changed."
             )
