@@ -212,15 +212,27 @@ def test_waiters_share_one_listening_connection_that_is_not_the_pools(target: st
             except Exception as exc:
                 outcomes[owner] = exc
 
-        # renewed every 2/3 s, on the pool (a ttl of 1 s lost the lock once in CI to a loaded
-        # server, not to the pool: before the fix it could not renew at all, whatever the ttl)
-        with locks.hold("busy", "holder", ttl=2.0) as lock:
+        # renewed every 2 s, on the pool. Before the fix the heartbeat could not renew at all
+        # (PoolTimeout), whatever the ttl; what is measured is that renewals go through while
+        # every waiter waits, not how late one may be on a loaded machine (a ttl of 2 s, with the
+        # lock's loss asserted after 4 s, failed once in CI on a renewal 2 s late)
+        with locks.hold("busy", "holder", ttl=6.0) as lock:
             threads = [threading.Thread(target=wait, args=(f"w{n}",), daemon=True) for n in range(POOL)]
             for thread in threads:
                 thread.start()
             assert eventually(lambda: waiters(locks) == POOL, 30.0), "the waiters never queued"
             assert eventually(lambda: listening_sessions(target) == 1, 5.0), listening_sessions(target)
-            time.sleep(4.0)  # twice the ttl: only renewals keep the lock
+            renewed: list[float] = [lock._heartbeat.deadline]
+
+            def renewed_twice() -> bool:
+                deadline = lock._heartbeat.deadline
+                if deadline > renewed[-1]:
+                    renewed.append(deadline)
+                return len(renewed) > 2
+
+            # two renewals (each moves the deadline on) while all the waiters wait on the pool
+            assert eventually(renewed_twice, 30.0), (renewed, lock._heartbeat.reason)
+            assert waiters(locks) == POOL
             assert lock.held, lock._heartbeat.reason
             assert listening_sessions(target) == 1  # one for them all, whatever their number
         for thread in threads:
