@@ -313,13 +313,22 @@ def test_async_waiters_share_one_listening_connection_that_is_not_the_pools(
             async def count() -> int:
                 return await asyncio.to_thread(listening_sessions, target)
 
-            async with locks.hold("busy", "holder", ttl=1.0) as lock:
+            # as in the sync test: renewals must go through the pool while every waiter waits
+            # (before the fix, none did); a 6 s ttl so a late one on a loaded machine is no loss
+            async with locks.hold("busy", "holder", ttl=6.0) as lock:
                 tasks = [asyncio.create_task(wait(f"w{n}")) for n in range(POOL)]
                 deadline = time.monotonic() + 10
                 while await count() != 1:
                     assert time.monotonic() < deadline, "no listening connection, or more than one"
                     await asyncio.sleep(0.05)
-                await asyncio.sleep(2.0)  # twice the ttl: only renewals keep the lock
+                renewed = [lock._heartbeat.deadline]
+                deadline = time.monotonic() + 30
+                while len(renewed) < 3:  # two renewals, each moving the deadline on
+                    assert time.monotonic() < deadline, (renewed, lock._heartbeat.reason)
+                    if lock._heartbeat.deadline > renewed[-1]:
+                        renewed.append(lock._heartbeat.deadline)
+                    await asyncio.sleep(0.05)
+                assert all(not task.done() for task in tasks), "a waiter stopped waiting"
                 assert lock.held, lock._heartbeat.reason
                 assert await count() == 1
             await asyncio.wait_for(asyncio.gather(*tasks), 60)

@@ -95,7 +95,9 @@ def test_stop_inside_a_block_returns_at_once(store: JobStore, results: Table) ->
 
 
 def test_a_block_under_a_running_heartbeat_gets_a_whole_ttl(store: JobStore, results: Table) -> None:
-    ttl = 3.0  # the times scale with it: 0.6 s of the block's ttl to spare on a loaded machine
+    # the times scale with it: 1.2 s of the block's ttl to spare on a loaded machine (0.6 s, with
+    # a 3 s ttl, was once not enough in CI: stalls of 2 s were seen there)
+    ttl = 6.0
     lease = claimed(store, ttl)
     lost: list[Heartbeat] = []
     with Heartbeat(store, lease, ttl, interval=0.3 * ttl, on_lost=lost.append) as hb:
