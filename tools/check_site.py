@@ -16,8 +16,9 @@ import re
 import sys
 from pathlib import Path
 
-#: a docstring's Sphinx role as Markdown renders it: the role's name before the code
-RAW_ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):<code>")
+#: a docstring's Sphinx role as Markdown renders it: the role's name before the code, or its
+#: target's ``~`` (Sphinx's "show the last name") left in the code
+RAW_ROLE = re.compile(r":(?:attr|class|data|exc|func|meth|mod|obj):<code>|<code>~[\w.]+</code>")
 
 #: what a browser fetches by itself when a page is read (a script, a stylesheet, a font, an
 #: image, a preconnect), as opposed to a link the reader may follow. (Material's script names
