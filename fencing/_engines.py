@@ -33,10 +33,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from sqlalchemy import Engine, make_url
-from sqlalchemy.exc import ArgumentError
 
 from ._dialects import by_name
-from ._dialects.urls import server_engine
+from ._dialects.urls import parse_url, server_engine
 from ._errors import (
     ConfigurationError,
     DatabaseError,
@@ -84,10 +83,7 @@ def normalize_target(target: object) -> tuple[str, str]:
     if "\x00" in raw:
         raise InvalidArgument(f"path must not contain NUL bytes, got {raw!r}")
     if "://" in raw:
-        try:
-            url = make_url(raw)
-        except ArgumentError as exc:
-            raise InvalidArgument(f"not a database URL: {raw!r} ({exc})") from None
+        url = parse_url(raw)
         if not by_name(url.get_backend_name()).is_file:
             return "url", url.render_as_string(hide_password=False)
         raw = url.database or ""

@@ -2,11 +2,14 @@
 SQLAlchemy's own error: a scheme SQLAlchemy does not know (``postgres://``: the URL to
 write instead), a driver that is not installed (the extra of fencing that installs one), an
 asyncio driver where a sync one is needed. Each message names the URL to use, its password
-hidden. The command line's ``--url`` and ``service.py``'s server URLs both come here.
+hidden. The command line's ``--url`` and ``service.py``'s server URLs both come here, and
+are parsed here (:func:`parse_url`): a text that is not a URL is named with its password hidden
+too, as far as its shape shows one.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import sqlalchemy
@@ -17,7 +20,24 @@ from .._errors import InvalidArgument
 from . import KNOWN_NAMES, by_name
 from .base import Database
 
-__all__ = ["after_failing", "before_connecting", "server_engine"]
+__all__ = ["after_failing", "before_connecting", "parse_url", "server_engine"]
+
+#: a password in a text that does not parse as a URL: after ``scheme://user:``, up to ``@``
+_PASSWORD = re.compile(r"(?<=://)([^/@:\s]*):[^@\s]*@")
+
+
+def _hidden(text: str) -> str:
+    return _PASSWORD.sub(r"\1:***@", text)
+
+
+def parse_url(raw: str) -> URL:
+    """``sqlalchemy.make_url(raw)``, or :class:`~fencing.InvalidArgument` naming the text (its
+    password hidden) and why it is not a URL: SQLAlchemy's ``ArgumentError`` for a text it
+    cannot read, and the bare ``ValueError`` it raises for a port that is not a number."""
+    try:
+        return sqlalchemy.make_url(raw)
+    except (ArgumentError, ValueError) as exc:
+        raise InvalidArgument(f"not a database URL: {_hidden(raw)!r} ({_hidden(str(exc))})") from None
 
 
 def server_engine(url: URL, **options: Any) -> Engine:

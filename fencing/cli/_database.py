@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 import sqlalchemy
-from sqlalchemy import Engine, MetaData, Table, make_url
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import Engine, MetaData, Table
 
 from .. import _engines as cache
 from .._dialects import by_name
-from .._dialects.urls import server_engine
+from .._dialects.urls import parse_url, server_engine
 from .._errors import (
     DatabaseMissing,
     FencingError,
@@ -132,10 +131,7 @@ def open_engine(url: str, *, create: bool, wait: float | None = None) -> Engine:
     timeout), any other URL through ``sqlalchemy.create_engine``. Messages never show the
     URL's password."""
     if "://" in url:
-        try:
-            parsed = make_url(url)
-        except (ArgumentError, ValueError) as exc:  # e.g. a port that is not a number
-            raise InvalidArgument(f"not a database URL ({exc})") from None
+        parsed = parse_url(url)
         if not by_name(parsed.get_backend_name()).is_file:
             # pre-ping: a --watch outlives a server restart
             return server_engine(parsed, pool_pre_ping=True)

@@ -858,7 +858,8 @@ def test_console_script_fails_cleanly_on_a_bad_url(target: str) -> None:
     assert "s3cret" not in down.stderr
     malformed = script("jobs", "--url", "postgresql://user:s3cret@host:port/db")
     assert (malformed.returncode, malformed.stdout) == (1, "")
-    assert malformed.stderr.startswith("fencing jobs: not a database URL (")
+    shown = "fencing jobs: not a database URL: 'postgresql://user:***@host:port/db' ("
+    assert malformed.stderr.startswith(shown)
     assert "s3cret" not in malformed.stderr
 
 

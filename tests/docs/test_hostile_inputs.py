@@ -1568,6 +1568,24 @@ ROWS: list[Row] = [
         setup="none",
         note="no engine is made; the password is never shown",
     ),
+    Row(
+        "service.init_db",
+        "a URL whose port is not a number",
+        'service.init_db("postgresql://u:pw@h:port/db")',
+        InvalidArgument,
+        "not a database URL: 'postgresql://u:***@h:port/db' (invalid literal for int() with base 10: 'port')",
+        setup="none",
+        note="SQLAlchemy's bare ValueError, named; the password is not shown",
+    ),
+    Row(
+        "service.init_db",
+        "a text SQLAlchemy cannot read as a URL",
+        'service.init_db("x y://u:pw@h/db")',
+        InvalidArgument,
+        "not a database URL: 'x y://u:***@h/db' (Could not parse SQLAlchemy URL from given URL string)",
+        setup="none",
+        note="the password, as far as the text's shape shows one, is not shown",
+    ),
 ]
 
 
