@@ -34,7 +34,7 @@ rules are shared):
 **Workers** (:class:`fencing.Worker`, :class:`fencing.asyncio.AsyncWorker`) count on their
 store's metrics: ``worker.started``, one outcome per started job (``worker.completed``,
 ``worker.retried``, ``worker.poisoned``, ``worker.lost``, ``worker.refused``,
-``worker.unstored``), ``worker.handed_back``, and the timing ``worker.run``
+``worker.unstored``), ``worker.handed_back``, ``worker.timed_out``, and the timing ``worker.run``
 (:mod:`fencing._store.worker_rules` says what each means).
 
 **Timings** (:class:`Timing`: count, sum, min, max and fixed buckets, in seconds):

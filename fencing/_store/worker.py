@@ -32,6 +32,11 @@ another worker starts them at once) and their ``job.lost`` is set. A second sign
 ``stop(now=True)``) hands back at once. :meth:`run` returns once every job is completed or
 handed back; a function still running then finishes in its (daemon) thread, and whatever it
 stores is refused.
+
+**A timeout** (``timeout=``): a watchdog thread releases a job whose function runs past it as
+a failed attempt (:mod:`.worker_rules`), with the function's stack as the failure, and sets
+``job.lost``; the function's thread cannot be stopped, so a new slot takes its place and the
+stuck one ends when its function returns (nothing it stores is kept).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -50,7 +56,7 @@ from .._sql.values import Lease
 from . import worker_rules as rules
 from .heartbeat import Heartbeat, Keeper
 from .jobstore import JobStore
-from .worker_rules import Handoff, JobRules, WorkerRules, as_result, logger
+from .worker_rules import Handoff, JobRules, WorkerRules, as_result, logger, stack_text
 
 __all__ = ["Job", "Worker"]
 
@@ -73,6 +79,25 @@ class Job(JobRules[threading.Event]):
         self.completed = True
 
 
+class _Running:
+    """A job whose function runs: what the drain and the timeout watchdog need."""
+
+    __slots__ = ("heartbeat", "job", "since", "started", "thread")
+
+    def __init__(self, job: Job, heartbeat: Heartbeat, started: float) -> None:
+        self.job, self.heartbeat = job, heartbeat
+        self.started = started  #: ``time.perf_counter()``, the run's timing starts there
+        self.since = time.monotonic()  #: the timeout counts from here
+        self.thread = threading.current_thread()  #: the slot's, which runs the function
+
+
+class _TimedOut:
+    """A slot's job timed out: the slot ends (another took its place) once its function returns."""
+
+
+TIMED_OUT = _TimedOut()
+
+
 class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
     """Runs ``function(job)`` for each job of ``store``, ``concurrency`` at a time.
 
@@ -82,7 +107,8 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
     how long running jobs may take to finish once the worker stops; ``owner``: the name its
     leases carry (default: host, process id and a random part); ``schedules``: a
     :class:`~fencing.Scheduler` this worker keeps while it runs (every worker may keep the
-    same ones: each tick is still one job).
+    same ones: each tick is still one job); ``timeout``: how long a function may run a job
+    before the job is released as a failed attempt (none by default).
     Everything is checked here: a bad argument raises before anything runs.
     """
 
@@ -90,8 +116,11 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         self._stopping = threading.Event()
         self._hand_back = threading.Event()
         self._lock = threading.Lock()
-        self._running: dict[str, tuple[Job, Heartbeat]] = {}
+        self._running: dict[str, _Running] = {}
         self._slots: list[threading.Thread] = []
+        #: slots whose function ran past the timeout: the drain does not wait for them
+        self._stuck: set[threading.Thread] = set()
+        self._watched = threading.Event()  #: set when the timeout watchdog is to end
         self._batches = _Batches(self._store_batch)
 
     def _check_store(self, store: object) -> None:
@@ -122,18 +151,12 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         previous = self._install_signals() if handle_signals else {}
         try:
             logger.info("worker %s: %d slot(s) on %r", self.owner, self.concurrency, self.store)
-            self._slots = [
-                threading.Thread(
-                    # a daemon: a function that outlives its handed-back job does not keep the process
-                    target=self._slot,
-                    args=(self.owner,),
-                    name=f"fencing-slot-{n}",
-                    daemon=True,
-                )
-                for n in range(self.concurrency)
-            ]
-            for slot in self._slots:
-                slot.start()
+            for _ in range(self.concurrency):
+                self._add_slot()
+            watchdog = None
+            if self.timeout is not None:
+                watchdog = threading.Thread(target=self._watch, name="fencing-timeouts", daemon=True)
+                watchdog.start()
             if self.schedules is not None:
                 self.schedules.start()
             self._stopping.wait()
@@ -141,6 +164,7 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
                 self.schedules.stop()  # enqueue no more ticks while draining
             self._drain()
         finally:
+            self._watched.set()
             if self.schedules is not None:
                 self.schedules.stop()
             for signum, handler in previous.items():
@@ -171,9 +195,20 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             previous[signum] = signal.signal(signum, on_signal)
         return previous
 
+    def _add_slot(self) -> None:
+        # a daemon: a function that outlives its handed-back job does not keep the process
+        with self._lock:
+            slot = threading.Thread(
+                target=self._slot, args=(self.owner,), name=f"fencing-slot-{len(self._slots)}", daemon=True
+            )
+            self._slots.append(slot)
+        slot.start()
+
     def _drain(self) -> None:
         deadline = time.monotonic() + self.drain
-        for slot in self._slots:
+        with self._lock:
+            slots = [slot for slot in self._slots if slot not in self._stuck]
+        for slot in slots:
             while slot.is_alive() and not self._hand_back.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -181,12 +216,12 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
                 slot.join(min(left, 0.05))
         with self._lock:
             unfinished = list(self._running.values())
-        for job, heartbeat in unfinished:
-            self._give_back(job, heartbeat)
+        for running in unfinished:
+            self._give_back(running.job, running.heartbeat)
         # an idle slot ends within its claim's wait (giving back what it claimed meanwhile);
         # one whose function still runs after its job was handed back is left to it
         ends = time.monotonic() + rules.IDLE_WAIT + 1.0
-        for slot in self._slots:
+        for slot in slots:
             slot.join(max(0.0, ends - time.monotonic()))
 
     def _give_back(self, job: Job, heartbeat: Heartbeat) -> None:
@@ -226,6 +261,8 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             [lease] = leases
             completion = self._run_one(lease, claimed_at, keeper)
             leases = []
+            if isinstance(completion, _TimedOut):
+                return  # a new slot took this one's place when its job timed out
             if completion is None:
                 continue
             # this job's completion and the slot's next claim: one transaction, shared with the
@@ -236,9 +273,12 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             if handoff.lease is not None:
                 leases, claimed_at = [handoff.lease], handoff.claimed_at
 
-    def _run_one(self, lease: Lease, claimed_at: float, keeper: Keeper) -> tuple[Lease, str | None] | None:
+    def _run_one(
+        self, lease: Lease, claimed_at: float, keeper: Keeper
+    ) -> tuple[Lease, str | None] | _TimedOut | None:
         """Run the function for ``lease``'s job; the completion to store, or ``None`` (failed,
-        lost, handed back or completed by the function itself: nothing more to store)."""
+        lost, handed back or completed by the function itself: nothing more to store), or
+        :data:`TIMED_OUT` (the watchdog released it; this slot's place is taken)."""
         lost = threading.Event()
         heartbeat = Heartbeat(
             self.store,
@@ -257,31 +297,84 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         with self._lock:  # stopping: what the drain does not see running it never starts
             stopping = self._stopping.is_set()
             if not stopping:
-                self._running[lease.job_id] = (job, heartbeat)
+                running = self._running[lease.job_id] = _Running(job, heartbeat, self._starts())
         if stopping:
             heartbeat.stop()
             self._handed_back(lease, self.store.release(lease), "before it started")
             return None
-        started = self._starts()
         try:
             value = self.function(job)
             result = None if job.completed else as_result(value)
         except BaseException as exc:  # SystemExit too: a slot that died of it would be lost silently
-            took = self._ran(started)
+            if not self._forget(running):
+                self._late(job, f"raised {exc!r}")
+                return TIMED_OUT
+            took = self._ran(running.started)
             heartbeat.stop()
-            self._forget(job)
             self._failed(job, heartbeat, exc, took)
             return None
-        took = self._ran(started)
+        if not self._forget(running):
+            self._late(job, "returned")
+            return TIMED_OUT
+        took = self._ran(running.started)
         heartbeat.stop()
-        self._forget(job)
         if not self._worth_storing(job, took, heartbeat.reason):
             return None
         return heartbeat.lease, result
 
-    def _forget(self, job: Job) -> None:
+    def _forget(self, running: _Running) -> bool:
+        """The function's run ended: whether its job is still this slot's to finish (not
+        when the watchdog timed it out first)."""
         with self._lock:
-            self._running.pop(job.job_id, None)
+            return self._running.pop(running.job.job_id, None) is not None
+
+    # -- the timeout ---------------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        """Time out each job whose function runs past :attr:`timeout`, until the worker ends."""
+        timeout = self.timeout
+        assert timeout is not None
+        while not self._watched.is_set():
+            now = time.monotonic()
+            with self._lock:
+                running = list(self._running.values())
+            for late in [r for r in running if r.since + timeout <= now]:
+                self._time_out(late)
+            # a job started after this look is due a whole timeout from now, or later
+            soonest = min(
+                (r.since + timeout for r in running if r.since + timeout > now), default=now + timeout
+            )
+            self._watched.wait(max(0.005, soonest - time.monotonic()))
+
+    def _time_out(self, running: _Running) -> None:
+        job, heartbeat = running.job, running.heartbeat
+        with self._lock:
+            if self._running.get(job.job_id) is not running or job.completed:
+                return  # it ended, or completed the job itself, meanwhile
+            del self._running[job.job_id]
+            job.timed_out = True
+            self._stuck.add(running.thread)
+            replace = not self._stopping.is_set()
+        took = self._ran(running.started)
+        exc, last, delay, failure = self._timed_out(job, _stack_of(running.thread))
+        heartbeat.stop()
+        try:
+            # released before the function is told: whatever it writes once it sees ``lost``
+            # finds the lease given up (a completion of its own that committed first wins)
+            if heartbeat.held:
+                released: object = self.store.release(heartbeat.lease, delay=delay, failure=failure)
+                self._timeout_logged(job, exc, took, released, last, delay)
+            else:
+                self._metrics.add("worker.lost")
+                logger.warning(
+                    "job %r ran past its timeout, its lease lost (%s)", job.job_id, heartbeat.reason
+                )
+        except Exception:
+            self._unreleased(job)
+        finally:
+            job.lost.set()
+            if replace:
+                self._add_slot()  # the stuck slot's thread cannot be stopped: run beside it
 
     def _store_batch(self, batch: list[Handoff]) -> None:
         """Store a batch's completions and claim its slots' next jobs: one transaction."""
@@ -312,6 +405,16 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             self._unreleased(job)
             return
         self._failure_logged(job, exc, took, released, last, delay)
+
+
+def _stack_of(thread: threading.Thread) -> str:
+    """Where ``thread`` is now: its stack, outermost call first."""
+    frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return stack_text(frames[::-1])
 
 
 class _Batches:

@@ -17,9 +17,19 @@ failure for a later attempt), ``worker.poisoned`` (it raised on its last attempt
 stored), ``worker.refused`` (the store refused its completion or its failure's release: the
 lease had ended meanwhile), ``worker.unstored`` (its completion or release failed: the lease
 runs out and the job runs again). Besides: ``worker.handed_back`` (a job released as the
-worker stopped, running or not yet started). The timing ``worker.run`` is each function's
-run, from its start to its return or raise. ``worker.started`` less the outcomes is the jobs
-running now.
+worker stopped, running or not yet started) and ``worker.timed_out`` (a function ran past the
+worker's ``timeout``: its job counts as a failure, ``worker.retried`` or ``worker.poisoned``,
+and nothing it does after is stored or counted). The timing ``worker.run`` is each function's
+run, from its start to its return or raise (to its timeout, for one that timed out).
+``worker.started`` less the outcomes is the jobs running now.
+
+**A timeout** (``timeout=`` seconds, none by default) bounds each run: past it the job is
+released as a failed attempt (a ``TimeoutError`` with where the function was, its stack, as
+the failure) so it is retried with the same backoff or left poisoned on its last attempt,
+and its lease is given up at once: the function's later writes through the job's lease (a
+completion, ``job.completing()``, a fenced block) are refused. A coroutine is cancelled; a
+thread cannot be, so ``job.lost`` is set for the function to stop, and a new slot takes the
+stuck one's place, so the worker still runs ``concurrency`` jobs at once.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import socket
 import time
 import traceback
 import uuid
+from types import FrameType
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._errors import InvalidArgument, InvalidArgumentType, LeaseLost
@@ -40,7 +51,7 @@ from .._sql.payloads import encode_payload
 from .._sql.values import Lease
 from .scheduler import Scheduler
 
-__all__ = ["IDLE_WAIT", "Handoff", "JobRules", "WorkerRules", "logger"]
+__all__ = ["IDLE_WAIT", "Handoff", "JobRules", "WorkerRules", "logger", "stack_text"]
 
 logger = logging.getLogger("fencing.worker")
 
@@ -109,8 +120,8 @@ Fn = TypeVar("Fn")  #: the function a front calls
 class JobRules(Generic[F]):
     """One job as the worker's function sees it: ``job_id``, ``payload`` (its arguments),
     ``attempt`` (its fence: the how-manieth claim of the job), :attr:`lease` (the current one,
-    renewed by the worker), ``lost`` (set once the lease can no longer be vouched for, or the
-    worker handed the job back) and ``store``."""
+    renewed by the worker), ``lost`` (set once the lease can no longer be vouched for, the
+    worker handed the job back, or the job ran past the worker's ``timeout``) and ``store``."""
 
     def __init__(self, store: Any, heartbeat: _Keeps, lost: F) -> None:
         lease = heartbeat.lease
@@ -123,6 +134,8 @@ class JobRules(Generic[F]):
         self.lost = lost
         #: the function completed the job itself (``completing``)
         self.completed = False
+        #: the function ran past the worker's ``timeout``: the job was released as a failure
+        self.timed_out = False
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.job_id!r} attempt={self.attempt}>"
@@ -135,7 +148,12 @@ class JobRules(Generic[F]):
     def check(self) -> None:
         """Raise :class:`~fencing.LeaseLost` if the lease is lost or the job handed back."""
         if self.lost.is_set():
-            raise LeaseLost(f"job {self.job_id!r}: its lease is lost or the worker handed it back")
+            why = (
+                "it ran past the worker's timeout"
+                if self.timed_out
+                else "its lease is lost or the worker handed it back"
+            )
+            raise LeaseLost(f"job {self.job_id!r}: {why}")
         self._heartbeat.check()
 
 
@@ -157,6 +175,7 @@ class WorkerRules(Generic[S, Fn]):
         drain: float = 30.0,
         owner: str | None = None,
         schedules: Scheduler | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._check_store(store)
         self._check_function(function)
@@ -174,6 +193,8 @@ class WorkerRules(Generic[S, Fn]):
         self.retry_delay = _seconds("retry_delay", retry_delay)
         self.max_retry_delay = _seconds("max_retry_delay", max_retry_delay)
         self.drain = _seconds("drain", drain)
+        #: how long a function may run a job before the job is released as a failed attempt
+        self.timeout = None if timeout is None else _seconds("timeout", timeout, positive=True)
         owner = owner if owner is not None else f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         checks: Any = getattr(store, "sync_store", store)  # an async store's rules are its sync store's
         self.owner = checks.check_key(owner, name="owner")
@@ -229,6 +250,46 @@ class WorkerRules(Generic[S, Fn]):
         last = job.attempt >= self.max_attempts
         delay = None if last else self._retry_delay(job.attempt)
         return last, delay, _failure_text(exc) if self._keeps_failures else None
+
+    def _timed_out(
+        self, job: JobRules[Any], where: str
+    ) -> tuple[TimeoutError, bool, float | None, str | None]:
+        """A function ran past :attr:`timeout`: counted, and what its release records, as a
+        failure's (:meth:`_after_failure`): the ``TimeoutError``, whether it was the last
+        attempt, the next one's delay, and the failure to store, with ``where`` (the
+        function's stack as it timed out)."""
+        self._metrics.add("worker.timed_out")
+        exc = TimeoutError(f"job {job.job_id!r} ran past the worker's timeout of {self.timeout:g} s")
+        last = job.attempt >= self.max_attempts
+        delay = None if last else self._retry_delay(job.attempt)
+        failure = f"{_failure_text(exc)}where it was when it timed out:\n{where}"
+        return exc, last, delay, _clean_text(failure) if self._keeps_failures else None
+
+    def _timeout_logged(
+        self,
+        job: JobRules[Any],
+        exc: TimeoutError,
+        took: float,
+        released: object,
+        last: bool,
+        delay: float | None,
+    ) -> None:
+        """What the release of a timed-out job came to: a failed attempt, as any failure's
+        (:meth:`_failure_logged`), unless the function's own completion committed first (it
+        finished as it timed out: the release is refused, the job is done)."""
+        if not released and getattr(released, "reason", None) == "done":
+            self._metrics.add("worker.completed")
+            logger.info("job %r completed itself as it timed out (%.3f s)", job.job_id, took)
+            return
+        self._failure_logged(job, exc, took, released, last, delay)
+
+    def _late(self, job: JobRules[Any], outcome: str) -> None:
+        """A function that timed out ``returned`` or ``raised ...`` since: nothing of it is
+        stored or counted (its job was released as a failure at the timeout)."""
+        logger.warning(
+            "job %r %s after its timeout: not stored (the job was released as a failed attempt then)",
+            job.job_id, outcome,
+        )  # fmt: skip
 
     def _worth_storing(self, job: JobRules[Any], took: float, reason: str | None) -> bool:
         """Whether what a function returned is to be stored; not when the function completed
@@ -335,8 +396,19 @@ def as_result(value: Any) -> str | None:
 def _failure_text(exc: BaseException) -> str:
     """The exception's type, message and traceback, as every database's text column keeps it
     (a NUL or a lone surrogate written as its escape)."""
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return _clean_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+
+
+def _clean_text(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
+
+
+def stack_text(frames: list[FrameType]) -> str:
+    """Where a running function is, from its frames (outermost first), as a traceback shows
+    it: innermost call last."""
+    if not frames:
+        return "(its stack could not be read)\n"
+    return "".join(traceback.StackSummary.extract((frame, frame.f_lineno) for frame in frames).format())
 
 
 def _seconds(name: str, value: object, *, positive: bool = False) -> float:

@@ -20,6 +20,11 @@ on the main thread's loop): the slots claim nothing more; running jobs have ``dr
 to finish, their leases kept alive; then the unfinished ones are cancelled and handed back
 (released, so another worker starts them at once). A second signal, ``stop(now=True)``, or
 cancelling the task that awaits :meth:`~AsyncWorker.run` hands back at once.
+
+**A timeout** (``timeout=``): the job of a coroutine that runs past it is released as a
+failed attempt (:mod:`.worker_rules`), with where the coroutine was as the failure, then the
+coroutine is cancelled and given ``CANCEL_WAIT`` to end; one that ignores the cancellation
+runs on beside the slot's next job, and what it writes through the job's lease is refused.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from .._sql.values import Lease
 from . import worker_rules as rules
 from .heartbeat_task import AsyncHeartbeat
 from .jobstore import JobStore
-from .worker_rules import Handoff, JobRules, WorkerRules, as_result, logger
+from .worker_rules import Handoff, JobRules, WorkerRules, as_result, logger, stack_text
 
 __all__ = ["AsyncJob", "AsyncWorker"]
 
@@ -84,7 +89,9 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
     ``function`` must be an ``async def`` function (or another callable whose call returns a
     coroutine: checked when it is called, a job failure if not). ``schedules``: a
     :class:`fencing.Scheduler`, kept on a thread of its own while the worker runs (on a sync
-    :class:`fencing.JobStore` of the same database: a scheduler's passes are few)."""
+    :class:`fencing.JobStore` of the same database: a scheduler's passes are few);
+    ``timeout``: how long a coroutine may run a job before it is cancelled and the job released
+    as a failed attempt (none by default)."""
 
     def _front_state(self) -> None:
         self._stopping = asyncio.Event()
@@ -290,7 +297,12 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
         tasks.append(task)
         self._running[lease.job_id] = _Running(job, heartbeat, task)
         try:
-            await asyncio.wait({task})
+            await asyncio.wait({task}, timeout=self.timeout)
+            if not task.done():  # past the timeout
+                job.timed_out = True
+                self._running.pop(lease.job_id, None)  # the drain does not hand it back as well
+                await self._time_out(job, heartbeat, task, started)
+                return None
         except asyncio.CancelledError:  # the slot itself is cancelled: so is its job
             task.cancel()
             raise
@@ -308,6 +320,39 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
         if not self._worth_storing(job, took, heartbeat.reason):
             return None
         return heartbeat.lease, task.result()
+
+    async def _time_out(
+        self, job: AsyncJob, heartbeat: AsyncHeartbeat, task: asyncio.Task[Any], started: float
+    ) -> None:
+        """A job whose coroutine ran past the timeout: released as a failed attempt, *then*
+        the coroutine cancelled, so that what it writes if it ignores the cancellation finds
+        the lease given up. A completion of its own that committed first wins: the job is
+        done."""
+        took = self._ran(started)
+        exc, last, delay, failure = self._timed_out(job, stack_text(_frames_of(task)))
+        await heartbeat.stop()
+        try:
+            if heartbeat.held:
+                released: object = await self.store.release(heartbeat.lease, delay=delay, failure=failure)
+                self._timeout_logged(job, exc, took, released, last, delay)
+            else:
+                self._metrics.add("worker.lost")
+                logger.warning(
+                    "job %r ran past its timeout, its lease lost (%s)", job.job_id, heartbeat.reason
+                )
+        except Exception:
+            self._unreleased(job)
+        finally:
+            job.lost.set()
+            task.cancel()  # a fenced block it is in keeps nothing
+        await asyncio.wait({task}, timeout=CANCEL_WAIT)
+        if not task.done():
+            logger.warning(
+                "job %r: its coroutine ignored its cancellation at the timeout and runs on", job.job_id
+            )
+            task.add_done_callback(lambda _: self._late(job, "ended"))
+        elif not task.cancelled():
+            task.exception()  # retrieved: what it raised or returned is not stored
 
     async def _call(self, job: AsyncJob) -> str | None:
         """The coroutine's run, and its value as the result column keeps it (a value that
@@ -355,6 +400,20 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
             self._unreleased(job)
             return
         self._failure_logged(job, exc, took, released, last, delay)
+
+
+def _frames_of(task: asyncio.Task[Any]) -> list[Any]:
+    """Where a task's coroutine is suspended: the frame of each coroutine it awaits, outermost
+    first (``Task.get_stack`` gives only the outermost one)."""
+    frames = []
+    awaited: Any = task.get_coro()
+    while awaited is not None:
+        frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(frame)
+        awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    return frames
 
 
 class _Batches:

@@ -80,6 +80,14 @@ def add_worker(commands: Commands) -> None:
         parser.add_argument(
             name, type=seconds, default=initial, metavar="SECONDS", help=f"{said} (%(default)g)"
         )
+    parser.add_argument(
+        "--timeout",
+        type=at_least(0.05),
+        default=None,
+        metavar="SECONDS",
+        help="how long a function may run a job before the job is released as a failed attempt, "
+        "with the function's stack as its failure (default: no limit)",
+    )
     parser.add_argument("--owner", metavar="NAME", help="the leases' owner (default: host:pid:random)")
     parser.add_argument(
         "--schedules",
@@ -116,6 +124,7 @@ def work(args: argparse.Namespace, db: Database, out: Output) -> int:
         "max_retry_delay": args.max_retry_delay,
         "drain": args.drain,
         "owner": args.owner,
+        "timeout": args.timeout,
     }
     if args.schedules is not None:
         schedules = load_schedules(args.schedules)

@@ -137,6 +137,34 @@ def test_a_second_sigterm_hands_the_job_back_at_once(
     assert "handed back" in err
 
 
+@pytest.mark.parametrize("function", ["stuck", "stuck_async"])
+def test_a_run_past_timeout_is_a_failed_attempt_with_its_stack(
+    tmp_path: Path, target: str, store: JobStore, function: str
+) -> None:
+    store.enqueue("hung")
+    process = _worker(tmp_path, target, function, "--timeout", "0.5", "--max-attempts", "1", "--ttl", "60")
+    try:
+        _until(lambda: store.failure("hung") is not None)
+    finally:
+        code, err = _stopped(process, signal.SIGTERM)
+    failure = store.failure("hung")
+    assert (
+        failure is not None
+        and "TimeoutError: job 'hung' ran past the worker's timeout of 0.5 s" in failure.text
+    )
+    assert f"in {function}" in failure.text  # where it was: the function's own frame
+    assert store.holder("hung") is None and not store.state("hung").done  # poisoned, not done
+    assert "poisoned" in err and code == 0, err
+    bad = subprocess.run(
+        [sys.executable, "-m", "fencing", "worker", "tasks:stuck", "--url", target, "--timeout", "0"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "--timeout: must be at least 0.05 seconds, got '0'" in bad.stderr
+
+
 def test_a_failure_is_kept_with_its_traceback(tmp_path: Path, target: str, store: JobStore) -> None:
     store.enqueue("print")
     process = _worker(tmp_path, target, "fails", "--max-attempts", "1")

@@ -787,6 +787,14 @@ ROWS: list[Row] = [
     ),
     Row(
         "Worker",
+        "a timeout that is not a positive number of seconds",
+        'Worker(store, print, timeout=float("nan"))',
+        InvalidArgument,
+        "timeout must be a finite number of seconds > 0, got nan",
+        sync_only=True,
+    ),
+    Row(
+        "Worker",
         "a text where the function goes",
         'Worker(store, "tasks:send")',
         InvalidArgumentType,

@@ -14,6 +14,7 @@ Each test runs its own event loop with a fresh store (payloads and failures tabl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import threading
@@ -24,7 +25,15 @@ from typing import Any
 import pytest
 from sqlalchemy import Column, Integer, MetaData, String, Table, event, select
 
-from fencing import InvalidArgument, InvalidArgumentType, Worker, failures_table, jobs_table, payloads_table
+from fencing import (
+    InvalidArgument,
+    InvalidArgumentType,
+    LeaseLost,
+    Worker,
+    failures_table,
+    jobs_table,
+    payloads_table,
+)
 from fencing._store import worker_rules
 from fencing.asyncio import AsyncJob, AsyncJobStore, AsyncWorker
 from tests.store.test_async_heartbeat import async_engine
@@ -153,6 +162,82 @@ def test_a_failure_is_retried_with_backoff_and_its_reason_kept_then_poisoned(tar
         assert [s.job_id for s in await store.poisoned(max_attempts=3)] == ["pay"]
         counts = {"worker.started": 3, "worker.retried": 2, "worker.poisoned": 1}
         assert _worker_counts(store) == counts
+
+    run(target, scenario)
+
+
+async def stuck_in_an_await(seconds: float) -> None:
+    """Where the timed-out coroutine is (its failure names this frame)."""
+    await asyncio.sleep(seconds)
+
+
+def test_a_coroutine_past_its_timeout_is_cancelled_and_its_job_retried_with_its_stack(target: str) -> None:
+    async def scenario(store: AsyncJobStore) -> None:
+        cancelled: list[int] = []
+
+        async def function(job: AsyncJob) -> str:
+            if job.attempt == 1:
+                try:
+                    await stuck_in_an_await(30.0)
+                except asyncio.CancelledError:
+                    cancelled.append(job.attempt)
+                    raise
+                return "late"
+            return "second"
+
+        await store.enqueue("slow")
+        worker = AsyncWorker(store, function, ttl=TTL, timeout=0.5, retry_delay=0.05, max_retry_delay=0.05)
+        began = time.monotonic()
+        await run_until(worker, lambda: done(store, "slow"))
+        assert cancelled == [1] and time.monotonic() - began < 10.0
+        assert (await store.state("slow")).result == "second"  # type: ignore[union-attr]
+        failure = await store.failure("slow")
+        assert failure is not None and failure.fence == 1
+        assert "TimeoutError: job 'slow' ran past the worker's timeout of 0.5 s" in failure.text
+        assert "where it was when it timed out:" in failure.text
+        assert "in stuck_in_an_await" in failure.text and "in function" in failure.text
+        assert _worker_counts(store) == {
+            "worker.started": 2,
+            "worker.timed_out": 1,
+            "worker.retried": 1,
+            "worker.completed": 1,
+        }
+
+    run(target, scenario)
+
+
+def test_a_coroutine_that_ignores_its_timeout_writes_nothing_after_it(target: str) -> None:
+    async def scenario(store: AsyncJobStore) -> None:
+        refused: list[BaseException] = []
+        others: list[str] = []
+
+        async def function(job: AsyncJob) -> str:
+            if job.job_id != "stubborn":
+                others.append(job.job_id)
+                return "ok"
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed: it goes on,
+                await stuck_in_an_await(30.0)  # and tries to complete the job itself
+            try:
+                async with job.completing("late"):
+                    pass
+            except LeaseLost as exc:
+                refused.append(exc)
+            return "late"
+
+        await store.enqueue("stubborn")
+        worker = AsyncWorker(store, function, ttl=TTL, timeout=0.3, max_attempts=1)
+
+        async def refused_and_others_done() -> bool:
+            if refused and not others:
+                for n in range(2):
+                    await store.enqueue(f"next-{n}")
+            return bool(refused) and len(others) == 2
+
+        await run_until(worker, refused_and_others_done)
+        state = await store.state("stubborn")
+        assert state is not None and not state.done and state.result is None
+        assert [s.job_id for s in await store.poisoned(max_attempts=1)] == ["stubborn"]
+        assert (await store.state("next-1")).done  # type: ignore[union-attr]
 
     run(target, scenario)
 
@@ -360,6 +445,7 @@ class _nothing:  # reads as a context manager that expects nothing
         ({"max_attempts": 0}, InvalidArgument, "max_attempts"),
         ({"drain": float("inf")}, InvalidArgument, "drain must be a finite number of seconds >= 0"),
         ({"owner": 5}, InvalidArgumentType, "owner"),
+        ({"timeout": -1}, InvalidArgument, "timeout must be a finite number of seconds > 0, got -1"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(

@@ -177,6 +177,106 @@ def test_a_function_whose_lease_is_lost_sees_it_and_its_result_is_not_stored(sto
     assert store.state("slow").result == "fresh"
 
 
+# -- the timeout -------------------------------------------------------------------------------
+
+
+def stuck_in_a_call(job: Job, seconds: float) -> None:
+    """Where the timed-out function is (its failure names this frame)."""
+    job.lost.wait(seconds)
+
+
+def test_a_job_past_its_timeout_is_released_as_a_failure_with_its_stack_then_retried(store: JobStore) -> None:
+    runs: list[tuple[int, bool]] = []
+
+    def function(job: Job) -> str:
+        if job.attempt == 1:
+            stuck_in_a_call(job, 30.0)  # set at the timeout: the function is told to stop
+            runs.append((job.attempt, job.lost.is_set()))
+            with pytest.raises(LeaseLost, match="ran past the worker's timeout"):
+                job.check()
+            return "late"  # not stored
+        runs.append((job.attempt, job.lost.is_set()))
+        return "second"
+
+    store.enqueue("slow")
+    worker = Worker(store, function, ttl=TTL, timeout=0.5, retry_delay=0.05, max_retry_delay=0.05)
+    began = time.monotonic()
+    _run_until(worker, lambda: store.state("slow").done)
+    assert runs == [(1, True), (2, False)]
+    assert time.monotonic() - began < 10.0  # not the ttl's expiry, nor the 30 s wait
+    assert store.state("slow").result == "second"
+    failure = store.failure("slow")
+    assert failure is not None and failure.fence == 1
+    assert "TimeoutError: job 'slow' ran past the worker's timeout of 0.5 s" in failure.text
+    assert "where it was when it timed out:" in failure.text and "in stuck_in_a_call" in failure.text
+    assert _worker_counts(store) == {
+        "worker.started": 2,
+        "worker.timed_out": 1,
+        "worker.retried": 1,  # the timed-out attempt's outcome; its late return counts nothing
+        "worker.completed": 1,
+    }
+
+
+def test_what_a_timed_out_function_writes_later_is_refused(store: JobStore, engine: Engine) -> None:
+    orders = Table("wk_late", MetaData(), Column("id", String(40), primary_key=True))
+    orders.create(engine, checkfirst=True)
+    refused: list[BaseException] = []
+    try:
+
+        def function(job: Job) -> None:
+            stuck_in_a_call(job, 30.0)
+            try:
+                with job.completing("late") as conn:  # the lease was given up at the timeout
+                    conn.execute(orders.insert().values(id=job.job_id))
+            except LeaseLost as exc:
+                refused.append(exc)
+
+        store.enqueue("late")
+        worker = Worker(store, function, ttl=TTL, timeout=0.3, max_attempts=1)
+        _run_until(worker, lambda: bool(refused))
+        assert [lease.job_id for lease in store.poisoned(max_attempts=1)] == ["late"]
+        assert not store.state("late").done and store.holder("late") is None
+        with engine.connect() as conn:
+            assert conn.execute(select(orders.c.id)).all() == []
+    finally:
+        orders.drop(engine)
+
+
+def test_a_function_that_ignores_its_timeout_keeps_no_slot_from_the_other_jobs(store: JobStore) -> None:
+    let_go = threading.Event()
+    done: list[str] = []
+
+    def function(job: Job) -> str:
+        if job.job_id == "hangs":
+            let_go.wait(30.0)  # does not look at job.lost: its thread cannot be stopped
+            return "too late"
+        done.append(job.job_id)
+        return "ok"
+
+    store.enqueue("hangs")
+    worker = Worker(store, function, ttl=TTL, timeout=0.3, max_attempts=1)
+    thread = _running(worker)
+    try:
+        _until(lambda: store.failure("hangs") is not None)  # timed out, the function still in it
+        for n in range(3):
+            store.enqueue(f"next-{n}")
+        _until(lambda: len(done) == 3)  # concurrency 1, and a new slot runs them
+        assert worker.running == [] and not store.state("hangs").done
+    finally:
+        let_go.set()
+        worker.stop()
+        thread.join(30.0)
+    assert not thread.is_alive()
+    assert store.state("hangs").result is None and store.holder("hangs") is None
+
+
+def test_a_job_within_its_timeout_is_untouched(store: JobStore) -> None:
+    store.enqueue("quick")
+    worker = Worker(store, lambda job: time.sleep(0.05) or "ok", ttl=TTL, timeout=5.0)
+    _run_until(worker, lambda: store.state("quick").done)
+    assert store.failure("quick") is None and "worker.timed_out" not in _worker_counts(store)
+
+
 def _worker_counts(store: Any) -> dict[str, int]:
     return {name: n for name, n in store.metrics.snapshot().items() if name.startswith("worker.")}
 
@@ -315,6 +415,9 @@ def test_stop_now_hands_back_at_once(store: JobStore) -> None:
         ({"retry_delay": -1}, InvalidArgument, "retry_delay must be a finite number of seconds >= 0"),
         ({"drain": float("inf")}, InvalidArgument, "drain must be a finite number of seconds >= 0"),
         ({"owner": 5}, InvalidArgumentType, "owner"),
+        ({"timeout": 0}, InvalidArgument, "timeout must be a finite number of seconds > 0, got 0"),
+        ({"timeout": float("nan")}, InvalidArgument, "timeout must be a finite number of seconds > 0"),
+        ({"timeout": True}, InvalidArgumentType, "timeout must be a number of seconds, got bool True"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(
