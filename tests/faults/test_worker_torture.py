@@ -16,7 +16,11 @@ What must hold, checked against the database and the journal of every start:
   transaction, and the job is completed once, by a later holder;
 - **SIGTERM is graceful**: a stopped worker exits (code 0) within the drain plus a heartbeat
   (and slack for a loaded machine), and holds nothing once it has exited: each of its jobs
-  completed or handed back.
+  completed or handed back;
+- **a run past the timeout writes nothing**: the workers run with ``--timeout``, and the first
+  run of each of ``HANG``'s jobs outlasts it (a thread sleeps on, then tries its write; a
+  coroutine is cancelled): the job is retried and its effect and result are still its last
+  holder's alone.
 
 ``FENCING_WORKER_TORTURE_SECONDS`` sets the fault phase (CI: 8 s per database and front;
 ``nox -s worker_soak -- SECONDS`` the long form).
@@ -53,6 +57,9 @@ DRAIN = 1.0
 #: hand-back's round trips, a loaded 2-core machine
 SLACK = 4.0
 KINDS = ["freeze", "kill", "term", "revoke"]
+#: each run's time limit (every ordinary run is shorter), and how long a HANG job's first run takes
+TIMEOUT = 3.0
+HANG_FOR = 4.5
 #: enough jobs to keep the slots busy through the fault phase (about 20 finish a second)
 JOBS = max(150, int(SECONDS * 15))
 
@@ -93,6 +100,14 @@ def _first_run(job):
     return job.payload.get("die") and not os.path.exists(f"died-{job.job_id}")
 
 
+def _pause(job):
+    \"\"\"The run's sleep: past the worker's timeout the first time a ``hang`` job runs.\"\"\"
+    if job.payload.get("hang") and not os.path.exists(f"hung-{job.job_id}"):
+        open(f"hung-{job.job_id}", "w").close()
+        return job.payload["hang"]
+    return job.payload["sleep"]
+
+
 @sa.event.listens_for(sa.Engine, "after_cursor_execute")
 def _inside_the_completion(conn, cursor, statement, parameters, context, executemany):
     # the completion's UPDATE has run, its transaction is open: die before its COMMIT
@@ -106,7 +121,7 @@ def _effect(conn, job):
 
 def work(job):
     _started(job)
-    time.sleep(job.payload["sleep"])
+    time.sleep(_pause(job))  # past the timeout: then its write below is refused
     if job.payload["effect"]:
         with job.completing(str(job.attempt)) as conn:
             _effect(conn, job)
@@ -120,7 +135,7 @@ def work(job):
 
 async def work_async(job):
     _started(job)
-    await asyncio.sleep(job.payload["sleep"])
+    await asyncio.sleep(_pause(job))  # cancelled at the timeout
     if job.payload["effect"]:
         async with job.completing(str(job.attempt)) as conn:
             await conn.run_sync(_effect, job)
@@ -135,6 +150,8 @@ async def work_async(job):
 #: function's own write in ``job.completing`` (even ids), or after the completion's UPDATE of
 #: a returned result (odd ids), before the COMMIT
 DIE = {10, 11, 40, 41, 70, 71}
+#: jobs whose first run outlasts the workers' timeout (effects and returned results alike)
+HANG = {i for i in range(150) if i % 15 == 7}
 
 
 class _Worker:
@@ -151,7 +168,7 @@ class _Worker:
                     sys.executable, "-m", "fencing", "worker", f"tasks:{function}", "--url", target,
                     "--owner", self.owner, "--concurrency", str(CONCURRENCY), "--ttl", str(TTL),
                     "--drain", str(DRAIN), "--max-attempts", "100000", "--retry-delay", "0.05",
-                    "--max-retry-delay", "0.2",
+                    "--max-retry-delay", "0.2", "--timeout", str(TIMEOUT),
                 ],
                 cwd=tmp_path,
                 stdout=subprocess.DEVNULL,
@@ -194,6 +211,7 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
                 "sleep": rng.choice([0.0, 0.02, 0.1, 0.4, 0.4, 2.5]),
                 "effect": i % 2 == 0,
                 "die": i in DIE,
+                "hang": HANG_FOR if i in HANG else None,
             }
             store.enqueue(f"job-{i:04d}", payload=payload, conn=conn)
     numbers = iter(range(1_000_000))
@@ -274,7 +292,7 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
         f"faults: {dict(faults)}; worker processes: {len(workers)}; jobs: {JOBS}; runs: {len(starts)};"
         f" handed back: {logs.count('handed back')}; results not stored (lease lost):"
         f" {logs.count('is not stored') + logs.count('cancelled after')};"
-        f" refused: {logs.count('was refused')}"
+        f" refused: {logs.count('was refused')}; timed out: {logs.count('ran past')}"
     )
     assert not late, late
     assert set(faults) == set(KINDS), faults
@@ -283,6 +301,7 @@ def test_workers_under_faults_store_each_result_once_by_its_last_holder(
     died = {job for _, _, *jobs in dies for job in jobs}
     assert died == {f"job-{i:04d}" for i in DIE}, dies
     assert {where for where, *_ in dies} == {"block", "completion"}, dies
+    assert logs.count("ran past") >= 1, "no run timed out"  # of 10 HANG jobs' first runs
 
     twice = [key for key, n in Counter((job, fence) for job, fence, _ in starts).items() if n > 1]
     assert twice == [], f"a lease ran twice: {twice[:5]}"
