@@ -33,10 +33,10 @@ another worker starts them at once) and their ``job.lost`` is set. A second sign
 handed back; a function still running then finishes in its (daemon) thread, and whatever it
 stores is refused.
 
-**A timeout** (``timeout=``): a watchdog thread releases a job whose function runs past it as
-a failed attempt (:mod:`.worker_rules`), with the function's stack as the failure, and sets
-``job.lost``; the function's thread cannot be stopped, so a new slot takes its place and the
-stuck one ends when its function returns (nothing it stores is kept).
+**A timeout** (``timeout=``): a watchdog thread takes a job whose function runs past it from
+its slot, sets ``job.lost``, starts a new slot in the stuck one's place (a thread cannot be
+stopped: it ends when its function returns, and nothing it returns is stored) and releases the
+job as a failed attempt, with the function's stack as the failure (:mod:`.worker_rules`).
 """
 
 from __future__ import annotations
@@ -71,11 +71,14 @@ class Job(JobRules[threading.Event]):
     def completing(self, result: Any = None, *, conn: Any = None) -> Iterator[Any]:
         """A fenced block that completes the job with ``result`` at its end, in the same
         transaction as the block's own writes (``conn``: yours, or the store's own);
-        :class:`~fencing.LeaseLost` and nothing written if the lease is no longer current.
+        :class:`~fencing.LeaseLost` and nothing written if the lease is no longer current, or
+        if the run passed the worker's ``timeout`` before the block's end.
         The worker then stores nothing more for this job."""
+        self._refuse_if_timed_out()
         text = as_result(result)
         with self.store.fenced(self.lease, complete=True, result=text, conn=conn) as connection:
             yield connection
+            self._refuse_if_timed_out()  # timed out inside the block: its writes roll back
         self.completed = True
 
 
@@ -347,22 +350,38 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             self._watched.wait(max(0.005, soonest - time.monotonic()))
 
     def _time_out(self, running: _Running) -> None:
-        job, heartbeat = running.job, running.heartbeat
+        """The job is taken from its slot (unless it ended, or completed itself, meanwhile):
+        its function is told (``job.lost``), a new slot takes the stuck one's place, and the
+        job is released as a failed attempt from a thread of its own."""
+        job = running.job
         with self._lock:
             if self._running.get(job.job_id) is not running or job.completed:
-                return  # it ended, or completed the job itself, meanwhile
+                return
             del self._running[job.job_id]
-            job.timed_out = True
+            job.timed_out = True  # job.completing() and job.check() refuse from here
             self._stuck.add(running.thread)
             replace = not self._stopping.is_set()
         took = self._ran(running.started)
-        exc, last, delay, failure = self._timed_out(job, _stack_of(running.thread))
+        where = _stack_of(running.thread)
+        job.lost.set()
+        if replace:
+            self._add_slot()  # the stuck slot's thread cannot be stopped: run beside it
+        threading.Thread(
+            target=self._give_up,
+            args=(running, took, where),
+            name=f"fencing-timeout-{job.job_id:.40}",
+            daemon=True,
+        ).start()
+
+    def _give_up(self, running: _Running, took: float, where: str) -> None:
+        """Stop renewing a timed-out job's lease and release it as a failed attempt (this
+        waits for the row while a fenced block of the stuck function holds it)."""
+        job, heartbeat = running.job, running.heartbeat
+        exc, last, delay, failure = self._timed_out(job, where)
         heartbeat.stop()
         try:
-            # released before the function is told: whatever it writes once it sees ``lost``
-            # finds the lease given up (a completion of its own that committed first wins)
             if heartbeat.held:
-                released: object = self.store.release(heartbeat.lease, delay=delay, failure=failure)
+                released = self.store.release(heartbeat.lease, delay=delay, failure=failure)
                 self._timeout_logged(job, exc, took, released, last, delay)
             else:
                 self._metrics.add("worker.lost")
@@ -371,10 +390,6 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
                 )
         except Exception:
             self._unreleased(job)
-        finally:
-            job.lost.set()
-            if replace:
-                self._add_slot()  # the stuck slot's thread cannot be stopped: run beside it
 
     def _store_batch(self, batch: list[Handoff]) -> None:
         """Store a batch's completions and claim its slots' next jobs: one transaction."""

@@ -23,13 +23,17 @@ and nothing it does after is stored or counted). The timing ``worker.run`` is ea
 run, from its start to its return or raise (to its timeout, for one that timed out).
 ``worker.started`` less the outcomes is the jobs running now.
 
-**A timeout** (``timeout=`` seconds, none by default) bounds each run: past it the job is
-released as a failed attempt (a ``TimeoutError`` with where the function was, its stack, as
-the failure) so it is retried with the same backoff or left poisoned on its last attempt,
-and its lease is given up at once: the function's later writes through the job's lease (a
-completion, ``job.completing()``, a fenced block) are refused. A coroutine is cancelled; a
-thread cannot be, so ``job.lost`` is set for the function to stop, and a new slot takes the
-stuck one's place, so the worker still runs ``concurrency`` jobs at once.
+**A timeout** (``timeout=`` seconds, none by default) bounds each run. Past it, nothing the
+run returns is stored, ``job.completing()`` and ``job.check()`` refuse at once, the lease is
+no longer renewed, and the job is released as a failed attempt (a ``TimeoutError`` with where
+the function was, its stack, as the failure): retried with the same backoff, or poisoned on
+its last attempt. A coroutine is cancelled first (a fenced block it is in keeps nothing), then
+its job released. A thread cannot be stopped: ``job.lost`` is set for the function to stop, a
+new slot takes the stuck one's place (the worker still runs ``concurrency`` jobs at once), and
+the release is sent from a thread of its own, since it waits for the row while a fenced block
+of the stuck function holds it. The database stays the judge: a completion of the run's own
+that committed before the release is kept (nobody else could hold the job meanwhile), and
+the release is then refused as ``done``.
 """
 
 from __future__ import annotations
@@ -145,8 +149,15 @@ class JobRules(Generic[F]):
         """The job's lease as last renewed."""
         return self._heartbeat.lease
 
+    def _refuse_if_timed_out(self) -> None:
+        """A run past the worker's timeout starts no write through the job's lease: refused in
+        this process at once, before the worker's release of the job reaches the database."""
+        if self.timed_out:
+            raise LeaseLost(f"job {self.job_id!r}: it ran past the worker's timeout")
+
     def check(self) -> None:
-        """Raise :class:`~fencing.LeaseLost` if the lease is lost or the job handed back."""
+        """Raise :class:`~fencing.LeaseLost` if the lease is lost, the job handed back or its
+        run past the worker's timeout."""
         if self.lost.is_set():
             why = (
                 "it ran past the worker's timeout"

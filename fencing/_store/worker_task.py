@@ -21,10 +21,10 @@ to finish, their leases kept alive; then the unfinished ones are cancelled and h
 (released, so another worker starts them at once). A second signal, ``stop(now=True)``, or
 cancelling the task that awaits :meth:`~AsyncWorker.run` hands back at once.
 
-**A timeout** (``timeout=``): the job of a coroutine that runs past it is released as a
-failed attempt (:mod:`.worker_rules`), with where the coroutine was as the failure, then the
-coroutine is cancelled and given ``CANCEL_WAIT`` to end; one that ignores the cancellation
-runs on beside the slot's next job, and what it writes through the job's lease is refused.
+**A timeout** (``timeout=``): a coroutine that runs past it is cancelled and given
+``CANCEL_WAIT`` to end, then its job is released as a failed attempt (:mod:`.worker_rules`),
+with where the coroutine was as the failure; one that ignores the cancellation runs on beside
+the slot's next job, and ``job.completing()`` refuses it.
 """
 
 from __future__ import annotations
@@ -61,10 +61,13 @@ class AsyncJob(JobRules[asyncio.Event]):
         """A fenced block that completes the job with ``result`` at its end, in the same
         transaction as the block's own writes (``conn``: your ``AsyncConnection`` or
         ``AsyncSession``, or the store's own); :class:`~fencing.LeaseLost` and nothing
-        written if the lease is no longer current. The worker then stores nothing more."""
+        written if the lease is no longer current, or if the run passed the worker's
+        ``timeout`` before the block's end. The worker then stores nothing more."""
+        self._refuse_if_timed_out()
         text = as_result(result)
         async with self.store.fenced(self.lease, complete=True, result=text, conn=conn) as connection:
             yield connection
+            self._refuse_if_timed_out()  # timed out inside the block: its writes roll back
         self.completed = True
 
 
@@ -324,12 +327,23 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
     async def _time_out(
         self, job: AsyncJob, heartbeat: AsyncHeartbeat, task: asyncio.Task[Any], started: float
     ) -> None:
-        """A job whose coroutine ran past the timeout: released as a failed attempt, *then*
-        the coroutine cancelled, so that what it writes if it ignores the cancellation finds
-        the lease given up. A completion of its own that committed first wins: the job is
-        done."""
+        """A job whose coroutine ran past the timeout: the coroutine cancelled first (a fenced
+        block it is in keeps nothing, and frees the row the release needs), given
+        ``CANCEL_WAIT`` to end, then the job released as a failed attempt. A completion of its
+        own that committed first wins: the job is done."""
         took = self._ran(started)
-        exc, last, delay, failure = self._timed_out(job, stack_text(_frames_of(task)))
+        where = stack_text(_frames_of(task))
+        job.lost.set()
+        task.cancel()
+        await asyncio.wait({task}, timeout=CANCEL_WAIT)
+        if not task.done():
+            logger.warning(
+                "job %r: its coroutine ignored its cancellation at the timeout and runs on", job.job_id
+            )
+            task.add_done_callback(lambda _: self._late(job, "ended"))
+        elif not task.cancelled():
+            task.exception()  # retrieved: what it raised or returned is not stored
+        exc, last, delay, failure = self._timed_out(job, where)
         await heartbeat.stop()
         try:
             if heartbeat.held:
@@ -342,17 +356,6 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
                 )
         except Exception:
             self._unreleased(job)
-        finally:
-            job.lost.set()
-            task.cancel()  # a fenced block it is in keeps nothing
-        await asyncio.wait({task}, timeout=CANCEL_WAIT)
-        if not task.done():
-            logger.warning(
-                "job %r: its coroutine ignored its cancellation at the timeout and runs on", job.job_id
-            )
-            task.add_done_callback(lambda _: self._late(job, "ended"))
-        elif not task.cancelled():
-            task.exception()  # retrieved: what it raised or returned is not stored
 
     async def _call(self, job: AsyncJob) -> str | None:
         """The coroutine's run, and its value as the result column keeps it (a value that

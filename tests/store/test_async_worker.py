@@ -242,6 +242,38 @@ def test_a_coroutine_that_ignores_its_timeout_writes_nothing_after_it(target: st
     run(target, scenario)
 
 
+def test_a_coroutine_that_times_out_inside_its_own_block_keeps_none_of_its_writes(target: str) -> None:
+    async def scenario(store: AsyncJobStore) -> None:
+        orders = Table("aw_inside", MetaData(), Column("id", String(40), primary_key=True))
+        async with store.engine.begin() as conn:
+            await conn.run_sync(orders.create, checkfirst=True)
+        try:
+
+            async def function(job: AsyncJob) -> str:
+                if job.attempt > 1:
+                    return "second"
+                async with job.completing("first") as conn:
+                    await conn.execute(orders.insert().values(id=job.job_id))
+                    await stuck_in_an_await(30.0)  # cancelled inside the block: it rolls back
+                return "first, late"
+
+            await store.enqueue("inside")
+            worker = AsyncWorker(
+                store, function, ttl=TTL, timeout=0.5, retry_delay=0.05, max_retry_delay=0.05
+            )
+            await run_until(worker, lambda: done(store, "inside"))
+            assert (await store.state("inside")).result == "second"  # type: ignore[union-attr]
+            failure = await store.failure("inside")
+            assert failure is not None and failure.fence == 1 and "in stuck_in_an_await" in failure.text
+            async with store.engine.connect() as conn:
+                assert (await conn.execute(select(orders.c.id))).all() == []
+        finally:
+            async with store.engine.begin() as conn:
+                await conn.run_sync(orders.drop)
+
+    run(target, scenario)
+
+
 def test_a_coroutine_that_exits_fails_its_job_and_the_slot_goes_on(target: str) -> None:
     async def scenario(store: AsyncJobStore) -> None:
         async def function(job: AsyncJob) -> str:

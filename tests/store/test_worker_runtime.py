@@ -233,11 +233,45 @@ def test_what_a_timed_out_function_writes_later_is_refused(store: JobStore, engi
 
         store.enqueue("late")
         worker = Worker(store, function, ttl=TTL, timeout=0.3, max_attempts=1)
-        _run_until(worker, lambda: bool(refused))
+        _run_until(worker, lambda: bool(refused) and store.holder("late") is None)
         assert [lease.job_id for lease in store.poisoned(max_attempts=1)] == ["late"]
         assert not store.state("late").done and store.holder("late") is None
         with engine.connect() as conn:
             assert conn.execute(select(orders.c.id)).all() == []
+    finally:
+        orders.drop(engine)
+
+
+def test_a_function_that_times_out_inside_its_own_block_keeps_none_of_its_writes(
+    store: JobStore, engine: Engine
+) -> None:
+    # the block holds the job's row (SQLite: the write lock) while the function hangs in it:
+    # the release waits for it on a thread of its own, and the block's writes roll back
+    orders = Table("wk_inside", MetaData(), Column("id", String(40), primary_key=True))
+    orders.create(engine, checkfirst=True)
+    refused: list[BaseException] = []
+    try:
+
+        def function(job: Job) -> str:
+            if job.attempt > 1:
+                return "second"
+            try:
+                with job.completing("first") as conn:
+                    conn.execute(orders.insert().values(id=job.job_id))
+                    stuck_in_a_call(job, 30.0)  # told at the timeout, still inside the block
+            except LeaseLost as exc:
+                refused.append(exc)
+            return "first, late"
+
+        store.enqueue("inside")
+        worker = Worker(store, function, ttl=TTL, timeout=0.5, retry_delay=0.05, max_retry_delay=0.05)
+        _run_until(worker, lambda: store.state("inside").done)
+        assert len(refused) == 1 and "ran past the worker's timeout" in str(refused[0])
+        assert store.state("inside").result == "second"
+        failure = store.failure("inside")
+        assert failure is not None and failure.fence == 1 and "TimeoutError" in failure.text
+        with engine.connect() as conn:
+            assert conn.execute(select(orders.c.id)).all() == []  # rolled back with the block
     finally:
         orders.drop(engine)
 
