@@ -380,16 +380,13 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         exc, last, delay, failure = self._timed_out(job, where)
         heartbeat.stop()
         try:
-            if heartbeat.held:
-                released = self.store.release(heartbeat.lease, delay=delay, failure=failure)
-                self._timeout_logged(job, exc, took, released, last, delay)
-            else:
-                self._metrics.add("worker.lost")
-                logger.warning(
-                    "job %r ran past its timeout, its lease lost (%s)", job.job_id, heartbeat.reason
-                )
+            released = (
+                self.store.release(heartbeat.lease, delay=delay, failure=failure) if heartbeat.held else None
+            )
         except Exception:
             self._unreleased(job)
+            return
+        self._timeout_logged(job, exc, took, released, last, delay, heartbeat.reason)
 
     def _store_batch(self, batch: list[Handoff]) -> None:
         """Store a batch's completions and claim its slots' next jobs: one transaction."""

@@ -284,10 +284,16 @@ class WorkerRules(Generic[S, Fn]):
         released: object,
         last: bool,
         delay: float | None,
+        reason: str | None,
     ) -> None:
         """What the release of a timed-out job came to: a failed attempt, as any failure's
         (:meth:`_failure_logged`), unless the function's own completion committed first (it
-        finished as it timed out: the release is refused, the job is done)."""
+        finished as it timed out: the release is refused, the job is done). ``released`` is
+        ``None`` when there was no lease left to release (``reason``: the heartbeat's)."""
+        if released is None:
+            self._metrics.add("worker.lost")
+            logger.warning("job %r ran past its timeout, its lease lost (%s)", job.job_id, reason)
+            return
         if not released and getattr(released, "reason", None) == "done":
             self._metrics.add("worker.completed")
             logger.info("job %r completed itself as it timed out (%.3f s)", job.job_id, took)

@@ -346,16 +346,14 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
         exc, last, delay, failure = self._timed_out(job, where)
         await heartbeat.stop()
         try:
-            if heartbeat.held:
-                released: object = await self.store.release(heartbeat.lease, delay=delay, failure=failure)
-                self._timeout_logged(job, exc, took, released, last, delay)
-            else:
-                self._metrics.add("worker.lost")
-                logger.warning(
-                    "job %r ran past its timeout, its lease lost (%s)", job.job_id, heartbeat.reason
-                )
+            held = heartbeat.held
+            released = (
+                await self.store.release(heartbeat.lease, delay=delay, failure=failure) if held else None
+            )
         except Exception:
             self._unreleased(job)
+            return
+        self._timeout_logged(job, exc, took, released, last, delay, heartbeat.reason)
 
     async def _call(self, job: AsyncJob) -> str | None:
         """The coroutine's run, and its value as the result column keeps it (a value that
