@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sqlalchemy import Engine, MetaData
@@ -136,7 +139,9 @@ def work(args: argparse.Namespace, db: Database, out: Output) -> int:
         scheduler.create_table()
         settings["schedules"] = scheduler
     if not _is_async(function):
-        Worker(store, function, **settings).run()
+        worker = Worker(store, function, **settings)
+        with _signals_stop(worker):
+            worker.run()
         return 0
     from ..asyncio import AsyncJobStore, AsyncWorker  # (its import is the async front's alone)
 
@@ -145,12 +150,37 @@ def work(args: argparse.Namespace, db: Database, out: Output) -> int:
     async def main() -> None:
         try:
             async_store = AsyncJobStore(engine, store.table, payloads=store.payloads, failures=store.failures)
-            await AsyncWorker(async_store, function, **settings).run()
+            worker = AsyncWorker(async_store, function, **settings)
+            with _signals_stop(worker):
+                await worker.run()
         finally:
             await engine.dispose()
 
     asyncio.run(main())
     return 0
+
+
+@contextlib.contextmanager
+def _signals_stop(worker: Any) -> Iterator[None]:
+    """SIGTERM and SIGINT stop ``worker`` whenever they come. While it runs, its own handlers
+    take them (drain, then hand back); before it took them (during start-up) these stop it as
+    soon as it runs; once it returned, the process only exits, and the signals are ignored: a
+    second SIGTERM as it exits met the default action before (exit -15 for a worker that had
+    stopped cleanly), and Python puts that back for a handler of its own as it finalizes."""
+    if threading.current_thread() is not threading.main_thread():  # (signals reach it alone)
+        yield
+        return
+
+    def on_signal(signum: int, frame: object) -> None:
+        worker.stop()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_signal)
+    try:
+        yield
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 def _is_async(function: object) -> bool:

@@ -3,6 +3,7 @@ by SIGTERM, on the database under test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -163,6 +164,32 @@ def test_a_run_past_timeout_is_a_failed_attempt_with_its_stack(
         timeout=60,
     )
     assert bad.returncode == 2 and "--timeout: must be at least 0.05 seconds, got '0'" in bad.stderr
+
+
+@pytest.mark.parametrize("function", ["double", "double_async"])
+def test_signals_as_it_stops_and_exits_never_kill_it(
+    tmp_path: Path, target: str, store: JobStore, function: str
+) -> None:
+    # a SIGTERM after run() returned met the default action (exit -15) until the command kept
+    # a handler of its own for its whole life: one every 5 ms from the first to the exit
+    (tmp_path / "tasks.py").write_text(textwrap.dedent(TASKS))
+    log = tmp_path / "worker.log"
+    with log.open("w") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fencing", "worker", f"tasks:{function}", "--url", target],
+            cwd=tmp_path,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    _until(lambda: "slot(s) on" in log.read_text(), 120.0)
+    sent = 0
+    while process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)
+            sent += 1
+        time.sleep(0.005)
+    assert process.wait(60) == 0, (sent, log.read_text())
+    assert sent >= 2 and "stopped" in log.read_text()
 
 
 def test_a_failure_is_kept_with_its_traceback(tmp_path: Path, target: str, store: JobStore) -> None:
