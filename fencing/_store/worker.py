@@ -342,7 +342,10 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
             with self._lock:
                 running = list(self._running.values())
             for late in [r for r in running if r.since + timeout <= now]:
-                self._time_out(late)
+                try:
+                    self._time_out(late)
+                except Exception:  # (a thread that could not start): the watchdog goes on
+                    logger.exception("job %r: its timeout could not be carried out", late.job.job_id)
             # a job started after this look is due a whole timeout from now, or later
             soonest = min(
                 (r.since + timeout for r in running if r.since + timeout > now), default=now + timeout
