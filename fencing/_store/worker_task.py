@@ -335,7 +335,10 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
         where = stack_text(_frames_of(task))
         job.lost.set()
         task.cancel()
-        await asyncio.wait({task}, timeout=CANCEL_WAIT)
+        try:
+            await asyncio.wait({task}, timeout=CANCEL_WAIT)
+        finally:  # the slot cancelled meanwhile (the drain's end) leaves nothing renewing it
+            await heartbeat.stop()
         if not task.done():
             logger.warning(
                 "job %r: its coroutine ignored its cancellation at the timeout and runs on", job.job_id
@@ -344,7 +347,6 @@ class AsyncWorker(WorkerRules[Any, Callable[[AsyncJob], Awaitable[Any]]]):
         elif not task.cancelled():
             task.exception()  # retrieved: what it raised or returned is not stored
         exc, last, delay, failure = self._timed_out(job, where)
-        await heartbeat.stop()
         try:
             held = heartbeat.held
             released = (
