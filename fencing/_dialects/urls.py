@@ -32,12 +32,16 @@ def _hidden(text: str) -> str:
 
 def parse_url(raw: str) -> URL:
     """``sqlalchemy.make_url(raw)``, or :class:`~fencing.InvalidArgument` naming the text (its
-    password hidden) and why it is not a URL: SQLAlchemy's ``ArgumentError`` for a text it
-    cannot read, and the bare ``ValueError`` it raises for a port that is not a number."""
+    password hidden) and why it is not a URL: a text SQLAlchemy cannot read (its
+    ``ArgumentError``, worded differently by its releases: said here in words of our own), or
+    the bare ``ValueError`` it raises for a port that is not a number."""
     try:
         return sqlalchemy.make_url(raw)
-    except (ArgumentError, ValueError) as exc:
-        raise InvalidArgument(f"not a database URL: {_hidden(raw)!r} ({_hidden(str(exc))})") from None
+    except ArgumentError:
+        why = "not of the form dialect+driver://user:password@host:port/database"
+    except ValueError as exc:
+        why = _hidden(str(exc))
+    raise InvalidArgument(f"not a database URL: {_hidden(raw)!r} ({why})") from None
 
 
 def server_engine(url: URL, **options: Any) -> Engine:

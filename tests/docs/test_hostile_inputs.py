@@ -1590,9 +1590,11 @@ ROWS: list[Row] = [
         "a text SQLAlchemy cannot read as a URL",
         'service.init_db("x y://u:pw@h/db")',
         InvalidArgument,
-        "not a database URL: 'x y://u:***@h/db' (Could not parse SQLAlchemy URL from given URL string)",
+        "not a database URL: 'x y://u:***@h/db' (not of the form "
+        "dialect+driver://user:password@host:port/database)",
         setup="none",
-        note="the password, as far as the text's shape shows one, is not shown",
+        note="the password, as far as the text's shape shows one, is not shown; the reason in "
+        "fencing's words (SQLAlchemy's own differ between its releases)",
     ),
 ]
 
