@@ -258,9 +258,17 @@ class WorkerRules(Generic[S, Fn]):
             self._metrics.add("worker.lost")
             logger.warning("job %r failed after its lease was lost: %r (not recorded)", job.job_id, exc)
             return None
+        return self._failed_attempt(job, exc)
+
+    def _failed_attempt(
+        self, job: JobRules[Any], exc: BaseException, where: str = ""
+    ) -> tuple[bool, float | None, str | None]:
+        """A failed attempt of ``job``: whether it was the last, the next one's delay
+        (``None``: the last), and the failure to store (``None`` for a store without a failures
+        table), ``where`` after the exception's own text."""
         last = job.attempt >= self.max_attempts
         delay = None if last else self._retry_delay(job.attempt)
-        return last, delay, _failure_text(exc) if self._keeps_failures else None
+        return last, delay, _failure_text(exc, where) if self._keeps_failures else None
 
     def _timed_out(
         self, job: JobRules[Any], where: str
@@ -271,10 +279,7 @@ class WorkerRules(Generic[S, Fn]):
         function's stack as it timed out)."""
         self._metrics.add("worker.timed_out")
         exc = TimeoutError(f"job {job.job_id!r} ran past the worker's timeout of {self.timeout:g} s")
-        last = job.attempt >= self.max_attempts
-        delay = None if last else self._retry_delay(job.attempt)
-        failure = f"{_failure_text(exc)}where it was when it timed out:\n{where}"
-        return exc, last, delay, _clean_text(failure) if self._keeps_failures else None
+        return (exc, *self._failed_attempt(job, exc, f"where it was when it timed out:\n{where}"))
 
     def _timeout_logged(
         self,
@@ -410,13 +415,10 @@ def as_result(value: Any) -> str | None:
     return encode_payload(value)
 
 
-def _failure_text(exc: BaseException) -> str:
-    """The exception's type, message and traceback, as every database's text column keeps it
-    (a NUL or a lone surrogate written as its escape)."""
-    return _clean_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-
-
-def _clean_text(text: str) -> str:
+def _failure_text(exc: BaseException, after: str = "") -> str:
+    """The exception's type, message and traceback, then ``after``, as every database's text
+    column keeps it (a NUL or a lone surrogate written as its escape)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)) + after
     return text.encode("utf-8", "backslashreplace").decode("utf-8").replace("\x00", "\\x00")
 
 
