@@ -43,10 +43,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import signal
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
@@ -120,9 +122,10 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         self._hand_back = threading.Event()
         self._lock = threading.Lock()
         self._running: dict[str, _Running] = {}
+        #: the slots that claim; one whose function ran past the timeout leaves it (the drain
+        #: does not wait for it), and a new one takes its place
         self._slots: list[threading.Thread] = []
-        #: slots whose function ran past the timeout: the drain does not wait for them
-        self._stuck: set[threading.Thread] = set()
+        self._slot_numbers = itertools.count()
         self._watched = threading.Event()  #: set when the timeout watchdog is to end
         self._batches = _Batches(self._store_batch)
 
@@ -202,7 +205,10 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
         # a daemon: a function that outlives its handed-back job does not keep the process
         with self._lock:
             slot = threading.Thread(
-                target=self._slot, args=(self.owner,), name=f"fencing-slot-{len(self._slots)}", daemon=True
+                target=self._slot,
+                args=(self.owner,),
+                name=f"fencing-slot-{next(self._slot_numbers)}",
+                daemon=True,
             )
             self._slots.append(slot)
         slot.start()
@@ -210,7 +216,7 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
     def _drain(self) -> None:
         deadline = time.monotonic() + self.drain
         with self._lock:
-            slots = [slot for slot in self._slots if slot not in self._stuck]
+            slots = list(self._slots)
         for slot in slots:
             while slot.is_alive() and not self._hand_back.is_set():
                 left = deadline - time.monotonic()
@@ -362,7 +368,7 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
                 return
             del self._running[job.job_id]
             job.timed_out = True  # job.completing() and job.check() refuse from here
-            self._stuck.add(running.thread)
+            self._slots.remove(running.thread)
             replace = not self._stopping.is_set()
         took = self._ran(running.started)
         where = _stack_of(running.thread)
@@ -425,11 +431,8 @@ class Worker(WorkerRules[JobStore, Callable[[Job], Any]]):
 def _stack_of(thread: threading.Thread) -> str:
     """Where ``thread`` is now: its stack, outermost call first."""
     frame = sys._current_frames().get(thread.ident) if thread.ident is not None else None
-    frames = []
-    while frame is not None:
-        frames.append(frame)
-        frame = frame.f_back
-    return stack_text(frames[::-1])
+    # (walk_stack(None) would walk this thread's own stack)
+    return stack_text([] if frame is None else [f for f, _ in traceback.walk_stack(frame)][::-1])
 
 
 class _Batches:
