@@ -674,7 +674,7 @@ def test_a_claim_while_the_same_threads_read_only_session_is_open(
         started = time.monotonic()
         lease = store.claim("j", "w", now=T0, ttl=TTL)
         assert lease is not None and store.complete(lease, "ok", now=T0 + 1)
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 3.0  # not busy_timeout's 5 s
         session.execute(select(Invoice)).all()
 
 
